@@ -1,0 +1,82 @@
+"""modelopt_lite: descriptor-driven quantization for PyTorch, exact against ONNX Runtime's Q/DQ.
+
+Layers, in the direction data flows:
+``descriptor`` (ScaledQuantDescriptor) -> ``nn`` (TensorQuantizer, quant modules) -> ``tensor_quant``
+(functional ops) -> ``functional`` (torch.library ops, reference numerics, backends) -> ``csrc`` (C++/CUDA kernels).
+Around them: ``calib`` (calibrators), ``conversion`` (quantize a model from a config), ``onnx_export``,
+``real`` (real INT8 modules and checkpoints), ``analysis``.
+
+Public names are imported lazily, so ``import modelopt_lite`` stays fast and never builds kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# name -> module that defines it (the contract between the layers)
+_LAZY = {
+    # functional layer
+    "ScaledQuantDescriptor": "modelopt_lite.descriptor",
+    "QuantDescriptor": "modelopt_lite.descriptor",
+    "tensor_quant": "modelopt_lite.tensor_quant",
+    "fake_tensor_quant": "modelopt_lite.tensor_quant",
+    "scaled_e4m3": "modelopt_lite.tensor_quant",
+    "fake_affine_tensor_quant": "modelopt_lite.tensor_quant",
+    "fake_block_quant": "modelopt_lite.tensor_quant",
+    "quantize_tensor": ("modelopt_lite.functional.lowlevel", "quantize"),
+    "dequantize_tensor": ("modelopt_lite.functional.lowlevel", "dequantize"),
+    "set_backend": "modelopt_lite.functional.backend",
+    "get_backend": "modelopt_lite.functional.backend",
+    "use_backend": "modelopt_lite.functional.backend",
+    "precompile": "modelopt_lite.functional.backend",
+    # modules and conversion
+    "TensorQuantizer": "modelopt_lite.nn.tensor_quantizer",
+    "quant_nn": ("modelopt_lite.nn", None),
+    "quant_modules": ("modelopt_lite.quant_modules", None),
+    "calib": ("modelopt_lite.calib", None),
+    "quantize": "modelopt_lite.conversion.model_quant",
+    "calibrate": "modelopt_lite.conversion.model_quant",
+    "print_quant_summary": "modelopt_lite.conversion.summary",
+    "summary": "modelopt_lite.conversion.summary",
+    "register": "modelopt_lite.conversion.registry",
+    "unregister": "modelopt_lite.conversion.registry",
+    "save": "modelopt_lite.conversion.save_restore",
+    "restore": "modelopt_lite.conversion.save_restore",
+    "quant_step": "modelopt_lite.conversion.temporal",
+    "INT8_DEFAULT_CFG": "modelopt_lite.conversion.config",
+    "INT8_HISTOGRAM_CFG": "modelopt_lite.conversion.config",
+    "FP8_DEFAULT_CFG": "modelopt_lite.conversion.config",
+    "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": "modelopt_lite.conversion.config",
+    "W4A8_CFG": "modelopt_lite.conversion.config",
+    "INT8_ORT_CFG": "modelopt_lite.conversion.config",
+    # export
+    "export_onnx": "modelopt_lite.onnx_export.export",
+    "inspect_onnx": "modelopt_lite.onnx_export.inspect",
+    # real quantization
+    "fake2real": "modelopt_lite.real.convert",
+    "compress": "modelopt_lite.real.convert",
+    "load_real": "modelopt_lite.real.checkpoint",
+    "real_quant": "modelopt_lite.real.checkpoint",
+    "fake_quant": "modelopt_lite.real.seed_api",
+    # analysis
+    "analysis": ("modelopt_lite.analysis", None),
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'modelopt_lite' has no attribute {name!r}")
+    mod_name, attr = target if isinstance(target, tuple) else (target, name)
+    mod = importlib.import_module(mod_name)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

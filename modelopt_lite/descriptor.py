@@ -1,0 +1,265 @@
+"""``ScaledQuantDescriptor`` (alias ``QuantDescriptor``): an immutable, validated description of a quantizer.
+
+A descriptor says *how* a tensor is quantized (format, granularity, calibration); a ``TensorQuantizer`` built
+from it holds the state (amax, calibrator). Descriptors compare equal field by field, hash, and round-trip through
+``dict()``: ``ScaledQuantDescriptor(**d.dict()) == d``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .formats import int_range, is_e4m3
+
+_DEFAULTS: dict[str, Any] = {
+    "num_bits": 8,
+    "name": None,
+    "fake_quant": True,
+    "axis": None,
+    "block_sizes": None,
+    "amax": None,
+    "learn_amax": False,
+    "scale_amax": None,
+    "calib_method": "max",
+    "unsigned": False,
+    "narrow_range": False,
+    "dynamic": False,
+}
+_CALIB_METHODS = ("max", "histogram")
+_BLOCK_KEYS = ("type", "scale_bits", "scale_block_sizes")
+
+
+def _check_bool(field: str, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{field} must be a bool, got {v!r}")
+    return bool(v)
+
+
+def _check_num_bits(v, field: str = "num_bits"):
+    if isinstance(v, (tuple, list)):
+        v = tuple(v)
+        if len(v) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise TypeError(f"{field} as a tuple must be (E, M) integers, got {v!r}")
+        if not is_e4m3(v):
+            raise ValueError(f"{field}={v!r}: the only floating-point format supported is (4, 3) (FP8 E4M3)")
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{field} must be an int in 1..16 or the tuple (4, 3), got {v!r}")
+    if not 1 <= int(v) <= 16:
+        raise ValueError(f"{field} must be in 1..16, got {v}")
+    return int(v)
+
+
+def _check_axis(v):
+    if v is None:
+        return None
+    items = v if isinstance(v, (tuple, list)) else (v,)
+    if not items or not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in items):
+        raise TypeError(f"axis must be None, an int or a non-empty tuple of ints, got {v!r}")
+    items = tuple(int(a) for a in items)
+    if len(set(items)) != len(items):
+        raise ValueError(f"axis has repeated entries: {v!r}")
+    return items[0] if not isinstance(v, (tuple, list)) else items
+
+
+def _check_block_sizes(v):
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise TypeError(f"block_sizes must be a dict {{axis: size, ...}}, got {type(v).__name__}")
+    out: dict = {}
+    for k, size in v.items():
+        if isinstance(k, str):
+            if k not in _BLOCK_KEYS:
+                raise ValueError(f"block_sizes: unknown key {k!r}; allowed string keys are {_BLOCK_KEYS}")
+            if k == "type" and size not in ("static", "dynamic"):
+                raise ValueError(f"block_sizes['type'] must be 'static' or 'dynamic', got {size!r}")
+            if k == "scale_bits":
+                size = _check_num_bits(size, "block_sizes['scale_bits']")
+            if k == "scale_block_sizes":
+                size = _check_block_sizes(size)
+                if size and any(isinstance(kk, str) for kk in size):
+                    raise ValueError("block_sizes['scale_block_sizes'] takes only {axis: size} entries")
+            out[k] = size
+            continue
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"block_sizes keys must be axes (ints) or one of {_BLOCK_KEYS}, got {k!r}")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0):
+            raise ValueError(f"block_sizes[{k}] must be a positive int (or None for the whole axis), got {size!r}")
+        out[int(k)] = None if size is None else int(size)
+    if not any(isinstance(k, int) for k in out):
+        raise ValueError(f"block_sizes needs at least one {{axis: size}} entry, got {v!r}")
+    if "scale_block_sizes" in out and "scale_bits" not in out:
+        raise ValueError("block_sizes['scale_block_sizes'] needs block_sizes['scale_bits']")
+    return out
+
+
+def _check_amax(v):
+    if v is None:
+        return None
+    arr = np.array(v, dtype=np.float32)
+    if arr.size == 0:
+        raise ValueError("amax must not be empty")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        bad = arr[~np.isfinite(arr) | (arr < 0)].ravel()[0]
+        raise ValueError(f"amax must be finite and >= 0, got {float(bad)!r}")
+    arr.setflags(write=False)
+    return arr
+
+
+def _freeze(v):
+    """A hashable, comparable form of a field value."""
+    if isinstance(v, np.ndarray):
+        return ("ndarray", v.shape, tuple(v.ravel().tolist()))
+    if isinstance(v, dict):
+        return tuple(sorted(((str(k), _freeze(x)) for k, x in v.items())))
+    return v
+
+
+class ScaledQuantDescriptor:
+    """How to quantize a tensor: format, granularity, range and calibration. Immutable and validated.
+
+    Args:
+        num_bits: int in 1..16 for integer formats, or ``(4, 3)`` for FP8 E4M3. Default 8.
+        name: optional label.
+        fake_quant: True to simulate (quantize-dequantize); False for real quantization (integer codes).
+        axis: None (per tensor), an int or a tuple of ints: the axes that keep their own amax (per channel).
+            Negative values count from the end; checked against the input rank when used.
+        block_sizes: ``{axis: size}`` block quantization (``None`` size = the whole axis), plus optional
+            ``"type": "static"|"dynamic"``, ``"scale_bits"`` and ``"scale_block_sizes"`` (double quantization of
+            the per-block scales). Mutually exclusive with ``axis``.
+        amax: a fixed range (float or array); with ``learn_amax`` it initializes the learned range.
+        learn_amax: learn amax by gradient descent (LSQ-style gradient, see ``numerics.md``).
+        scale_amax: multiply amax by this factor before use (quick experiments).
+        calib_method: ``"max"`` or ``"histogram"``.
+        unsigned: use ``[0, 2**b - 1]``.
+        narrow_range: use the symmetric signed grid ``[-(2**(b-1) - 1), 2**(b-1) - 1]``.
+        dynamic: recompute amax from every input instead of calibrating.
+
+    Raises:
+        TypeError: unknown keyword arguments (named) or a wrongly typed field.
+        ValueError: an out-of-range field or contradictory settings (the message says why).
+    """
+
+    __slots__ = tuple(f"_{k}" for k in _DEFAULTS)
+
+    def __init__(self, num_bits=8, name=None, **kwargs):
+        unknown = sorted(set(kwargs) - set(_DEFAULTS))
+        if unknown:
+            raise TypeError(f"ScaledQuantDescriptor got unknown keyword argument(s): {', '.join(unknown)}")
+        f = dict(_DEFAULTS, num_bits=num_bits, name=name, **kwargs)
+        f["num_bits"] = _check_num_bits(f["num_bits"])
+        if f["name"] is not None and not isinstance(f["name"], str):
+            raise TypeError(f"name must be a str or None, got {f['name']!r}")
+        for b in ("fake_quant", "learn_amax", "unsigned", "narrow_range", "dynamic"):
+            f[b] = _check_bool(b, f[b])
+        f["axis"] = _check_axis(f["axis"])
+        f["block_sizes"] = _check_block_sizes(f["block_sizes"])
+        f["amax"] = _check_amax(f["amax"])
+        if f["scale_amax"] is not None:
+            sa = f["scale_amax"]
+            if isinstance(sa, bool) or not isinstance(sa, (int, float)) or not math.isfinite(sa) or sa <= 0:
+                raise ValueError(f"scale_amax must be a finite number > 0, got {sa!r}")
+            f["scale_amax"] = float(sa)
+        if f["calib_method"] not in _CALIB_METHODS:
+            raise ValueError(f"calib_method must be one of {_CALIB_METHODS}, got {f['calib_method']!r}")
+        self._validate_combination(f)
+        for k, v in f.items():
+            object.__setattr__(self, f"_{k}", v)
+
+    @staticmethod
+    def _validate_combination(f: dict) -> None:
+        if f["axis"] is not None and f["block_sizes"] is not None:
+            raise ValueError("axis and block_sizes are mutually exclusive: block_sizes already sets the granularity")
+        if is_e4m3(f["num_bits"]):
+            if f["unsigned"]:
+                raise ValueError("unsigned=True is meaningless for FP8 E4M3 (num_bits=(4, 3)), which is signed")
+            if f["narrow_range"]:
+                raise ValueError("narrow_range=True applies to integer formats only, not FP8 E4M3")
+        else:
+            int_range(f["num_bits"], f["unsigned"], f["narrow_range"])  # raises for a signed 1-bit grid
+        block_dynamic = bool(f["block_sizes"]) and f["block_sizes"].get("type") == "dynamic"
+        if f["learn_amax"] and (f["dynamic"] or block_dynamic):
+            raise ValueError("learn_amax=True contradicts dynamic quantization: a dynamic amax is recomputed per input")
+        if f["amax"] is not None and (f["dynamic"] or block_dynamic):
+            raise ValueError("a fixed amax contradicts dynamic quantization; drop amax or dynamic")
+
+    def __setattr__(self, key, value):
+        raise AttributeError(f"ScaledQuantDescriptor is immutable (tried to set {key!r}); build a new one")
+
+    def __reduce__(self):
+        return (_rebuild, (self.dict(),))
+
+    # read-only properties
+    num_bits = property(lambda self: self._num_bits, doc="int bits, or (4, 3) for E4M3.")
+    name = property(lambda self: self._name, doc="Optional label.")
+    fake_quant = property(lambda self: self._fake_quant, doc="True: simulate; False: integer codes.")
+    axis = property(lambda self: self._axis, doc="Per-channel axis/axes, or None.")
+    block_sizes = property(
+        lambda self: dict(self._block_sizes) if self._block_sizes else None, doc="Block quantization spec."
+    )
+    amax = property(lambda self: self._amax, doc="Fixed amax (read-only float32 ndarray) or None.")
+    learn_amax = property(lambda self: self._learn_amax, doc="Whether amax is learned.")
+    scale_amax = property(lambda self: self._scale_amax, doc="Multiplier applied to amax, or None.")
+    calib_method = property(lambda self: self._calib_method, doc='"max" or "histogram".')
+    unsigned = property(lambda self: self._unsigned, doc="Unsigned integer grid.")
+    narrow_range = property(lambda self: self._narrow_range, doc="Symmetric signed grid.")
+
+    @property
+    def dynamic(self) -> bool:
+        """True when amax is recomputed from each input (``dynamic=True`` or dynamic blocks)."""
+        return self._dynamic or bool(self._block_sizes and self._block_sizes.get("type") == "dynamic")
+
+    def dict(self) -> dict:
+        """The fields that differ from their defaults (amax as a list), enough to rebuild an equal descriptor."""
+        out = {}
+        for k, default in _DEFAULTS.items():
+            v = getattr(self, f"_{k}")
+            same = (v is None and default is None) if isinstance(v, np.ndarray) or v is None else v == default
+            if not same:
+                out[k] = v.tolist() if isinstance(v, np.ndarray) else (dict(v) if isinstance(v, dict) else v)
+        return out
+
+    def _key(self):
+        return tuple(_freeze(getattr(self, f"_{k}")) for k in _DEFAULTS)
+
+    def __eq__(self, other):
+        return isinstance(other, ScaledQuantDescriptor) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        body = ", ".join(f"{k}={v!r}" for k, v in self.dict().items())
+        return f"ScaledQuantDescriptor({body})"
+
+    @staticmethod
+    def get_block_quant_axes_and_sizes(block_sizes) -> dict:
+        """``{axis: size}`` entries of a block_sizes dict (the string keys removed)."""
+        if block_sizes is None:
+            return {}
+        return {k: v for k, v in block_sizes.items() if not isinstance(k, str)}
+
+
+def _rebuild(d):
+    return ScaledQuantDescriptor(**d)
+
+
+QuantDescriptor = ScaledQuantDescriptor
+
+# Predefined descriptors with the familiar names.
+QUANT_DESC_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8)
+QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8, unsigned=True)
+QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
+QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
+QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
+QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=(0,))
+# ConvTranspose weights are (in, out/groups, *k): the output channel is axis 1.
+QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
+QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
+QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
+QUANT_DESC_FP8_PER_TENSOR = QuantDescriptor(num_bits=(4, 3))
+QUANT_DESC_4BIT_BLOCK_WEIGHT = QuantDescriptor(num_bits=4, block_sizes={-1: 128})

@@ -1,0 +1,1 @@
+"""Functional internals: reference numerics, custom ops, backends, scales, blocks, argument checks."""

@@ -1,0 +1,77 @@
+"""Argument validation shared by the functional layer: clear errors before any kernel runs."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def check_input(x, what: str = "inputs") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
+
+
+def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
+    """amax as a float32 tensor on x's device, validated (finite, >= 0) and broadcastable to x."""
+    if isinstance(amax, bool) or amax is None:
+        raise TypeError(f"{what} must be a number or a tensor, got {amax!r}")
+    if isinstance(amax, numbers.Real):
+        amax = torch.tensor(float(amax), dtype=torch.float32, device=x.device)
+    elif not isinstance(amax, torch.Tensor):
+        raise TypeError(f"{what} must be a number or a tensor, got {type(amax).__name__}")
+    if not amax.is_floating_point():
+        raise TypeError(f"{what} must be a floating-point tensor, got {amax.dtype}")
+    if amax.numel() == 0:
+        raise ValueError(f"{what} is empty")
+    if amax.numel() != 1:
+        if amax.dim() != x.dim():
+            raise ValueError(
+                f"{what} of shape {tuple(amax.shape)} must keep the input's rank {x.dim()} "
+                f"(size 1 on reduced dims) to broadcast against inputs of shape {tuple(x.shape)}"
+            )
+        for d, (a, n) in enumerate(zip(amax.shape, x.shape)):
+            if a not in (1, n):
+                raise ValueError(f"{what} of shape {tuple(amax.shape)} does not broadcast to {tuple(x.shape)} (dim {d})")
+    amax = amax.to(device=x.device, dtype=torch.float32)
+    if amax.numel() == 1 and amax.dim() > x.dim():
+        amax = amax.reshape(())
+    if not _compiling():
+        check_amax_values(amax, what)
+    return amax
+
+
+def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
+    bad = ~torch.isfinite(amax) | (amax < 0)
+    if bool(bad.any()):
+        v = amax.detach()[bad].flatten()[0].item()
+        raise ValueError(f"{what} must be finite and >= 0, got {v!r}")
+
+
+def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
+    if _compiling() or x.numel() == 0:
+        return
+    m = torch.amin(x.detach()).item()
+    if m < 0:
+        raise ValueError(f"unsigned quantization of {what} with negative values (minimum {m!r}); use signed")
+
+
+def check_axes(axis, ndim: int, what: str = "axis") -> tuple[int, ...]:
+    """Normalize an int or tuple of axes against a rank (negatives allowed); raise ValueError when out of range."""
+    items = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in items:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{what}={axis!r} is out of range for a tensor of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what}={axis!r} names the same dimension twice for rank {ndim}")
+    return tuple(out)

@@ -1,0 +1,172 @@
+"""The ``torch.library`` custom ops: one opaque op per kernel, with fake (meta) impls and autograd.
+
+``torch.compile`` and ``torch.export`` see each op as a single node; the data-dependent work (choosing a backend,
+the kernels themselves) stays inside it. Ops work on float32 *scales* (see :mod:`.reference`); the public
+functions in :mod:`modelopt_lite.tensor_quant` turn amax into scales and validate arguments first.
+
+Ops (namespace ``modelopt_lite``):
+
+- ``fake_quant_int(x, scale, qmin, qmax) -> y``          ``quantize_int(x, scale, qmin, qmax) -> q (float32)``
+- ``fake_e4m3(x, scale) -> y``
+- ``fake_affine(x, scale, zero_point, qmin, qmax) -> y``  ``quantize_affine(...) -> q (float32)``
+- ``int_backward``, ``e4m3_backward``, ``affine_backward``: the STE / learnable-scale gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .backend import kernels_for
+
+_EMPTY = ()
+
+
+def _k(x: Tensor):
+    return kernels_for(x.device.type)
+
+
+def _like(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# --- integer -------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("modelopt_lite::fake_quant_int", mutates_args=())
+def fake_quant_int(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _k(x).fake_quant_int(x, scale, qmin, qmax)
+
+
+@fake_quant_int.register_fake
+def _(x, scale, qmin, qmax):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::quantize_int", mutates_args=())
+def quantize_int(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _k(x).quantize_int(x, scale, qmin, qmax)
+
+
+@quantize_int.register_fake
+def _(x, scale, qmin, qmax):
+    return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+
+
+@torch.library.custom_op("modelopt_lite::int_backward", mutates_args=())
+def int_backward(grad: Tensor, x: Tensor, scale: Tensor, qmin: int, qmax: int, need_scale_grad: bool) -> tuple[Tensor, Tensor]:
+    gx, gs = _k(x).int_backward(grad, x, scale, qmin, qmax, need_scale_grad)
+    return gx, (gs if gs is not None else x.new_empty(0, dtype=torch.float32))
+
+
+@int_backward.register_fake
+def _(grad, x, scale, qmin, qmax, need_scale_grad):
+    gs = torch.empty(x.shape if need_scale_grad else (0,), dtype=torch.float32, device=x.device)
+    return _like(grad), gs
+
+
+# --- FP8 E4M3 -------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("modelopt_lite::fake_e4m3", mutates_args=())
+def fake_e4m3(x: Tensor, scale: Tensor) -> Tensor:
+    return _k(x).fake_e4m3(x, scale)
+
+
+@fake_e4m3.register_fake
+def _(x, scale):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::e4m3_backward", mutates_args=())
+def e4m3_backward(grad: Tensor, x: Tensor, scale: Tensor, need_scale_grad: bool) -> tuple[Tensor, Tensor]:
+    gx, gs = _k(x).e4m3_backward(grad, x, scale, need_scale_grad)
+    return gx, (gs if gs is not None else x.new_empty(0, dtype=torch.float32))
+
+
+@e4m3_backward.register_fake
+def _(grad, x, scale, need_scale_grad):
+    gs = torch.empty(x.shape if need_scale_grad else (0,), dtype=torch.float32, device=x.device)
+    return _like(grad), gs
+
+
+# --- affine ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("modelopt_lite::fake_affine", mutates_args=())
+def fake_affine(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _k(x).fake_affine(x, scale, zero_point, qmin, qmax)
+
+
+@fake_affine.register_fake
+def _(x, scale, zero_point, qmin, qmax):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::quantize_affine", mutates_args=())
+def quantize_affine(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _k(x).quantize_affine(x, scale, zero_point, qmin, qmax)
+
+
+@quantize_affine.register_fake
+def _(x, scale, zero_point, qmin, qmax):
+    return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+
+
+@torch.library.custom_op("modelopt_lite::affine_backward", mutates_args=())
+def affine_backward(grad: Tensor, x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _k(x).affine_backward(grad, x, scale, zero_point, qmin, qmax)
+
+
+@affine_backward.register_fake
+def _(grad, x, scale, zero_point, qmin, qmax):
+    return _like(grad)
+
+
+# --- autograd -------------------------------------------------------------------------------------------------------
+def _reduce_to(g: Tensor, like: Tensor) -> Tensor:
+    """Sum a per-element gradient down to the (broadcast) shape of ``like``."""
+    return g.sum_to_size(like.shape).to(like.dtype)
+
+
+def _setup_int(ctx, inputs, output):
+    x, scale, qmin, qmax = inputs
+    ctx.save_for_backward(x, scale)
+    ctx.qrange = (qmin, qmax)
+
+
+def _int_bwd(ctx, grad):
+    x, scale = ctx.saved_tensors
+    need_s = ctx.needs_input_grad[1]
+    gx, gs = int_backward(grad.contiguous(), x, scale, *ctx.qrange, need_s)
+    return gx, (_reduce_to(gs, scale) if need_s else None), None, None
+
+
+def _quantize_int_bwd(ctx, grad):  # real quant: STE on the codes, no scale gradient
+    x, scale = ctx.saved_tensors
+    gx, _ = int_backward(grad.contiguous(), x, scale, *ctx.qrange, False)
+    return gx.to(x.dtype), None, None, None
+
+
+def _setup_e4m3(ctx, inputs, output):
+    x, scale = inputs
+    ctx.save_for_backward(x, scale)
+
+
+def _e4m3_bwd(ctx, grad):
+    x, scale = ctx.saved_tensors
+    need_s = ctx.needs_input_grad[1]
+    gx, gs = e4m3_backward(grad.contiguous(), x, scale, need_s)
+    return gx, (_reduce_to(gs, scale) if need_s else None)
+
+
+def _setup_affine(ctx, inputs, output):
+    x, scale, zp, qmin, qmax = inputs
+    ctx.save_for_backward(x, scale, zp)
+    ctx.qrange = (qmin, qmax)
+
+
+def _affine_bwd(ctx, grad):
+    x, scale, zp = ctx.saved_tensors
+    return affine_backward(grad.contiguous(), x, scale, zp, *ctx.qrange), None, None, None, None
+
+
+fake_quant_int.register_autograd(_int_bwd, setup_context=_setup_int)
+quantize_int.register_autograd(_quantize_int_bwd, setup_context=_setup_int)
+fake_e4m3.register_autograd(_e4m3_bwd, setup_context=_setup_e4m3)
+fake_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
+quantize_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)

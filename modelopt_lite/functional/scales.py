@@ -1,0 +1,45 @@
+"""From ranges to scales: the only place that turns amax (or min/max) into the scales the kernels use.
+
+``scale = float32(amax) / float32(bound)``; a dead slice (``amax <= 2**-24``) gets scale 0, which every kernel
+turns into exact zeros. These are ordinary differentiable torch expressions, so a learnable amax receives its
+gradient through them (the kernels supply ``dy/dscale``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import AMAX_EPS, E4M3_MAX, int_range, is_e4m3
+
+
+def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
+    """float32 scale, 0 where amax <= 2**-24."""
+    a = amax.float()
+    return torch.where(a <= AMAX_EPS, torch.zeros_like(a), a / torch.tensor(float(bound), dtype=torch.float32))
+
+
+def bound_of(num_bits, unsigned: bool = False, narrow_range: bool = False) -> float:
+    """The value amax maps to: 448 for E4M3, else ``int_range(...).bound``."""
+    return E4M3_MAX if is_e4m3(num_bits) else float(int_range(num_bits, unsigned, narrow_range).bound)
+
+
+def positive_scale(scale: torch.Tensor) -> torch.Tensor:
+    """The scale users see and exports store: dead slices (scale 0) report 1.0 (their codes are all 0)."""
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
+
+
+def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: int):
+    """``(scale, zero_point, qmin, qmax)`` for asymmetric quantization with b bits stored signed.
+
+    The range is widened to include 0; ``scale = (hi - lo) / (2**b - 1)``;
+    ``zp = clamp(rint(qmin - lo / scale), qmin, qmax)``. A degenerate range (``hi - lo <= 2**-24``) is dead.
+    """
+    _, qmin, qmax = int_range(num_bits, False, False)
+    lo = torch.clamp(min_range.float(), max=0.0)
+    hi = torch.clamp(max_range.float(), min=0.0)
+    width = hi - lo
+    scale = scale_from_amax(width, float(2**num_bits - 1))
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zp = torch.clamp(torch.round(qmin - lo / safe), qmin, qmax)
+    zp = torch.where(scale == 0, torch.zeros_like(zp), zp)
+    return scale, zp.detach(), qmin, qmax

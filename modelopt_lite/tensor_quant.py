@@ -1,0 +1,272 @@
+"""The functional layer: descriptors and exact, autograd-aware quantization functions.
+
+Scale convention (everywhere in modelopt_lite, as in ONNX): ``scale = float32(amax) / bound`` and
+``x ~= q * scale``. (NVIDIA's tools return the inverse, a multiplier; ours is the value an exported
+QuantizeLinear/DequantizeLinear stores.) Integer quantization is ``q = clamp(rint(x / scale), qmin, qmax)``
+with a true float32 division and round-half-to-even, bit-exact with ONNX Runtime.
+
+Data flows descriptor -> TensorQuantizer -> these functions -> ``torch.ops.modelopt_lite.*`` -> a kernel
+(pure-torch reference, C++ or CUDA; see :mod:`modelopt_lite.functional.backend`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .descriptor import (  # noqa: F401  (re-exported API)
+    QUANT_DESC_4BIT_BLOCK_WEIGHT,
+    QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW,
+    QUANT_DESC_8BIT_PER_TENSOR,
+    QUANT_DESC_FP8_PER_TENSOR,
+    QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR,
+    QuantDescriptor,
+    ScaledQuantDescriptor,
+)
+from .formats import E4M3_MAX, int_range, is_e4m3
+from .functional import blocks, library, reference
+from .functional.checks import as_amax, check_input, check_unsigned_input
+from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
+
+_INT_DTYPES = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-(2**15), 2**15 - 1),
+               torch.int32: (-(2**31), 2**31 - 1)}
+
+
+def _int_scale(inputs, amax, num_bits, unsigned, narrow_range):
+    check_input(inputs)
+    amax = as_amax(amax, inputs)
+    bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
+    if unsigned:
+        check_unsigned_input(inputs)
+    return scale_from_amax(amax, bound), qmin, qmax
+
+
+def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+    """Fake-quantize (quantize then dequantize) ``inputs`` with range ``amax``.
+
+    Args:
+        inputs: float32/float16/bfloat16 tensor (any layout; computed in float32, returned in its dtype).
+        amax: a number, a 1-element tensor (per tensor), or a tensor with the input's rank and size 1 on the
+            reduced dims (per channel / per axis). Must be finite and >= 0; ``amax <= 2**-24`` gives zeros.
+        num_bits: 1..16, or ``(4, 3)`` for FP8 E4M3.
+        unsigned: use ``[0, 2**b - 1]`` (inputs must be >= 0).
+        narrow_range: signed grid ``[-(2**(b-1) - 1), 2**(b-1) - 1]`` instead of ``[-2**(b-1), ...]``.
+
+    Gradient: straight-through inside ``[qmin * scale, qmax * scale]`` (ends included); a learnable amax gets the
+    LSQ gradient.
+    """
+    if is_e4m3(num_bits):
+        return scaled_e4m3(inputs, amax)
+    scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
+    return library.fake_quant_int(inputs, scale, qmin, qmax)
+
+
+def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True, dtype=torch.float32):
+    """Real quantization: returns ``(q, scale)`` with ``q * scale`` the dequantized tensor.
+
+    ``q`` holds integers, as float32 by default or as ``dtype`` (int8, uint8, int16, int32) on request; ``scale``
+    has amax's shape and is strictly positive (a dead slice reports 1.0 and has all-zero codes). For
+    ``num_bits=(4, 3)`` q is a ``torch.float8_e4m3fn`` tensor.
+    """
+    if is_e4m3(num_bits):
+        check_input(inputs)
+        scale = scale_from_amax(as_amax(amax, inputs), E4M3_MAX)
+        safe = positive_scale(scale)
+        q = torch.where(scale == 0, 0.0, reference.e4m3_round(inputs.float() / safe)).to(torch.float8_e4m3fn)
+        return q, safe
+    scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
+    q = library.quantize_int(inputs, scale, qmin, qmax)
+    return _cast_codes(q, dtype, qmin, qmax), positive_scale(scale)
+
+
+def _cast_codes(q: torch.Tensor, dtype, qmin: int, qmax: int) -> torch.Tensor:
+    if dtype in (None, torch.float32):
+        return q
+    if dtype not in _INT_DTYPES:
+        raise TypeError(f"dtype must be float32 or one of {list(_INT_DTYPES)}, got {dtype}")
+    lo, hi = _INT_DTYPES[dtype]
+    if qmin < lo or qmax > hi:
+        raise ValueError(f"codes in [{qmin}, {qmax}] do not fit {dtype} [{lo}, {hi}]")
+    if bool(torch.isnan(q).any()):
+        raise ValueError("inputs contain NaN, which has no integer code; clean the input or request float32 codes")
+    return q.to(dtype)
+
+
+def scaled_e4m3(inputs, amax=None, E=4, M=3):
+    """Fake-quantize to FP8 E4M3: ``e4m3(clamp(x / s, -448, 448)) * s`` with ``s = amax / 448``.
+
+    Saturating (never NaN from overflow), round-to-nearest-even, subnormals kept; ``amax=None`` means scale 1;
+    ``amax <= 2**-24`` gives zeros.
+    """
+    if (E, M) != (4, 3):
+        raise ValueError(f"only E4M3 is supported, got E={E}, M={M}")
+    check_input(inputs)
+    if amax is None:
+        scale = torch.ones((), dtype=torch.float32, device=inputs.device)
+    else:
+        scale = scale_from_amax(as_amax(amax, inputs), E4M3_MAX)
+    return library.fake_e4m3(inputs, scale)
+
+
+def scaled_e4m3_abstract(input, amax=None):  # noqa: A002  (familiar name and signature)
+    """Fake (meta) implementation of :func:`scaled_e4m3`: an empty tensor with the input's shape and dtype.
+
+    The registered fake impl of ``torch.ops.modelopt_lite.fake_e4m3`` is the same function.
+    """
+    return torch.empty_like(input)
+
+
+def _range_tensor(v, x, what):
+    if isinstance(v, torch.Tensor):
+        return v.to(device=x.device, dtype=torch.float32)
+    try:
+        return torch.tensor(float(v), dtype=torch.float32, device=x.device)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a number or a tensor, got {v!r}") from None
+
+
+def _affine(inputs, min_range, max_range, num_bits):
+    check_input(inputs)
+    lo, hi = _range_tensor(min_range, inputs, "min_range"), _range_tensor(max_range, inputs, "max_range")
+    for name, t in (("min_range", lo), ("max_range", hi)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} must be finite, got {t.flatten()[~torch.isfinite(t.flatten())][0].item()}")
+    if bool((lo > hi).any()):
+        raise ValueError(f"min_range must be <= max_range, got {lo.min().item()} > {hi.max().item()}")
+    if isinstance(num_bits, bool) or not isinstance(num_bits, int) or not 2 <= num_bits <= 16:
+        raise ValueError(f"num_bits for affine quantization must be an int in 2..16, got {num_bits!r}")
+    return affine_params(lo, hi, num_bits)
+
+
+def fake_affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
+    """Asymmetric fake quantization with a zero point (gemmlowp style; exports as QuantizeLinear with a zp).
+
+    ``scale = (hi - lo) / (2**b - 1)`` over the range widened to include 0, ``zp = clamp(rint(qmin - lo/scale))``,
+    ``y = (clamp(rint(x / scale) + zp, qmin, qmax) - zp) * scale`` with ``[qmin, qmax] = [-2**(b-1), 2**(b-1)-1]``.
+    Zero maps exactly to 0.
+    """
+    scale, zp, qmin, qmax = _affine(inputs, min_range, max_range, num_bits)
+    return library.fake_affine(inputs, scale, zp, qmin, qmax)
+
+
+def affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
+    """Real asymmetric quantization: ``(q, scale, zero_point)`` with ``(q - zero_point) * scale`` dequantizing."""
+    scale, zp, qmin, qmax = _affine(inputs, min_range, max_range, num_bits)
+    return library.quantize_affine(inputs, scale, zp, qmin, qmax), positive_scale(scale), zp
+
+
+# --- block quantization ---------------------------------------------------------------------------------------------
+def quantize_block_scales(scale: torch.Tensor, scale_bits, scale_block_sizes=None) -> torch.Tensor:
+    """Double quantization: fake-quantize per-block scales with ``scale_bits`` (unsigned int or E4M3).
+
+    Each group (``scale_block_sizes`` blocks of the scale tensor, or the whole tensor) gets ``amax = max(scale)``.
+    Returns the dequantized scales, which the element quantization then uses as they are.
+    """
+    if scale_block_sizes:
+        s_amax = blocks.block_amax(scale, scale_block_sizes)
+        return fake_block_quant(scale, scale_block_sizes, s_amax, num_bits=scale_bits, unsigned=not is_e4m3(scale_bits))
+    s_amax = scale.detach().amax() if scale.numel() else scale.new_zeros(())
+    return fake_tensor_quant(scale, s_amax, scale_bits, unsigned=not is_e4m3(scale_bits), narrow_range=False)
+
+
+def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
+    """Per-block scales (shape: blocks per axis) for :func:`fake_block_quant`, double-quantized if asked."""
+    check_input(inputs)
+    sizes = blocks.normalize(block_sizes, inputs.shape)
+    if amax is None:
+        amax = blocks.block_amax(inputs, block_sizes)
+    else:
+        amax = as_amax(amax, inputs, "block amax") if isinstance(amax, torch.Tensor) else as_amax(amax, inputs)
+        expected = blocks.blocks_shape(inputs.shape, sizes)
+        if amax.numel() != 1 and tuple(amax.shape) != expected:
+            raise ValueError(f"block amax has shape {tuple(amax.shape)}, expected {expected} for block_sizes "
+                             f"{block_sizes} on inputs of shape {tuple(inputs.shape)}")
+    scale = scale_from_amax(amax, bound_of(num_bits, unsigned, narrow_range))
+    if block_sizes.get("scale_bits") is not None:
+        scale = quantize_block_scales(scale, block_sizes["scale_bits"], block_sizes.get("scale_block_sizes"))
+    return scale, sizes
+
+
+def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
+    """Fake-quantize with one scale per block (static ``amax`` of shape blocks-per-axis, or dynamic if None).
+
+    A dimension that is not a multiple of its block size is zero-padded internally; ``block_sizes`` may carry
+    ``"scale_bits"`` / ``"scale_block_sizes"`` for double quantization of the scales.
+    """
+    scale, sizes = block_scales(inputs, block_sizes, amax, num_bits, unsigned, narrow_range)
+    if unsigned:
+        check_unsigned_input(inputs)
+    xb, pad = blocks.to_blocks(inputs, sizes)
+    sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(inputs.shape, sizes)), sizes)
+    if is_e4m3(num_bits):
+        yb = library.fake_e4m3(xb, sb)
+    else:
+        _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
+        yb = library.fake_quant_int(xb, sb, qmin, qmax)
+    return blocks.from_blocks(yb, inputs.shape, pad)
+
+
+def block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
+    """Real block quantization: ``(q, scale)``; q (float32 codes) has the input's shape, scale blocks-per-axis."""
+    if is_e4m3(num_bits):
+        raise ValueError("block_quant returns integer codes; use fake_block_quant for E4M3 blocks")
+    scale, sizes = block_scales(inputs, block_sizes, amax, num_bits, unsigned, narrow_range)
+    _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
+    xb, pad = blocks.to_blocks(inputs, sizes)
+    sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(inputs.shape, sizes)), sizes)
+    q = blocks.from_blocks(library.quantize_int(xb, sb, qmin, qmax), inputs.shape, pad)
+    return q, positive_scale(scale)
+
+
+# --- autograd-style classes with the familiar names ------------------------------------------------------------------
+class _OpFunction:
+    """Familiar ``X.apply(...)`` entry points. Autograd comes from the registered ops themselves."""
+
+
+class FakeTensorQuantFunction(_OpFunction):
+    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: see :func:`fake_tensor_quant`."""
+
+    apply = staticmethod(fake_tensor_quant)
+
+
+class TensorQuantFunction(_OpFunction):
+    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)`` -> ``(q, scale)``."""
+
+    apply = staticmethod(tensor_quant)
+
+
+class ScaledE4M3Function(_OpFunction):
+    """``apply(inputs, amax=None, E=4, M=3)``: see :func:`scaled_e4m3`."""
+
+    apply = staticmethod(scaled_e4m3)
+
+
+class FakeAffineTensorQuantFunction(_OpFunction):
+    """``apply(inputs, min_range, max_range, num_bits=8)``: see :func:`fake_affine_tensor_quant`."""
+
+    apply = staticmethod(fake_affine_tensor_quant)
+
+
+class LegacyFakeTensorQuantFunction(torch.autograd.Function):
+    """Same numerics as :class:`FakeTensorQuantFunction`, computed by the pure-torch reference only."""
+
+    @staticmethod
+    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+        scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
+        ctx.save_for_backward(inputs, scale)
+        ctx.qrange = (qmin, qmax)
+        return reference.fake_quant_int(inputs, scale, qmin, qmax)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale = ctx.saved_tensors
+        gx, _ = reference.int_backward(grad, x, scale, *ctx.qrange, False)
+        return gx, None, None, None, None
+
+
+legacy_fake_tensor_quant = LegacyFakeTensorQuantFunction.apply
