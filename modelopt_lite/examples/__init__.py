@@ -1,0 +1,8 @@
+"""Small real models and data for tests, the demo and benchmarks (all offline: scikit-learn's bundled digits)."""
+
+from .data import DigitsData, load_digits_data
+from .models import MLP, DigitsCNN, DigitsMLP
+from .train import accuracy, evaluate, train_classifier, trained_digits_model
+
+__all__ = ["DigitsData", "load_digits_data", "MLP", "DigitsCNN", "DigitsMLP", "accuracy", "evaluate",
+           "train_classifier", "trained_digits_model"]
