@@ -30,7 +30,7 @@ from .descriptor import (  # noqa: F401  (re-exported API)
 )
 from .formats import E4M3_MAX, int_range, is_e4m3
 from .functional import blocks, library, reference
-from .functional.checks import as_amax, check_input, check_unsigned_input
+from .functional.checks import as_amax, check_amax_values, check_input, check_unsigned_input
 from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
 
 _INT_DTYPES = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-(2**15), 2**15 - 1),
@@ -181,7 +181,13 @@ def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=Fals
     if amax is None:
         amax = blocks.block_amax(inputs, block_sizes)
     else:
-        amax = as_amax(amax, inputs, "block amax") if isinstance(amax, torch.Tensor) else as_amax(amax, inputs)
+        if isinstance(amax, torch.Tensor) and amax.numel() != 1:  # blocks-per-axis shape: no broadcast against x
+            if not amax.is_floating_point():
+                raise TypeError(f"block amax must be a floating-point tensor, got {amax.dtype}")
+            amax = amax.to(device=inputs.device, dtype=torch.float32)
+            check_amax_values(amax, "block amax")
+        else:
+            amax = as_amax(amax, inputs, "block amax")
         expected = blocks.blocks_shape(inputs.shape, sizes)
         if amax.numel() != 1 and tuple(amax.shape) != expected:
             raise ValueError(f"block amax has shape {tuple(amax.shape)}, expected {expected} for block_sizes "

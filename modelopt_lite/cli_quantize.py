@@ -1,0 +1,188 @@
+"""``modelopt-lite quantize``: model factory + state dict + calibration inputs + config -> calibrated ONNX export.
+
+Every problem the user can fix (a bad path, factory, config name, JSON file or input file) raises
+:class:`modelopt_lite.cli.CLIError` with a message saying what to change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+from .cli import CLIError
+
+_INT_KEY = re.compile(r"^-?\d+$")
+
+
+def load_factory_model(spec: str):
+    """``"package.module:factory"`` -> ``factory()`` (an ``nn.Module``), with actionable errors."""
+    from torch import nn
+
+    if spec.count(":") != 1 or not all(spec.split(":")):
+        raise CLIError(f"--model must look like MODULE:FACTORY (e.g. modelopt_lite.examples:DigitsCNN), got {spec!r}")
+    mod_name, attr = spec.split(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise CLIError(f"--model: cannot import module {mod_name!r} ({e}); check the name and that it is on "
+                       "PYTHONPATH (run from the folder that contains it)") from e
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CLIError(f"--model: module {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CLIError(f"--model: {spec} is not callable; give a class or a function that returns an nn.Module")
+    try:
+        model = obj()
+    except TypeError as e:
+        raise CLIError(f"--model: calling {spec}() failed ({e}); the factory must take no arguments") from e
+    if not isinstance(model, nn.Module):
+        raise CLIError(f"--model: {spec}() returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def load_state_dict(model, path: str) -> None:
+    """Load a ``torch.save``-d state dict (tensors only) into ``model``, strictly."""
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"--state-dict: no such file: {p}")
+    try:
+        sd = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CLIError(f"--state-dict: cannot read {p} with torch.load ({type(e).__name__}: {e})") from e
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict):
+        raise CLIError(f"--state-dict: {p} holds a {type(sd).__name__}, expected a state dict (name -> tensor)")
+    try:
+        model.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0:3]
+        raise CLIError(f"--state-dict: {p} does not match the model: {' '.join(s.strip() for s in first)}") from e
+
+
+def load_calib_batches(path: str, batch_size: int) -> list:
+    """Calibration batches from a ``.npy`` array or a ``.pt`` tensor / list of tensors (float64 -> float32)."""
+    import numpy as np
+    import torch
+
+    if batch_size < 1:
+        raise CLIError(f"--batch-size must be >= 1, got {batch_size}")
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"--calib: no such file: {p}")
+    try:
+        if p.suffix == ".npy":
+            data = torch.from_numpy(np.load(p, allow_pickle=False))
+        elif p.suffix in (".pt", ".pth"):
+            data = torch.load(p, map_location="cpu", weights_only=True)
+        else:
+            raise CLIError(f"--calib: {p} must be a .npy or .pt file")
+    except CLIError:
+        raise
+    except Exception as e:
+        raise CLIError(f"--calib: cannot read {p} ({type(e).__name__}: {e})") from e
+
+    def _fix(t):
+        if not isinstance(t, torch.Tensor):
+            raise CLIError(f"--calib: {p} must hold a tensor or a list of tensors, found {type(t).__name__}")
+        if t.dtype == torch.float64:
+            t = t.float()
+        if t.ndim == 0 or t.shape[0] == 0:
+            raise CLIError(f"--calib: {p} holds an empty or 0-d tensor (shape {tuple(t.shape)}); the first "
+                           "dimension must be the samples")
+        return t
+
+    if isinstance(data, (list, tuple)):
+        if not data:
+            raise CLIError(f"--calib: {p} holds an empty list")
+        return [_fix(t) for t in data]
+    data = _fix(data)
+    return [data[i : i + batch_size] for i in range(0, data.shape[0], batch_size)]
+
+
+def _int_keys(obj):
+    """JSON object keys are strings: turn ``{"-1": 16}`` back into ``{-1: 16}`` inside ``block_sizes``."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            v = _int_keys(v)
+            if k in ("block_sizes", "scale_block_sizes") and isinstance(v, dict):
+                v = {(int(kk) if isinstance(kk, str) and _INT_KEY.match(kk) else kk): vv for kk, vv in v.items()}
+            out[k] = v
+        return out
+    if isinstance(obj, list):
+        return [_int_keys(v) for v in obj]
+    return obj
+
+
+def load_config(spec: str):
+    """A preset name (``modelopt_lite.conversion.config.PRESETS``) or a JSON file shaped like the presets."""
+    import copy
+
+    from .conversion.config import PRESETS
+
+    if spec in PRESETS:
+        return copy.deepcopy(PRESETS[spec])
+    p = Path(spec)
+    if p.suffix.lower() == ".json" or p.exists():
+        if not p.is_file():
+            raise CLIError(f"--config: no such file: {p}")
+        try:
+            cfg = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CLIError(f"--config: {p} is not valid JSON ({e})") from e
+        if not isinstance(cfg, dict):
+            raise CLIError(f"--config: {p} must hold a JSON object (like the presets), got {type(cfg).__name__}")
+        return _int_keys(cfg)
+    raise CLIError(f"--config: unknown preset {spec!r}; use one of {', '.join(PRESETS)} or a .json file "
+                   "(a JSON object {\"quant_cfg\": {...}, \"algorithm\": ...})")
+
+
+def run_quantize(args) -> str:
+    """Run the ``quantize`` sub-command; returns the text to print."""
+    import torch
+
+    import modelopt_lite as mtq
+
+    model = load_factory_model(args.model)
+    if args.state_dict:
+        load_state_dict(model, args.state_dict)
+    model.eval()
+    batches = load_calib_batches(args.calib, args.batch_size)
+    config = load_config(args.config)
+    out = Path(args.export)
+    if out.suffix.lower() != ".onnx":
+        raise CLIError(f"--export must name an .onnx file, got {str(out)!r}")
+    if out.parent and not out.parent.exists():
+        raise CLIError(f"--export: the folder {out.parent} does not exist")
+
+    def forward_loop(m):
+        with torch.no_grad():
+            for b in batches:
+                m(b)
+
+    try:
+        if args.method is not None:
+            config = dict(config, algorithm=args.method)
+        mtq.quantize(model, config, forward_loop)
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:
+        raise CLIError(f"quantizing with {args.config} failed: {type(e).__name__}: {e}") from e
+    sample = batches[0][: min(len(batches[0]), args.batch_size)]
+    try:
+        mtq.export_onnx(model, sample, str(out))
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise CLIError(f"exporting to {out} failed: {type(e).__name__}: {e}") from e
+    lines = []
+    if args.summary:
+        lines.append(str(mtq.summary(model)))
+    n = sum(int(b.shape[0]) for b in batches)
+    lines.append(f"quantized {args.model} with {args.config} (calibration: {args.method or 'config default'}, "
+                 f"{n} samples in {len(batches)} batches)")
+    lines.append(f"wrote {out} ({out.stat().st_size} bytes)")
+    return "\n".join(lines)

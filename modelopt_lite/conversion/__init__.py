@@ -1,0 +1,34 @@
+"""Model conversion: registry, configs and presets, ``quantize``/``calibrate``, summaries, save/restore, temporal.
+
+The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quantize`` etc.).
+"""
+
+from .config import (
+    FP8_DEFAULT_CFG,
+    INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+    INT8_DEFAULT_CFG,
+    INT8_HISTOGRAM_CFG,
+    INT8_ORT_CFG,
+    W4A8_CFG,
+    QuantConfigError,
+    normalize_config,
+)
+from .model_quant import (
+    calibrate,
+    calibrate_loop,
+    make_forward_loop,
+    quantize,
+    replace_quant_modules,
+    set_quantizer_by_cfg,
+)
+from .registry import register, registered, unregister
+from .save_restore import restore, save
+from .summary import print_quant_summary, summary
+from .temporal import quant_step, set_quant_step
+from .utils import named_quantizers
+
+__all__ = ["FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "INT8_DEFAULT_CFG", "INT8_HISTOGRAM_CFG",
+           "INT8_ORT_CFG", "W4A8_CFG", "QuantConfigError", "normalize_config", "calibrate", "calibrate_loop",
+           "make_forward_loop", "quantize", "replace_quant_modules", "set_quantizer_by_cfg", "register",
+           "registered", "unregister", "restore", "save", "print_quant_summary", "summary", "quant_step",
+           "set_quant_step", "named_quantizers"]

@@ -1,0 +1,295 @@
+"""Quantization configs: the presets and the validation of ``{"quant_cfg": {...}, "algorithm": ...}``.
+
+A config is a plain dict::
+
+    {"quant_cfg": {pattern: attrs, ...}, "algorithm": "max" | "histogram" | "percentile" | "mse" | "entropy"
+                                                      | {"method": ..., **params} | None}
+
+``quant_cfg`` keys (applied in this order: ``"default"`` first, then the others in dict order; later ones win):
+
+- ``"default"``: attributes for every quantizer.
+- an fnmatch pattern on the quantizer's module path, such as ``"*weight_quantizer"`` or ``"*lm_head*"``.
+- a callable ``f(name) -> bool`` on the quantizer's module path.
+- a class key: ``"nn.Conv2d"`` (a ``torch.nn`` class), a class object, or the (qualified) name of a module class
+  in the model, mapping to ``{pattern: attrs}``. It applies to quantizers owned directly by modules of that class
+  (a quantized module counts as its float class); its patterns match the quantizer's local name (``"*input_quantizer"``)
+  or its full path.
+
+``attrs`` patch :meth:`TensorQuantizer.set_from_attribute_config`: any descriptor field (``num_bits``, ``axis``,
+``block_sizes``, ``unsigned``, ``narrow_range``, ``fake_quant``, ``learn_amax``, ``calib_method``, ``dynamic``,
+``amax``, ``scale_amax``) plus ``enable`` and ``num_steps``. Granularity is one setting: an entry that sets
+``block_sizes`` without ``axis`` also clears ``axis`` and vice versa. A pattern that matches nothing is fine.
+
+Presets are plain dicts; :func:`modelopt_lite.quantize` deep-copies the config it is given and never mutates it.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
+
+#: attributes a quant_cfg entry may set
+DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
+ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps"}
+
+#: calibration methods and the parameters each accepts
+METHOD_PARAMS: dict[str | None, frozenset] = {
+    None: frozenset(),
+    "max": frozenset(),
+    "histogram": frozenset({"percentile"}),
+    "percentile": frozenset({"percentile"}),
+    "mse": frozenset({"start_bin", "stride"}),
+    "entropy": frozenset({"start_bin", "stride"}),
+}
+CALIB_METHODS = tuple(k for k in METHOD_PARAMS if k is not None)
+
+#: the output channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel)
+CONVTRANSPOSE_WEIGHT_AXIS = 1
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class QuantConfigError(ValueError, TypeError):
+    """A malformed quantization config (an unknown attribute is both a ValueError and a TypeError)."""
+
+
+# --- presets -------------------------------------------------------------------------------------------------------
+_DEFAULT_DISABLED = {
+    "nn.BatchNorm1d": {"*": {"enable": False}},
+    "nn.BatchNorm2d": {"*": {"enable": False}},
+    "nn.BatchNorm3d": {"*": {"enable": False}},
+    "nn.LeakyReLU": {"*": {"enable": False}},
+    "*lm_head*": {"enable": False},
+    "*output_layer*": {"enable": False},
+    "*router*": {"enable": False},
+    "*block_sparse_moe.gate*": {"enable": False},
+    "*mlp.gate.*": {"enable": False},
+}
+_INT8_W = {"num_bits": 8, "axis": 0, "calib_method": "max", "enable": True}
+_INT8_A = {"num_bits": 8, "axis": None, "calib_method": "max", "enable": True}
+_CT_KEYS = ("nn.ConvTranspose1d", "nn.ConvTranspose2d", "nn.ConvTranspose3d")
+
+
+def _preset(quant_cfg: dict, algorithm) -> dict:
+    return {"quant_cfg": {"default": {"enable": False}, **quant_cfg, **copy.deepcopy(_DEFAULT_DISABLED)},
+            "algorithm": algorithm}
+
+
+def _int8_ct_weights() -> dict:
+    return {k: {"*weight_quantizer": dict(_INT8_W, axis=CONVTRANSPOSE_WEIGHT_AXIS)} for k in _CT_KEYS}
+
+
+#: INT8 weights per output channel (axis 0; ConvTranspose: axis 1) and INT8 per-tensor activations, max calibration.
+INT8_DEFAULT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
+                            **_int8_ct_weights()}, "max")
+
+#: As INT8_DEFAULT_CFG, but activations use histogram calibration, resolved by the 99.99th percentile.
+INT8_HISTOGRAM_CFG = _preset({"*weight_quantizer": dict(_INT8_W),
+                              "*input_quantizer": dict(_INT8_A, calib_method="histogram"),
+                              **_int8_ct_weights()}, {"method": "percentile", "percentile": 99.99})
+
+#: FP8 E4M3 weights and activations, per tensor, max calibration.
+FP8_DEFAULT_CFG = _preset({"*weight_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max",
+                                                 "enable": True},
+                           "*input_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max",
+                                                "enable": True}}, "max")
+
+_INT4_BLOCK_W = {"num_bits": 4, "block_sizes": {-1: 128}, "axis": None, "calib_method": "max", "enable": True}
+
+#: INT4 weights in blocks of 128 along the last weight axis (static, max calibrated); activations not quantized.
+INT4_BLOCKWISE_WEIGHT_ONLY_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W),
+                                          "*input_quantizer": {"enable": False}}, "max")
+
+#: INT4 block-128 weights (as INT4_BLOCKWISE_WEIGHT_ONLY_CFG) with INT8 per-tensor activations.
+W4A8_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_quantizer": dict(_INT8_A)}, "max")
+
+#: INT8_DEFAULT_CFG plus INT8 per-tensor *output* quantizers on Conv, Linear and QuantMatMul. ONNX Runtime fuses
+#: ``DQ -> Conv/Gemm/MatMul -> Q`` into QLinearConv / QGemm / QLinearMatMul only when the op's output is quantized,
+#: so this layout runs as int8 kernels in ORT (INT8_DEFAULT_CFG, TensorRT style, leaves outputs in float).
+INT8_ORT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
+                        **_int8_ct_weights(),
+                        **{k: {"*output_quantizer": dict(_INT8_A)}
+                           for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")}}, "max")
+
+PRESETS = {"INT8_DEFAULT_CFG": INT8_DEFAULT_CFG, "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
+           "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG, "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+           "W4A8_CFG": W4A8_CFG, "INT8_ORT_CFG": INT8_ORT_CFG}
+
+
+# --- validation ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One normalized quant_cfg entry: which quantizers it selects and the attributes it patches."""
+
+    label: str
+    pattern: str | Callable[[str], bool]
+    owner_cls: type | str | None
+    attrs: dict = field(hash=False)
+
+    def matches(self, name: str, local: str, owner: nn.Module | None, float_cls: type | None = None) -> bool:
+        """Whether the quantizer at ``name`` (``local`` inside ``owner``; owner's float class) is selected."""
+        if self.owner_cls is not None:
+            if owner is None or not _class_matches(self.owner_cls, type(owner), float_cls):
+                return False
+            return fnmatch.fnmatchcase(local, self.pattern) or fnmatch.fnmatchcase(name, self.pattern)
+        if callable(self.pattern):
+            return bool(self.pattern(name))
+        return fnmatch.fnmatchcase(name, self.pattern)
+
+
+def _class_matches(spec: type | str, owner_type: type, float_cls: type | None) -> bool:
+    types = [owner_type] + ([float_cls] if float_cls is not None else [])
+    for t in types:
+        if isinstance(spec, type):
+            if issubclass(t, spec):
+                return True
+            continue
+        for c in t.__mro__:
+            if spec in (c.__name__, c.__qualname__, f"{c.__module__}.{c.__qualname__}"):
+                return True
+    return False
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """A validated config: rules in application order and the algorithm ``(method, params)`` or None."""
+
+    rules: tuple[Rule, ...]
+    algorithm: tuple[str | None, dict] | None
+
+
+def _check_attrs(label: str, attrs: Any) -> dict:
+    if isinstance(attrs, (list, tuple)):
+        raise QuantConfigError(f"quant_cfg[{label}]: a list of attribute dicts (sequential quantizers) is not "
+                               f"supported; give one dict of attributes")
+    if not isinstance(attrs, dict):
+        raise QuantConfigError(f"quant_cfg[{label}]: attributes must be a dict, got {type(attrs).__name__} "
+                               f"{attrs!r}")
+    for k in attrs:
+        if k not in ATTR_KEYS:
+            raise QuantConfigError(f"quant_cfg[{label}]: unknown quantizer attribute {k!r}; allowed: "
+                                   f"{sorted(ATTR_KEYS)}")
+    if "enable" in attrs and not isinstance(attrs["enable"], bool):
+        raise QuantConfigError(f"quant_cfg[{label}]: 'enable' must be a bool, got {attrs['enable']!r}")
+    if "num_steps" in attrs:
+        n = attrs["num_steps"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise QuantConfigError(f"quant_cfg[{label}]: 'num_steps' must be an int >= 1, got {n!r}")
+    out = copy.deepcopy(attrs)
+    if out.get("block_sizes") is not None and "axis" not in out:
+        out["axis"] = None
+    if out.get("axis") is not None and "block_sizes" not in out:
+        out["block_sizes"] = None
+    return out
+
+
+def _looks_nested(value: Any) -> bool:
+    return (isinstance(value, dict) and bool(value) and all(isinstance(v, dict) for v in value.values())
+            and not any(isinstance(k, str) and k in ATTR_KEYS for k in value))
+
+
+def _resolve_class(key: str) -> type:
+    obj = getattr(nn, key[3:], None)
+    if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
+        raise QuantConfigError(f"quant_cfg[{key!r}]: torch.nn has no module class {key[3:]!r}")
+    return obj
+
+
+def _class_rules(key, label: str, value: Any) -> list[Rule]:
+    owner = key if isinstance(key, type) else (_resolve_class(key) if key.startswith("nn.") else key)
+    if not isinstance(value, dict) or not value:
+        raise QuantConfigError(f"quant_cfg[{label}]: a class key needs a non-empty dict {{pattern: attrs}}, "
+                               f"got {value!r}")
+    rules = []
+    for sub, attrs in value.items():
+        if not isinstance(sub, str):
+            raise QuantConfigError(f"quant_cfg[{label}]: patterns under a class key must be strings, got {sub!r}")
+        sub_label = f"{label}][{sub!r}"
+        rules.append(Rule(sub_label, sub, owner, _check_attrs(sub_label, attrs)))
+    return rules
+
+
+def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
+    """``(method, params)`` from ``"max"``, ``{"method": "percentile", "percentile": 99.9}``, ... or None."""
+    if algorithm is None:
+        return None
+    if isinstance(algorithm, str):
+        method, params = algorithm, {}
+    elif isinstance(algorithm, dict):
+        if "method" not in algorithm:
+            raise QuantConfigError(f"algorithm dict needs a 'method' key, got {algorithm!r}")
+        params = {k: v for k, v in algorithm.items() if k != "method"}
+        method = algorithm["method"]
+    else:
+        raise QuantConfigError(f"algorithm must be None, a method name or a dict with 'method', got {algorithm!r}")
+    check_method(method, params)
+    return method, copy.deepcopy(params)
+
+
+def check_method(method: Any, params: dict) -> None:
+    """Validate a calibration method and its parameters before any data is run (ValueError naming the problem)."""
+    if method not in METHOD_PARAMS:
+        raise QuantConfigError(f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS)}")
+    unknown = sorted(set(params) - METHOD_PARAMS[method])
+    if unknown:
+        allowed = sorted(METHOD_PARAMS[method]) or "none"
+        raise QuantConfigError(f"calibration method {method!r} got unknown parameter(s) {unknown}; "
+                               f"allowed: {allowed}")
+    if "percentile" in params:
+        p = params["percentile"]
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+            raise QuantConfigError(f"percentile must be a number in (0, 100], got {p!r}")
+    for k, lo in (("start_bin", 0), ("stride", 1)):
+        if k in params:
+            v = params[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise QuantConfigError(f"{k} must be an int >= {lo}, got {v!r}")
+
+
+def normalize_config(config: Any) -> QuantConfig:
+    """Validate ``config`` and return its rules (``"default"`` first) and algorithm; never mutates ``config``.
+
+    Raises:
+        QuantConfigError (a ValueError): what is wrong and where (the pattern and the key).
+    """
+    if not isinstance(config, dict):
+        raise QuantConfigError(f"config must be a dict {{'quant_cfg': ..., 'algorithm': ...}}, "
+                               f"got {type(config).__name__}")
+    extra = sorted(map(str, set(config) - {"quant_cfg", "algorithm"}))
+    if extra:
+        raise QuantConfigError(f"config has unknown key(s) {extra}; expected 'quant_cfg' and 'algorithm'")
+    quant_cfg = config.get("quant_cfg", {})
+    if not isinstance(quant_cfg, dict):
+        raise QuantConfigError(f"config['quant_cfg'] must be a dict {{pattern: attrs}}, "
+                               f"got {type(quant_cfg).__name__}")
+    default_rules: list[Rule] = []
+    rules: list[Rule] = []
+    for key, value in quant_cfg.items():
+        label = repr(key) if isinstance(key, str) else getattr(key, "__name__", repr(key))
+        if key == "default":
+            default_rules.append(Rule(label, "*", None, _check_attrs(label, value)))
+        elif isinstance(key, type):
+            if not issubclass(key, nn.Module):
+                raise QuantConfigError(f"quant_cfg[{label}]: a class key must be an nn.Module subclass")
+            rules += _class_rules(key, label, value)
+        elif isinstance(key, str):
+            if not key:
+                raise QuantConfigError("quant_cfg: empty pattern ''")
+            if key.startswith("nn.") or (_DOTTED.fullmatch(key) and _looks_nested(value)):
+                rules += _class_rules(key, label, value)
+            else:
+                rules.append(Rule(label, key, None, _check_attrs(label, value)))
+        elif callable(key):
+            rules.append(Rule(label, key, None, _check_attrs(label, value)))
+        else:
+            raise QuantConfigError(f"quant_cfg key must be a pattern string, 'default', a class or a callable, "
+                                   f"got {key!r}")
+    return QuantConfig(tuple(default_rules + rules), normalize_algorithm(config.get("algorithm", "max")))

@@ -1,0 +1,302 @@
+"""``quantize`` (convert a float model in place from a config, then calibrate) and the ``calibrate`` context.
+
+Conversion is per instance: every child whose exact type is in the registry (:mod:`.registry`) is replaced by
+``QuantX.from_float(child)``; ``torch.nn`` itself is never touched. Each quantizer's ``name`` becomes its module
+path, the config's rules are applied (see :mod:`.config`), and with a ``forward_loop`` the model is calibrated by
+running ``forward_loop(model)`` inside :func:`calibrate` with the config's algorithm.
+
+``quantize`` is atomic: if anything fails (a bad config, a quantizer rejecting an attribute, an error in the
+forward loop), the replaced children are put back and every quantizer that existed before is restored exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .config import QuantConfig, QuantConfigError, check_method, normalize_config
+from .registry import REGISTRY, QuantModuleRegistry
+from .state import snapshot_quantizers
+from .utils import named_quantizers, quantizer_sites
+
+log = logging.getLogger(__name__)
+
+_HIST_METHODS = ("histogram", "percentile", "mse", "entropy")
+
+
+# --- conversion ----------------------------------------------------------------------------------------------------
+class _Replacements:
+    """The (parent, attribute, original child) triples of one conversion, so it can be undone."""
+
+    def __init__(self):
+        self.done: list[tuple[nn.Module, str, nn.Module]] = []
+
+    def undo(self) -> None:
+        for parent, attr, original in reversed(self.done):
+            setattr(parent, attr, original)
+        self.done.clear()
+
+
+def _convert_tree(model: nn.Module, registry: QuantModuleRegistry, record: _Replacements) -> nn.Module:
+    memo: dict[int, nn.Module] = {}
+
+    def convert(m: nn.Module) -> nn.Module | None:
+        if id(m) in memo:
+            return memo[id(m)]
+        quant_cls = registry.get(type(m))
+        if quant_cls is None:
+            return None
+        new = quant_cls.from_float(m)
+        if not isinstance(new, nn.Module):
+            raise TypeError(f"{quant_cls.__name__}.from_float returned {type(new).__name__}, not an nn.Module")
+        new.train(m.training)
+        memo[id(m)] = new
+        return new
+
+    root = convert(model)
+    if root is not None:
+        return root
+    visited = {id(model)}
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        for attr, child in list(module.named_children()):
+            new = convert(child)
+            if new is not None:
+                record.done.append((module, attr, child))
+                setattr(module, attr, new)
+            elif id(child) not in visited:
+                visited.add(id(child))
+                stack.append(child)
+    return model
+
+
+def replace_quant_modules(model: nn.Module, registry: QuantModuleRegistry | None = None) -> nn.Module:
+    """Replace (in place) every child whose exact type is registered by its quantized twin; returns the model.
+
+    A module shared under several names is converted once and stays shared. If ``model`` itself is of a
+    registered type, the converted module is returned (use the return value).
+    """
+    return _convert_tree(model, registry or REGISTRY, _Replacements())
+
+
+def set_quantizer_names(model: nn.Module) -> None:
+    """Set every quantizer's ``name`` to its module path (used in messages, summaries and exports)."""
+    for name, q in named_quantizers(model):
+        q.name = name
+
+
+def set_quantizer_by_cfg(model: nn.Module, quant_cfg: dict | QuantConfig) -> dict[str, list[str]]:
+    """Apply a ``quant_cfg`` dict (or a whole config) to the model's quantizers; returns ``{quantizer: [labels]}``.
+
+    For each quantizer, the attributes of every matching rule are merged in order (later rules win) and applied in
+    one :meth:`TensorQuantizer.set_from_attribute_config` call.
+
+    Raises:
+        QuantConfigError: a malformed config, or a quantizer rejecting the merged attributes (the message names the
+            quantizer and the patterns that matched it).
+    """
+    if not isinstance(quant_cfg, QuantConfig):
+        cfg = quant_cfg if "quant_cfg" in quant_cfg or "algorithm" in quant_cfg else {"quant_cfg": quant_cfg}
+        quant_cfg = normalize_config({**cfg, "algorithm": None})
+    applied: dict[str, list[str]] = {}
+    for site in quantizer_sites(model):
+        float_cls = REGISTRY.float_class_of(type(site.owner)) if site.owner is not None else None
+        hits = [r for r in quant_cfg.rules if r.matches(site.name, site.local, site.owner, float_cls)]
+        if not hits:
+            continue
+        merged: dict = {}
+        for r in hits:
+            merged.update(r.attrs)
+        try:
+            site.quantizer.set_from_attribute_config(merged)
+        except (ValueError, TypeError) as e:
+            labels = ", ".join(r.label for r in hits)
+            raise QuantConfigError(f"quantizer {site.name!r}: the attributes from quant_cfg[{labels}] "
+                                   f"(merged: {merged}) were rejected: {e}") from e
+        applied[site.name] = [r.label for r in hits]
+    return applied
+
+
+def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module], object] | None = None,
+             *, registry: QuantModuleRegistry | None = None) -> nn.Module:
+    """Convert ``model`` in place to fake-quantized modules, configure its quantizers and calibrate them.
+
+    Args:
+        model: a float (or partly quantized) model. It is modified in place and returned; if the model itself is
+            of a registered type (e.g. a bare ``nn.Linear``) the converted module is returned instead.
+        config: ``{"quant_cfg": {pattern: attrs}, "algorithm": ...}`` (see :mod:`modelopt_lite.conversion.config`),
+            e.g. ``modelopt_lite.INT8_DEFAULT_CFG``. Deep-copied, never mutated.
+        forward_loop: ``forward_loop(model)`` runs calibration data through the model (see :func:`calibrate_loop`);
+            None leaves the quantizers uncalibrated (call :func:`calibrate` yourself).
+        registry: the float -> quant class map (default: the global one, see :func:`modelopt_lite.register`).
+
+    Raises:
+        QuantConfigError (ValueError): a malformed config; the model is left unchanged.
+        TypeError: ``forward_loop`` is not callable.
+    """
+    cfg = normalize_config(config)
+    if forward_loop is not None and not callable(forward_loop):
+        raise TypeError(f"forward_loop must be a callable taking the model, got {type(forward_loop).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize expects an nn.Module, got {type(model).__name__}")
+    before = snapshot_quantizers(q for _, q in named_quantizers(model))
+    record = _Replacements()
+    try:
+        model = _convert_tree(model, registry or REGISTRY, record)
+        set_quantizer_names(model)
+        set_quantizer_by_cfg(model, cfg)
+        if forward_loop is not None:
+            if cfg.algorithm is None:
+                warnings.warn("quantize: config algorithm is None, so forward_loop was not run (no calibration)",
+                              stacklevel=2)
+            else:
+                method, params = cfg.algorithm
+                with calibrate(model, method, **params):
+                    forward_loop(model)
+    except BaseException:
+        record.undo()
+        before.restore()
+        raise
+    log.info("quantize: %d modules converted, %d quantizers", len(record.done), sum(1 for _ in named_quantizers(model)))
+    return model
+
+
+# --- calibration ---------------------------------------------------------------------------------------------------
+def _is_per_tensor(q) -> bool:
+    d = q.quant_desc
+    return d.axis is None and not d.block_sizes
+
+
+def _calibrators(q) -> list:
+    cals = getattr(q, "calibrators", None)
+    if cals is None:
+        cal = q.calibrator
+        cals = [] if cal is None else [cal]
+    return [c for c in cals if c is not None]
+
+
+def _start(q, method) -> None:
+    if method in _HIST_METHODS and _is_per_tensor(q) and q.quant_desc.calib_method != "histogram":
+        q.set_from_attribute_config({"calib_method": "histogram"})
+    for cal in _calibrators(q):
+        cal.reset()
+    q.disable_quant()
+    q.enable_calib()
+
+
+def _finish(q, method, params: dict) -> bool:
+    """Load amax from the collected statistics; False when the quantizer saw no data (then nothing changes)."""
+    hist = q.quant_desc.calib_method == "histogram" and not q.quant_desc.block_sizes
+    if hist:
+        m, kw = (None if method in (None, "max", "histogram") else method), params
+    else:
+        m, kw = None, {}
+    seen = any(c.compute_amax() is not None for c in _calibrators(q)) if not hist else _has_data(q)
+    q.disable_calib()
+    q.enable_quant()
+    if not seen:
+        return False
+    q.load_calib_amax(m, strict=False, **kw)
+    if getattr(q.quant_desc, "learn_amax", False) and hasattr(q, "init_learn_amax"):
+        q.init_learn_amax()
+    return True
+
+
+def _has_data(q) -> bool:
+    for cal in _calibrators(q):
+        if getattr(cal, "num_collected", None):
+            return True
+        if cal.compute_amax("percentile", percentile=100.0) is not None:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def calibrate(model: nn.Module, method: str | None = "max", **compute_amax_kwargs):
+    """Collect calibration statistics for the block, then load amax into every quantizer.
+
+    Every enabled, static quantizer without a fixed ``amax`` switches to collect mode (quantization off) for the
+    block; on exit it computes and loads amax and turns quantization back on (calibration off). If the block (or the
+    amax computation) raises, every quantizer's state (flags, amax, calibrator statistics, descriptor) is restored
+    exactly and the exception propagates. Statistics start fresh at entry.
+
+    Methods:
+        ``"max"`` (or None): each quantizer's own calibrator with its default (max; a quantizer configured with
+        ``calib_method="histogram"`` uses the 99.99th percentile). ``"histogram"``/``"percentile"``
+        (``percentile=``), ``"mse"``/``"entropy"`` (``start_bin=``, ``stride=``): per-tensor quantizers collect a
+        histogram (their ``calib_method`` becomes ``"histogram"``) and use that method; per-channel and block
+        quantizers keep max calibration.
+
+    A quantizer that saw no data keeps its previous amax (if any) and a warning names it.
+
+    Raises:
+        QuantConfigError (ValueError): an unknown method or parameter, before anything runs.
+    """
+    check_method(method, compute_amax_kwargs)
+    all_q = [(n, q) for n, q in named_quantizers(model)]
+    snap = snapshot_quantizers(q for _, q in all_q)
+    targets = [(n, q) for n, q in all_q
+               if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None]
+    missing: list[str] = []
+    try:
+        for _, q in targets:
+            _start(q, method)
+        yield model
+        for n, q in targets:
+            if not _finish(q, method, compute_amax_kwargs):
+                missing.append(n)
+    except BaseException:
+        snap.restore()
+        raise
+    if missing:
+        warnings.warn(f"calibrate: {len(missing)} quantizer(s) saw no data and keep their previous amax "
+                      f"(if any): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}", stacklevel=3)
+
+
+def calibrate_loop(model: nn.Module, batches: Iterable, progress: bool = True, desc: str = "calibrate") -> int:
+    """Run ``model`` on each batch (eval mode, no grad) with an optional tqdm bar; returns the number of batches.
+
+    A batch is a tensor (``model(batch)``), a tuple/list (``model(*batch)``) or a dict (``model(**batch)``). The
+    training flags of all modules are restored afterwards.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    it = batches
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+
+            it = tqdm(batches, desc=desc, leave=False)
+        except ImportError:  # pragma: no cover
+            pass
+    n = 0
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in it:
+                if isinstance(batch, dict):
+                    model(**batch)
+                elif isinstance(batch, (tuple, list)):
+                    model(*batch)
+                else:
+                    model(batch)
+                n += 1
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    return n
+
+
+def make_forward_loop(batches: Iterable, progress: bool = False, desc: str = "calibrate"):
+    """A ``forward_loop(model)`` for :func:`quantize` that runs :func:`calibrate_loop` over ``batches``."""
+    batches = list(batches)
+
+    def forward_loop(model: nn.Module) -> int:
+        return calibrate_loop(model, batches, progress=progress, desc=desc)
+
+    return forward_loop

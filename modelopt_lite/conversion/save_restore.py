@@ -1,0 +1,219 @@
+"""Save the quantization state of a model and re-create it on a fresh float model.
+
+``save(model, path)`` writes two files side by side: ``<path>.json`` (the converted modules, and per quantizer its
+descriptor, enable flags and ``num_steps``) and ``<path>.safetensors`` (every quantizer tensor: amax, per-step amax,
+learned amax). ``restore(model, path)`` converts a fresh float model the same way, applies the saved settings and
+loads the tensors, so its outputs are bit-identical to the saved model's (given the same float weights; pass
+``include_weights=True`` to store the weights too, e.g. after QAT).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..descriptor import ScaledQuantDescriptor
+from .config import DESCRIPTOR_KEYS
+from .model_quant import _Replacements, set_quantizer_names
+from .registry import REGISTRY
+from .state import snapshot_quantizers
+from .utils import named_quantizers
+
+FORMAT = "modelopt_lite.quant_state"
+VERSION = 1
+_WEIGHTS_PREFIX = "__model__."
+
+
+def _paths(path) -> tuple[Path, Path]:
+    p = Path(path)
+    if p.suffix in (".json", ".safetensors"):
+        p = p.with_suffix("")
+    return p.with_name(p.name + ".json"), p.with_name(p.name + ".safetensors")
+
+
+def _encode(v):
+    """JSON-safe, exactly reversible form of descriptor values (tuples and int-keyed dicts are tagged)."""
+    if isinstance(v, tuple):
+        return {"__tuple__": [_encode(x) for x in v]}
+    if isinstance(v, dict):
+        return {"__dict__": [[_encode(k), _encode(x)] for k, x in v.items()]}
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    return v
+
+
+def _decode(v):
+    if isinstance(v, dict):
+        if "__tuple__" in v:
+            return tuple(_decode(x) for x in v["__tuple__"])
+        if "__dict__" in v:
+            return {_decode(k): _decode(x) for k, x in v["__dict__"]}
+        raise ValueError(f"restore: unexpected JSON object {v!r}")
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _import(qualname: str) -> type | None:
+    mod, _, name = qualname.rpartition(".")
+    try:
+        obj = importlib.import_module(mod)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return obj if isinstance(obj, type) else None
+
+
+def _own_param_shapes(m: nn.Module) -> dict[str, list[int]]:
+    return {n: list(p.shape) for n, p in m.named_parameters(recurse=False)}
+
+
+def _quantizer_record(q) -> dict:
+    return {"descriptor": _encode(q.quant_desc.dict()), "enabled": bool(q.is_enabled),
+            "quant": bool(q.is_quant_enabled), "calib": bool(q.is_calib_enabled),
+            "num_steps": int(getattr(q, "num_steps", 1) or 1),
+            "tensors": sorted(q.state_dict().keys())}
+
+
+def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path, Path]:
+    """Write the quantization state of ``model`` to ``<path>.json`` and ``<path>.safetensors``; returns both paths.
+
+    ``path`` may end in ``.json`` or ``.safetensors`` (the suffix is replaced). With ``include_weights`` the whole
+    ``state_dict`` of the model is stored too and loaded back by :func:`restore`.
+    """
+    from safetensors.torch import save_file
+
+    json_path, st_path = _paths(path)
+    modules = []
+    for name, m in model.named_modules():
+        float_cls = REGISTRY.float_class_of(type(m))
+        if float_cls is not None:
+            modules.append({"name": name, "float_cls": _qualname(float_cls), "quant_cls": _qualname(type(m)),
+                            "params": _own_param_shapes(m)})
+    quantizers, tensors = {}, {}
+    for name, q in named_quantizers(model):
+        quantizers[name] = _quantizer_record(q)
+        for k, v in q.state_dict().items():
+            tensors[f"{name}.{k}" if name else k] = v.detach().cpu().contiguous()
+    if include_weights:
+        for k, v in model.state_dict().items():
+            tensors[_WEIGHTS_PREFIX + k] = v.detach().cpu().contiguous().clone()
+    doc = {"format": FORMAT, "version": VERSION, "modules": modules, "quantizers": quantizers,
+           "include_weights": include_weights, "torch": torch.__version__}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(st_path), metadata={"format": FORMAT, "version": str(VERSION)})
+    json_path.write_text(json.dumps(doc, indent=1, sort_keys=False))
+    return json_path, st_path
+
+
+def _first_mismatch(model: nn.Module, records: list[dict]) -> str | None:
+    by_name = {r["name"]: r for r in records}
+    seen = set()
+    for name, m in model.named_modules():
+        rec = by_name.get(name)
+        eligible = REGISTRY.get(type(m)) is not None or REGISTRY.float_class_of(type(m)) is not None
+        if rec is None:
+            if eligible and not any(name.startswith(r + ".") for r in seen if r):
+                return f"module {name!r} ({type(m).__name__}) is not quantized in the saved state"
+            continue
+        seen.add(name)
+        if _qualname(type(m)) not in (rec["float_cls"], rec["quant_cls"]):
+            return (f"module {name!r} is a {_qualname(type(m))}, the saved state has {rec['float_cls']} "
+                    f"(quantized as {rec['quant_cls']})")
+        shapes = _own_param_shapes(m)
+        if shapes != rec["params"]:
+            return f"module {name!r} has parameters {shapes}, the saved state has {rec['params']}"
+    missing = [r["name"] for r in records if r["name"] not in seen]
+    if missing:
+        return f"module {missing[0]!r} of the saved state does not exist in the model"
+    return None
+
+
+def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements) -> nn.Module:
+    memo: dict[int, nn.Module] = {}
+    for rec in records:
+        name = rec["name"]
+        m = model.get_submodule(name) if name else model
+        if _qualname(type(m)) == rec["quant_cls"]:
+            continue
+        quant_cls = _import(rec["quant_cls"]) or REGISTRY.get(type(m))
+        if quant_cls is None:
+            raise ValueError(f"restore: cannot import {rec['quant_cls']} to convert module {name!r}")
+        new = memo.get(id(m))
+        if new is None:
+            new = memo[id(m)] = quant_cls.from_float(m)
+            new.train(m.training)
+        if not name:
+            model = new
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        undo.done.append((parent, attr, m))
+        setattr(parent, attr, new)
+    return model
+
+
+def _apply_record(name: str, q, rec: dict, tensors: dict) -> None:
+    desc = ScaledQuantDescriptor(**_decode(rec["descriptor"]))
+    attrs = {k: getattr(desc, k) for k in DESCRIPTOR_KEYS}
+    if attrs.get("amax") is not None:
+        attrs["amax"] = attrs["amax"].tolist()
+    attrs["num_steps"] = rec["num_steps"]
+    q.set_from_attribute_config(attrs)
+    (q.enable if rec["enabled"] else q.disable)()
+    (q.enable_quant if rec["quant"] else q.disable_quant)()
+    (q.enable_calib if rec["calib"] else q.disable_calib)()
+    prefix = f"{name}." if name else ""
+    state = {k: tensors[prefix + k] for k in rec["tensors"]}
+    q.load_state_dict(state, strict=True)
+
+
+def restore(model: nn.Module, path) -> nn.Module:
+    """Re-create the saved quantization state on ``model`` (float, or already converted the same way); returns it.
+
+    Raises:
+        ValueError: the files are not a saved quantization state, or ``model`` differs from the saved one (the
+            message names the first differing module or quantizer); ``model`` is left unchanged then.
+    """
+    from safetensors.torch import load_file
+
+    json_path, st_path = _paths(path)
+    doc = json.loads(json_path.read_text())
+    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise ValueError(f"restore: {json_path} is not a {FORMAT} v{VERSION} file")
+    tensors = load_file(str(st_path))
+    problem = _first_mismatch(model, doc["modules"])
+    if problem:
+        raise ValueError(f"restore: the model does not match the saved state: {problem}")
+    before = snapshot_quantizers(q for _, q in named_quantizers(model))
+    undo = _Replacements()
+    try:
+        model = _convert_recorded(model, doc["modules"], undo)
+        set_quantizer_names(model)
+        present = dict(named_quantizers(model))
+        saved = doc["quantizers"]
+        for name in present:
+            if name not in saved:
+                raise ValueError(f"restore: the model has quantizer {name!r}, which the saved state does not")
+        for name in saved:
+            if name not in present:
+                raise ValueError(f"restore: quantizer {name!r} of the saved state does not exist in the model")
+        for name, rec in saved.items():
+            _apply_record(name, present[name], rec, tensors)
+        if doc.get("include_weights"):
+            n = len(_WEIGHTS_PREFIX)
+            model.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(_WEIGHTS_PREFIX)})
+    except BaseException:
+        undo.undo()
+        before.restore()
+        raise
+    return model

@@ -1,0 +1,68 @@
+"""Temporal (per-step) quantization: select the step of every temporal quantizer for a block.
+
+A quantizer configured with ``num_steps > 1`` keeps one amax (and one calibrator) per step, for models whose
+activation ranges change along a process such as diffusion sampling. ``with quant_step(model, t):`` selects step
+``t`` in all of them; calibration inside the block collects into step ``t``'s statistics, and quantization uses step
+``t``'s amax. Quantizers with ``num_steps == 1`` are not affected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from .utils import named_quantizers
+
+
+def temporal_quantizers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, quantizer)`` for every quantizer of ``model`` with ``num_steps > 1``."""
+    return [(n, q) for n, q in named_quantizers(model) if getattr(q, "num_steps", 1) > 1]
+
+
+def _as_step(t) -> int:
+    if isinstance(t, torch.Tensor):
+        if t.numel() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise TypeError(f"quant_step: t must be an int or a one-element integer tensor, got {t!r}")
+        t = int(t.item())
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise TypeError(f"quant_step: t must be an int, got {type(t).__name__} {t!r}")
+    return t
+
+
+def set_quant_step(model: nn.Module, t) -> dict[str, int]:
+    """Set the step of every temporal quantizer to ``t``; returns the previous ``{name: step}``.
+
+    Raises:
+        TypeError: ``t`` is not an integer.
+        ValueError: ``t`` is outside ``[0, num_steps)`` of some quantizer (named); nothing is changed then.
+    """
+    t = _as_step(t)
+    qs = temporal_quantizers(model)
+    for n, q in qs:
+        if not 0 <= t < q.num_steps:
+            raise ValueError(f"quant_step: step {t} is out of range for quantizer {n!r} (num_steps={q.num_steps})")
+    previous = {n: q.step for n, q in qs}
+    for _, q in qs:
+        q.step = t
+    return previous
+
+
+@contextlib.contextmanager
+def quant_step(model: nn.Module, t):
+    """Within the block, every temporal quantizer of ``model`` uses (and calibrates) step ``t``; restored after.
+
+    Example::
+
+        for t in reversed(range(num_steps)):
+            with modelopt_lite.quant_step(model, t):
+                x = sampler_step(model(x, t), x, t)
+    """
+    qs = dict(temporal_quantizers(model))
+    previous = set_quant_step(model, t)
+    try:
+        yield model
+    finally:
+        for n, step in previous.items():
+            qs[n].step = step

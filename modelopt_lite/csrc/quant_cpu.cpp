@@ -1,0 +1,364 @@
+// modelopt_lite native CPU kernels: the Python binding and the tensor driver.
+//
+// Exposes (PYBIND11_MODULE) the functions of functional/reference.py with the same signatures and bit-identical
+// results: fake_quant_int, quantize_int, int_backward, fake_e4m3, e4m3_backward, fake_affine, quantize_affine,
+// affine_backward. Inputs may be float32/float16/bfloat16 (float64 too), of any strides, broadcast against the
+// float32 scale (and zero point); outputs are contiguous. Everything is computed in float32.
+//
+// One fused pass: an at::TensorIterator (parallel through at::parallel_for) walks the broadcast shape in the
+// output's order, coalescing dimensions, so a per-tensor scale becomes one long row with a scalar scale, a
+// per-channel/per-block scale becomes rows of `inner` elements with one scale each (axis 0, block views
+// (N, nb, bs) with scale (N, nb, 1)) or rows with a per-element scale (last axis), and any other broadcast (tuple
+// axes) becomes the same rows with a general index walk. Rows go through the float32 kernels of quant_kernels.h
+// in chunks: float32 contiguous data is used in place; other dtypes or strides are staged through small buffers.
+#include <torch/extension.h>
+
+#include <ATen/TensorIterator.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "quant_elem.h"
+#include "quant_kernels.h"
+
+namespace {
+
+using mol::Kernels;
+constexpr int64_t kChunk = 1024;
+
+std::atomic<const Kernels*> g_kernels{nullptr};
+
+const Kernels& kernels() {
+  const Kernels* k = g_kernels.load(std::memory_order_acquire);
+  if (k == nullptr) {
+    k = mol::avx2_kernels();
+    if (k == nullptr) k = &mol::scalar_kernels();
+    g_kernels.store(k, std::memory_order_release);
+  }
+  return *k;
+}
+
+// ---- staging of one chunk of one operand ----------------------------------------------------------------------
+const float* read_f32(const Kernels& K, const char* p, int64_t stride, at::ScalarType dt, int64_t n, float* buf) {
+  switch (dt) {
+    case at::kFloat:
+      if (stride == static_cast<int64_t>(sizeof(float))) return reinterpret_cast<const float*>(p);
+      for (int64_t i = 0; i < n; ++i) buf[i] = *reinterpret_cast<const float*>(p + i * stride);
+      return buf;
+    case at::kHalf:
+      if (stride == 2) {
+        K.f16_to_f32(reinterpret_cast<const uint16_t*>(p), buf, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) buf[i] = mol::f16_to_f32_elem(*reinterpret_cast<const uint16_t*>(p + i * stride));
+      }
+      return buf;
+    case at::kBFloat16:
+      if (stride == 2) {
+        K.bf16_to_f32(reinterpret_cast<const uint16_t*>(p), buf, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) buf[i] = mol::bf16_to_f32_elem(*reinterpret_cast<const uint16_t*>(p + i * stride));
+      }
+      return buf;
+    default:  // kDouble (checked by the binding): x.float() rounds to nearest even, as static_cast does
+      for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(*reinterpret_cast<const double*>(p + i * stride));
+      return buf;
+  }
+}
+
+// A broadcastable float32 operand (scale, zero point): in place with inc 0 (broadcast) or 1 (contiguous).
+const float* read_bcast(const char* p, int64_t stride, int64_t n, float* buf, int* inc) {
+  if (stride == 0 || stride == static_cast<int64_t>(sizeof(float))) {
+    *inc = stride == 0 ? 0 : 1;
+    return reinterpret_cast<const float*>(p);
+  }
+  for (int64_t i = 0; i < n; ++i) buf[i] = *reinterpret_cast<const float*>(p + i * stride);
+  *inc = 1;
+  return buf;
+}
+
+void write_f32(const Kernels& K, const float* src, char* p, int64_t stride, at::ScalarType dt, int64_t n) {
+  if (src == reinterpret_cast<const float*>(p)) return;  // computed in place
+  switch (dt) {
+    case at::kFloat:
+      for (int64_t i = 0; i < n; ++i) *reinterpret_cast<float*>(p + i * stride) = src[i];
+      return;
+    case at::kHalf:
+      if (stride == 2) {
+        K.f32_to_f16(src, reinterpret_cast<uint16_t*>(p), n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) *reinterpret_cast<uint16_t*>(p + i * stride) = mol::f32_to_f16_elem(src[i]);
+      }
+      return;
+    case at::kBFloat16:
+      if (stride == 2) {
+        K.f32_to_bf16(src, reinterpret_cast<uint16_t*>(p), n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) *reinterpret_cast<uint16_t*>(p + i * stride) = mol::f32_to_bf16_elem(src[i]);
+      }
+      return;
+    default:  // kDouble
+      for (int64_t i = 0; i < n; ++i) *reinterpret_cast<double*>(p + i * stride) = static_cast<double>(src[i]);
+      return;
+  }
+}
+
+// ---- the driver -----------------------------------------------------------------------------------------------
+enum Role { kOut, kIn, kBcast };
+
+// Walk `iter` (operands in the order outputs..., inputs...) in parallel; for every chunk call
+// fn(K, in, inc, out, n) with contiguous float32 views of the operands (in[k]/inc[k] for inputs, out[k] for outputs).
+template <int NT, class Fn>
+void drive(at::TensorIterator& iter, const std::array<Role, NT>& roles, const Fn& fn) {
+  const Kernels& K = kernels();
+  std::array<at::ScalarType, NT> dts;
+  for (int k = 0; k < NT; ++k) dts[k] = iter.dtype(k);
+  iter.for_each([&](char** data, const int64_t* strides, int64_t n0, int64_t n1) {
+    float bufs[NT][kChunk];
+    std::array<const float*, NT> in{};
+    std::array<float*, NT> out{};
+    std::array<int, NT> inc{};
+    for (int64_t r = 0; r < n1; ++r) {
+      for (int64_t j = 0; j < n0; j += kChunk) {
+        const int64_t m = std::min(kChunk, n0 - j);
+        for (int k = 0; k < NT; ++k) {
+          char* p = data[k] + r * strides[NT + k] + j * strides[k];
+          if (roles[k] == kOut) {
+            const bool direct = dts[k] == at::kFloat && strides[k] == static_cast<int64_t>(sizeof(float));
+            out[k] = direct ? reinterpret_cast<float*>(p) : bufs[k];
+          } else if (roles[k] == kIn) {
+            in[k] = read_f32(K, p, strides[k], dts[k], m, bufs[k]);
+            inc[k] = 1;
+          } else {
+            in[k] = read_bcast(p, strides[k], m, bufs[k], &inc[k]);
+          }
+        }
+        fn(K, in, inc, out, m);
+        for (int k = 0; k < NT; ++k) {
+          if (roles[k] == kOut) write_f32(K, out[k], data[k] + r * strides[NT + k] + j * strides[k], strides[k], dts[k], m);
+        }
+      }
+    }
+  });
+}
+
+at::TensorIterator make_iter(std::initializer_list<at::Tensor> outs, std::initializer_list<at::Tensor> ins) {
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(false).check_all_same_dtype(false).resize_outputs(false);
+  for (const auto& o : outs) cfg.add_output(o);
+  for (const auto& i : ins) cfg.add_const_input(i);
+  return cfg.build();
+}
+
+// ---- argument checks ------------------------------------------------------------------------------------------
+void check_data(const at::Tensor& t, const char* what) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite cpu kernels: ", what, " must be on the CPU, got ", t.device());
+  const auto dt = t.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+                   "modelopt_lite cpu kernels: ", what, " must be float32, float16 or bfloat16, got ", dt);
+}
+
+// Scale / zero point as float32 (float16, bfloat16 and integers convert exactly; float64 would change the math).
+at::Tensor as_f32(const at::Tensor& t, const char* what) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite cpu kernels: ", what, " must be on the CPU, got ", t.device());
+  const auto dt = t.scalar_type();
+  if (dt == at::kFloat) return t;
+  TORCH_CHECK_TYPE(dt == at::kHalf || dt == at::kBFloat16 || dt == at::kByte || dt == at::kChar ||
+                       dt == at::kShort || dt == at::kInt || dt == at::kLong,
+                   "modelopt_lite cpu kernels: ", what, " must be float32, got ", dt);
+  return t.to(at::kFloat);
+}
+
+float qf(int64_t q) { return static_cast<float>(q); }
+
+// ---- forward ops -----------------------------------------------------------------------------------------------
+at::Tensor int_forward(const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax, bool codes) {
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  at::Tensor y = at::empty(at::infer_size_dimvector(x.sizes(), s.sizes()),
+                           x.options().dtype(codes ? at::kFloat : x.scalar_type()));
+  if (y.numel() == 0) return y;
+  auto iter = make_iter({y}, {x, s});
+  const float lo = qf(qmin), hi = qf(qmax);
+  drive<3>(iter, {kOut, kIn, kBcast}, [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+    K.int_fwd(in[1], in[2], inc[2], lo, hi, out[0], n, codes);
+  });
+  return y;
+}
+
+at::Tensor fake_quant_int(const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax) {
+  return int_forward(x, scale, qmin, qmax, false);
+}
+
+at::Tensor quantize_int(const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax) {
+  return int_forward(x, scale, qmin, qmax, true);
+}
+
+at::Tensor fake_e4m3(const at::Tensor& x, const at::Tensor& scale) {
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  at::Tensor y = at::empty(at::infer_size_dimvector(x.sizes(), s.sizes()), x.options());
+  if (y.numel() == 0) return y;
+  auto iter = make_iter({y}, {x, s});
+  drive<3>(iter, {kOut, kIn, kBcast}, [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+    K.e4m3_fwd(in[1], in[2], inc[2], out[0], n);
+  });
+  return y;
+}
+
+at::Tensor affine_forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, int64_t qmin,
+                          int64_t qmax, bool codes) {
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  const at::Tensor z = as_f32(zero_point, "zero_point");
+  const auto shape = at::infer_size_dimvector(at::infer_size_dimvector(x.sizes(), s.sizes()), z.sizes());
+  at::Tensor y = at::empty(shape, x.options().dtype(codes ? at::kFloat : x.scalar_type()));
+  if (y.numel() == 0) return y;
+  auto iter = make_iter({y}, {x, s, z});
+  const float lo = qf(qmin), hi = qf(qmax);
+  drive<4>(iter, {kOut, kIn, kBcast, kBcast},
+           [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+             K.affine_fwd(in[1], in[2], inc[2], in[3], inc[3], lo, hi, out[0], n, codes);
+           });
+  return y;
+}
+
+at::Tensor fake_affine(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, int64_t qmin,
+                       int64_t qmax) {
+  return affine_forward(x, scale, zero_point, qmin, qmax, false);
+}
+
+at::Tensor quantize_affine(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, int64_t qmin,
+                           int64_t qmax) {
+  return affine_forward(x, scale, zero_point, qmin, qmax, true);
+}
+
+// ---- backward ops ----------------------------------------------------------------------------------------------
+using GradPair = std::tuple<at::Tensor, std::optional<at::Tensor>>;
+
+// STE gradient for x (grad's dtype) and, if asked, the per-element scale gradient (float32, not reduced).
+// e4m3 selects the FP8 grid (qmin/qmax ignored).
+GradPair clip_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax,
+                       bool need_scale_grad, bool e4m3) {
+  check_data(grad, "grad");
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  const auto shape = at::infer_size_dimvector(at::infer_size_dimvector(grad.sizes(), x.sizes()), s.sizes());
+  at::Tensor gx = at::empty(shape, grad.options());
+  std::optional<at::Tensor> gs;
+  if (need_scale_grad) gs = at::empty(shape, x.options().dtype(at::kFloat));
+  if (gx.numel() == 0) return {gx, gs};
+  const float lo = qf(qmin), hi = qf(qmax);
+  if (need_scale_grad) {
+    auto iter = make_iter({gx, *gs}, {grad, x, s});
+    drive<5>(iter, {kOut, kOut, kIn, kIn, kBcast},
+             [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+               if (e4m3) {
+                 K.e4m3_bwd(in[2], in[3], in[4], inc[4], out[0], out[1], n);
+               } else {
+                 K.int_bwd(in[2], in[3], in[4], inc[4], lo, hi, out[0], out[1], n);
+               }
+             });
+  } else {
+    auto iter = make_iter({gx}, {grad, x, s});
+    drive<4>(iter, {kOut, kIn, kIn, kBcast},
+             [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+               if (e4m3) {
+                 K.e4m3_bwd(in[1], in[2], in[3], inc[3], out[0], nullptr, n);
+               } else {
+                 K.int_bwd(in[1], in[2], in[3], inc[3], lo, hi, out[0], nullptr, n);
+               }
+             });
+  }
+  return {gx, gs};
+}
+
+GradPair int_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax,
+                      bool need_scale_grad) {
+  return clip_backward(grad, x, scale, qmin, qmax, need_scale_grad, false);
+}
+
+GradPair e4m3_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& scale, bool need_scale_grad) {
+  return clip_backward(grad, x, scale, 0, 0, need_scale_grad, true);
+}
+
+at::Tensor affine_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& scale,
+                           const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {
+  check_data(grad, "grad");
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  const at::Tensor z = as_f32(zero_point, "zero_point");
+  auto shape = at::infer_size_dimvector(at::infer_size_dimvector(grad.sizes(), x.sizes()), s.sizes());
+  shape = at::infer_size_dimvector(shape, z.sizes());
+  at::Tensor gx = at::empty(shape, grad.options());
+  if (gx.numel() == 0) return gx;
+  auto iter = make_iter({gx}, {grad, x, s, z});
+  const float lo = qf(qmin), hi = qf(qmax);
+  drive<5>(iter, {kOut, kIn, kIn, kBcast, kBcast},
+           [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+             K.affine_bwd(in[1], in[2], in[3], inc[3], in[4], inc[4], lo, hi, out[0], n);
+           });
+  return gx;
+}
+
+// ---- implementation selection and conversion check (for tests and benchmarks) -------------------------------
+// x (float32) rounded to float16 or bfloat16 by the kernels' own output conversion.
+at::Tensor round_float32(const at::Tensor& x, bool bfloat16) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "round_float32: x must be float32, got ", x.scalar_type());
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(bfloat16 ? at::kBFloat16 : at::kHalf));
+  if (y.numel() == 0) return y;
+  auto iter = make_iter({y}, {x});
+  drive<2>(iter, {kOut, kIn}, [&](const Kernels&, const auto& in, const auto&, const auto& out, int64_t n) {
+    std::copy(in[1], in[1] + n, out[0]);
+  });
+  return y;
+}
+
+std::string kernel_impl() { return kernels().name; }
+
+void set_kernel_impl(const std::string& name) {
+  if (name == "scalar") {
+    g_kernels.store(&mol::scalar_kernels(), std::memory_order_release);
+  } else if (name == "avx2") {
+    const Kernels* k = mol::avx2_kernels();
+    TORCH_CHECK_VALUE(k != nullptr, "modelopt_lite cpu kernels: avx2 is not available on this CPU/build");
+    g_kernels.store(k, std::memory_order_release);
+  } else if (name == "auto") {
+    g_kernels.store(nullptr, std::memory_order_release);
+  } else {
+    TORCH_CHECK_VALUE(false, "modelopt_lite cpu kernels: kernel impl must be 'auto', 'avx2' or 'scalar', got '",
+                      name, "'");
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  m.doc() = "modelopt_lite native CPU quantization kernels (bit-exact with functional/reference.py)";
+  using rel = py::call_guard<py::gil_scoped_release>;
+  m.def("fake_quant_int", &fake_quant_int, "clamp(rint(x / s), qmin, qmax) * s in x's dtype", py::arg("x"),
+        py::arg("scale"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("quantize_int", &quantize_int, "clamp(rint(x / s), qmin, qmax) as float32 codes", py::arg("x"),
+        py::arg("scale"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("int_backward", &int_backward, "STE grad_x and per-element LSQ scale gradient (or None)", py::arg("grad"),
+        py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"), py::arg("need_scale_grad"), rel());
+  m.def("fake_e4m3", &fake_e4m3, "e4m3(clamp(x / s, -448, 448)) * s in x's dtype", py::arg("x"), py::arg("scale"),
+        rel());
+  m.def("e4m3_backward", &e4m3_backward, "STE grad_x and per-element scale gradient (or None)", py::arg("grad"),
+        py::arg("x"), py::arg("scale"), py::arg("need_scale_grad"), rel());
+  m.def("fake_affine", &fake_affine, "(clamp(rint(x / s) + zp, qmin, qmax) - zp) * s in x's dtype", py::arg("x"),
+        py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("quantize_affine", &quantize_affine, "clamp(rint(x / s) + zp, qmin, qmax) as float32 codes", py::arg("x"),
+        py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("affine_backward", &affine_backward, "STE grad_x for affine quantization", py::arg("grad"), py::arg("x"),
+        py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("round_float32", &round_float32, "x (float32) rounded to float16/bfloat16 by the kernels' conversion",
+        py::arg("x"), py::arg("bfloat16"), rel());
+  m.def("kernel_impl", &kernel_impl, "name of the kernel implementation in use: 'avx2' or 'scalar'");
+  m.def("set_kernel_impl", &set_kernel_impl, "force 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
+        py::arg("name"));
+}

@@ -1,0 +1,311 @@
+// modelopt_lite CUDA kernels: launch configuration and the extern "C" launchers (see quant_kernels_api.h).
+//
+// One grid-stride kernel template runs every elementwise op: each thread loads UNROLL 16-byte vectors before
+// computing and storing them (memory-level parallelism), 64-bit indices throughout, a scalar tail (and a fully
+// scalar path when a pointer is not 16-byte aligned). The math lives in quant_kernels.cuh.
+//
+// Built with -DMODELOPT_LITE_EMULATE_ON_HOST (by a host C++ compiler), the launchers run the very same kernel
+// bodies on the CPU instead of launching: the test suite uses that to check the bodies and this file's dispatch
+// bit for bit without a GPU.
+#include "quant_kernels.cuh"
+#include "quant_kernels_api.h"
+
+namespace mlq {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+constexpr int kBlocksPerSm = 16;  // grid cap, in blocks per SM (grid-stride loops cover the rest)
+constexpr int kHistThreads = 512;
+constexpr int64_t kHistMaxPerBlock = int64_t{1} << 31;  // keeps the 32-bit shared-memory counters exact
+constexpr int64_t kHistSmemBins = 12288;                 // 48 KiB of 32-bit counters
+
+bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) % 16) == 0; }
+
+#ifndef MODELOPT_LITE_EMULATE_ON_HOST
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <class Body>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(const Body body, int64_t nvec, int64_t n) {
+  const int64_t tid = threadIdx.x;
+  const int64_t tile = static_cast<int64_t>(blockDim.x) * kUnroll;
+  for (int64_t base = blockIdx.x * tile; base < nvec; base += static_cast<int64_t>(gridDim.x) * tile) {
+    typename Body::In in[kUnroll];
+MLQ_UNROLL
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t v = base + k * static_cast<int64_t>(blockDim.x) + tid;
+      if (v < nvec) in[k] = body.load(v);
+    }
+MLQ_UNROLL
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t v = base + k * static_cast<int64_t>(blockDim.x) + tid;
+      if (v < nvec) body.compute_store(v, in[k]);
+    }
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = nvec * Body::VEC + blockIdx.x * static_cast<int64_t>(blockDim.x) + tid; i < n; i += stride)
+    body.scalar(i);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kHistThreads)
+    histogram_kernel(const typename Elem<T>::raw* x, int64_t n, int64_t num_bins, float maxv,
+                     unsigned long long* counts, bool shared_counts) {
+  extern __shared__ unsigned int bins[];
+  if (shared_counts) {
+    for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x) bins[b] = 0u;
+    __syncthreads();
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+    const int64_t b = hist_bin(Elem<T>::to_float(x[i]), num_bins, maxv);
+    if (b < 0) continue;
+    if (shared_counts)
+      atomicAdd(&bins[b], 1u);
+    else
+      atomicAdd(&counts[b], 1ull);
+  }
+  if (shared_counts) {
+    __syncthreads();
+    for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x)
+      if (bins[b] != 0u) atomicAdd(&counts[b], static_cast<unsigned long long>(bins[b]));
+  }
+}
+
+int sm_count() {
+  static int cached[256] = {};  // per device; a racy first fill writes the same value
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 256) return 132;
+  if (cached[dev] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+    cached[dev] = sms;
+  }
+  return cached[dev];
+}
+#endif  // !MODELOPT_LITE_EMULATE_ON_HOST
+
+template <class Body>
+cudaError_t launch(const Body& body, int64_t n, bool aligned, cudaStream_t stream) {
+  const int64_t nvec = aligned ? n / Body::VEC : 0;
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  (void)stream;
+  run_on_host(body, nvec, n);
+  return cudaSuccess;
+#else
+  const int64_t tail = n - nvec * Body::VEC;
+  int64_t blocks = ceil_div(nvec, static_cast<int64_t>(kThreads) * kUnroll);
+  if (ceil_div(tail, kThreads) > blocks) blocks = ceil_div(tail, kThreads);
+  const int64_t cap = static_cast<int64_t>(sm_count()) * kBlocksPerSm;
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  elementwise_kernel<Body><<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(body, nvec, n);
+  return cudaGetLastError();
+#endif
+}
+
+struct Args {
+  const void* x;
+  void* y;
+  const void* grad;
+  float* term;
+  const float* scale;
+  const float* zp;
+  float qmin, qmax;
+  int64_t n;
+  bool aligned;
+  cudaStream_t stream;
+};
+
+template <class T, Fwd M, class Idx>
+cudaError_t run_forward(const Args& a, const Idx& idx) {
+  using R = typename Elem<T>::raw;
+  FwdBody<T, M, Idx> body{static_cast<const R*>(a.x), a.y, a.scale, a.zp, a.qmin, a.qmax, idx};
+  return launch(body, a.n, a.aligned, a.stream);
+}
+
+template <class T, Bwd M, class Idx>
+cudaError_t run_backward(const Args& a, const Idx& idx) {
+  using R = typename Elem<T>::raw;
+  BwdBody<T, M, Idx> body{static_cast<const R*>(a.grad), static_cast<const R*>(a.x), static_cast<R*>(a.y),
+                          a.term, a.scale, a.zp, a.qmin, a.qmax, idx};
+  return launch(body, a.n, a.aligned, a.stream);
+}
+
+// Layout dispatch: the Idx type is a template parameter of the body, so each layout gets its own kernel.
+template <class T, Fwd M>
+cudaError_t forward_layout(const Args& a, const Plan& p) {
+  switch (p.kind) {
+    case Layout::PerTensor:
+      return run_forward<T, M>(a, PerTensorIdx{});
+    case Layout::Channel:
+      return run_forward<T, M>(a, channel_idx(p));
+    default:
+      return run_forward<T, M>(a, general_idx(p));
+  }
+}
+
+template <class T, Bwd M>
+cudaError_t backward_layout(const Args& a, const Plan& p) {
+  switch (p.kind) {
+    case Layout::PerTensor:
+      return run_backward<T, M>(a, PerTensorIdx{});
+    case Layout::Channel:
+      return run_backward<T, M>(a, channel_idx(p));
+    default:
+      return run_backward<T, M>(a, general_idx(p));
+  }
+}
+
+template <Fwd M>
+cudaError_t forward_dtype(mlq_dtype dtype, const Args& a, const Plan& p) {
+  switch (dtype) {
+    case MLQ_FLOAT32:
+      return forward_layout<float, M>(a, p);
+    case MLQ_FLOAT16:
+      return forward_layout<__half, M>(a, p);
+    case MLQ_BFLOAT16:
+      return forward_layout<__nv_bfloat16, M>(a, p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <Bwd M>
+cudaError_t backward_dtype(mlq_dtype dtype, const Args& a, const Plan& p) {
+  switch (dtype) {
+    case MLQ_FLOAT32:
+      return backward_layout<float, M>(a, p);
+    case MLQ_FLOAT16:
+      return backward_layout<__half, M>(a, p);
+    case MLQ_BFLOAT16:
+      return backward_layout<__nv_bfloat16, M>(a, p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Shared validation: a usable plan and the element count (returns false on a bad description).
+bool describe(const mlq_broadcast* b, Plan* p, int64_t* n) {
+  if (b == nullptr || b->ndim < 0 || b->ndim > MLQ_MAX_RANK) return false;
+  int64_t count = 1;
+  for (int d = 0; d < b->ndim; ++d) {
+    if (b->sizes[d] < 0 || b->scale_strides[d] < 0) return false;
+    if (b->sizes[d] == 0) count = 0;
+    else if (count > INT64_MAX / b->sizes[d]) return false;
+    else count *= b->sizes[d];
+  }
+  *n = count;
+  return make_plan(b->ndim, b->sizes, b->scale_strides, p);
+}
+
+bool valid_dtype(mlq_dtype d) { return d == MLQ_FLOAT32 || d == MLQ_FLOAT16 || d == MLQ_BFLOAT16; }
+
+}  // namespace
+}  // namespace mlq
+
+extern "C" int mlq_layout(const mlq_broadcast* bcast) {
+  mlq::Plan p;
+  int64_t n = 0;
+  if (!mlq::describe(bcast, &p, &n)) return -1;
+  return static_cast<int>(p.kind);
+}
+
+extern "C" cudaError_t mlq_forward(mlq_forward_op op, mlq_dtype dtype, const void* x, void* y, const float* scale,
+                                   const float* zero_point, const mlq_broadcast* bcast, int qmin, int qmax,
+                                   cudaStream_t stream) {
+  using namespace mlq;
+  Plan p;
+  int64_t n = 0;
+  if (!valid_dtype(dtype) || !describe(bcast, &p, &n) || qmin > qmax) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const bool affine = op == MLQ_FAKE_AFFINE || op == MLQ_QUANTIZE_AFFINE;
+  if (x == nullptr || y == nullptr || scale == nullptr || (affine && zero_point == nullptr))
+    return cudaErrorInvalidValue;
+  const Args a{x, y, nullptr, nullptr, scale, zero_point, static_cast<float>(qmin), static_cast<float>(qmax),
+               n, aligned16(x) && aligned16(y), stream};
+  switch (op) {
+    case MLQ_FAKE_QUANT_INT:
+      return forward_dtype<Fwd::IntFake>(dtype, a, p);
+    case MLQ_QUANTIZE_INT:
+      return forward_dtype<Fwd::IntCodes>(dtype, a, p);
+    case MLQ_FAKE_E4M3:
+      return forward_dtype<Fwd::E4m3Fake>(dtype, a, p);
+    case MLQ_FAKE_AFFINE:
+      return forward_dtype<Fwd::AffineFake>(dtype, a, p);
+    case MLQ_QUANTIZE_AFFINE:
+      return forward_dtype<Fwd::AffineCodes>(dtype, a, p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t mlq_backward(mlq_backward_op op, mlq_dtype dtype, const void* grad, const void* x,
+                                    void* grad_x, float* scale_term, const float* scale, const float* zero_point,
+                                    const mlq_broadcast* bcast, int qmin, int qmax, cudaStream_t stream) {
+  using namespace mlq;
+  Plan p;
+  int64_t n = 0;
+  if (!valid_dtype(dtype) || !describe(bcast, &p, &n) || qmin > qmax) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const bool affine = op == MLQ_AFFINE_BACKWARD;
+  if (grad == nullptr || x == nullptr || grad_x == nullptr || scale == nullptr || (affine && zero_point == nullptr) ||
+      (affine && scale_term != nullptr))
+    return cudaErrorInvalidValue;
+  const bool aligned = aligned16(grad) && aligned16(x) && aligned16(grad_x) && aligned16(scale_term);
+  const Args a{x, grad_x, grad, scale_term, scale, zero_point, static_cast<float>(qmin), static_cast<float>(qmax),
+               n, aligned, stream};
+  switch (op) {
+    case MLQ_INT_BACKWARD:
+      return backward_dtype<Bwd::Int>(dtype, a, p);
+    case MLQ_E4M3_BACKWARD:
+      return backward_dtype<Bwd::E4m3>(dtype, a, p);
+    case MLQ_AFFINE_BACKWARD:
+      return backward_dtype<Bwd::Affine>(dtype, a, p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+namespace mlq {
+namespace {
+template <class T>
+cudaError_t histogram_typed(const void* x, int64_t n, int64_t num_bins, float maxv, int64_t* counts,
+                            cudaStream_t stream) {
+  using R = typename Elem<T>::raw;
+  const R* xr = static_cast<const R*>(x);
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  (void)stream;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = hist_bin(Elem<T>::to_float(xr[i]), num_bins, maxv);
+    if (b >= 0) ++counts[b];
+  }
+  return cudaSuccess;
+#else
+  int64_t blocks = ceil_div(n, kHistThreads);
+  const int64_t cap = static_cast<int64_t>(sm_count()) * 4;
+  if (blocks > cap) blocks = cap;
+  if (blocks < ceil_div(n, kHistMaxPerBlock)) blocks = ceil_div(n, kHistMaxPerBlock);
+  const bool shared_counts = num_bins <= kHistSmemBins;
+  const size_t smem = shared_counts ? static_cast<size_t>(num_bins) * sizeof(unsigned int) : 0;
+  histogram_kernel<T><<<static_cast<unsigned int>(blocks), kHistThreads, smem, stream>>>(
+      xr, n, num_bins, maxv, reinterpret_cast<unsigned long long*>(counts), shared_counts);
+  return cudaGetLastError();
+#endif
+}
+}  // namespace
+}  // namespace mlq
+
+extern "C" cudaError_t mlq_histogram(mlq_dtype dtype, const void* x, int64_t n, int64_t num_bins, float max_value,
+                                     int64_t* counts, cudaStream_t stream) {
+  using namespace mlq;
+  if (!valid_dtype(dtype) || n < 0 || num_bins < 1 || !(max_value > 0.0f) || max_value > 3.4028235e38f ||
+      counts == nullptr || (n > 0 && x == nullptr))
+    return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  switch (dtype) {
+    case MLQ_FLOAT32:
+      return histogram_typed<float>(x, n, num_bins, max_value, counts, stream);
+    case MLQ_FLOAT16:
+      return histogram_typed<__half>(x, n, num_bins, max_value, counts, stream);
+    case MLQ_BFLOAT16:
+      return histogram_typed<__nv_bfloat16>(x, n, num_bins, max_value, counts, stream);
+  }
+  return cudaErrorInvalidValue;
+}

@@ -1,0 +1,76 @@
+"""Helpers shared by the demos: the per-user cache folder, ONNX Runtime sessions, timing and agreement metrics."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def cache_dir() -> Path:
+    """The per-user cache folder (``$XDG_CACHE_HOME/modelopt_lite`` or ``~/.cache/modelopt_lite``); not created."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "modelopt_lite"
+
+
+def ort_session(path, threads: int | None = None):
+    """A CPU ONNX Runtime session for ``path`` (``threads`` intra-op threads; None = ORT's default)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the demo runs the exports in ONNX Runtime: pip install onnxruntime") from e
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only: keep the demo's output readable
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+
+
+def ort_run(sess, feeds: dict) -> np.ndarray:
+    """The first output of ``sess`` for ``feeds`` (name -> numpy array)."""
+    return sess.run(None, feeds)[0]
+
+
+def median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in milliseconds over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def max_abs_diff(a, b) -> float:
+    """``max |a - b|`` over all elements as a Python float (numpy or torch inputs)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"max_abs_diff: shapes differ, {a.shape} vs {b.shape}")
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def argmax_agreement(a, b) -> float:
+    """Percentage of rows whose argmax over the last axis is the same in ``a`` and ``b``."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"argmax_agreement: shapes differ, {a.shape} vs {b.shape}")
+    return 100.0 * float(np.mean(a.argmax(-1) == b.argmax(-1)))
+
+
+def file_size(path) -> int:
+    """Size of a file in bytes (the ONNX model plus any external-data file next to it named ``<name>.data``)."""
+    p = Path(path)
+    total = p.stat().st_size
+    for extra in (p.with_name(p.name + ".data"), p.with_suffix(".data")):
+        if extra.exists():
+            total += extra.stat().st_size
+            break
+    return total

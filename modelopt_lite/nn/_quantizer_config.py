@@ -1,0 +1,128 @@
+"""Descriptor patching and text summaries for :class:`~modelopt_lite.nn.TensorQuantizer` (no state lives here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..descriptor import _DEFAULTS, ScaledQuantDescriptor
+from ..formats import is_e4m3
+
+#: keys besides the descriptor fields that ``set_from_attribute_config`` accepts
+EXTRA_KEYS = ("enable", "num_steps")
+#: descriptor fields whose change invalidates a calibrated amax (and the calibrators)
+FORMAT_KEYS = ("num_bits", "axis", "block_sizes", "unsigned", "calib_method", "dynamic")
+
+
+def full_fields(desc: ScaledQuantDescriptor) -> dict:
+    """Every field of a descriptor (defaults included), usable as ``ScaledQuantDescriptor(**fields)``."""
+    return {**_DEFAULTS, **desc.dict()}
+
+
+def as_descriptor(value, what: str) -> ScaledQuantDescriptor:
+    """A descriptor from a descriptor or a dict of its fields."""
+    if isinstance(value, ScaledQuantDescriptor):
+        return value
+    if isinstance(value, Mapping):
+        return ScaledQuantDescriptor(**value)
+    raise TypeError(f"{what} must be a ScaledQuantDescriptor or a dict of its fields, got {type(value).__name__}")
+
+
+def split_patch(attrs, label: str) -> tuple[dict, dict]:
+    """Validate the keys of an attribute config; return (descriptor changes, extra settings)."""
+    if isinstance(attrs, ScaledQuantDescriptor):
+        attrs = full_fields(attrs)
+    if not isinstance(attrs, Mapping):
+        raise TypeError(f"{label}: the attribute config must be a dict or a ScaledQuantDescriptor, "
+                        f"got {type(attrs).__name__}")
+    unknown = [k for k in attrs if k not in _DEFAULTS and k not in EXTRA_KEYS]
+    if unknown:
+        raise TypeError(f"{label}: unknown quantizer attribute(s) {', '.join(map(repr, unknown))}; "
+                        f"allowed: {', '.join(list(_DEFAULTS) + list(EXTRA_KEYS))}")
+    changes = {k: v for k, v in attrs.items() if k in _DEFAULTS}
+    extra = {k: v for k, v in attrs.items() if k in EXTRA_KEYS}
+    return changes, extra
+
+
+def patched_descriptor(desc: ScaledQuantDescriptor, changes: dict, label: str) -> ScaledQuantDescriptor:
+    """``desc`` with ``changes`` applied; conflicts a patch obviously means to override are resolved for it.
+
+    - setting ``block_sizes`` clears ``axis`` and vice versa (they are mutually exclusive);
+    - switching to E4M3 clears ``unsigned`` / ``narrow_range``;
+    - switching to dynamic quantization drops a fixed ``amax``.
+    Keys named in the patch always win; a genuine contradiction still raises.
+    """
+    changes = dict(changes)
+    if changes.get("block_sizes") is not None:
+        changes.setdefault("axis", None)
+    if changes.get("axis") is not None:
+        changes.setdefault("block_sizes", None)
+    nb = changes.get("num_bits")
+    if isinstance(nb, (tuple, list)) and is_e4m3(tuple(nb)):
+        changes.setdefault("unsigned", False)
+        changes.setdefault("narrow_range", False)
+    bs = changes.get("block_sizes")
+    if changes.get("dynamic") or (isinstance(bs, Mapping) and bs.get("type") == "dynamic"):
+        changes.setdefault("amax", None)
+    try:
+        return ScaledQuantDescriptor(**{**full_fields(desc), **changes})
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{label}: {e}") from e
+
+
+def format_changed(old: ScaledQuantDescriptor, new: ScaledQuantDescriptor) -> bool:
+    """True when a calibrated amax of ``old`` means nothing for ``new``."""
+    return any(getattr(old, k) != getattr(new, k) for k in FORMAT_KEYS)
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def amax_text(amax: torch.Tensor | None, dynamic: bool) -> str:
+    if dynamic:
+        return "amax=dynamic"
+    if amax is None:
+        return "amax=uncalibrated"
+    a = amax.detach().float()
+    if a.numel() == 1:
+        return f"amax={_num(a.item())}"
+    return f"amax=[{_num(a.min().item())}, {_num(a.max().item())}]({a.numel()})"
+
+
+def describe(q) -> str:
+    """The compact ``extra_repr`` of a quantizer, e.g. ``8b per-channel(axis=0) amax=[0.12, 3.4](32) calib=max quant``."""
+    if not q.is_enabled:
+        return "disabled"
+    d = q.quant_desc
+    if is_e4m3(d.num_bits):
+        fmt = "fp8 e4m3"
+    else:
+        fmt = f"{d.num_bits}b" + (" unsigned" if d.unsigned else "") + (" narrow" if d.narrow_range else "")
+    if d.block_sizes:
+        gran = "block(" + ", ".join(f"{k}: {v}" for k, v in d.block_sizes.items()) + ")"
+    elif d.axis is not None:
+        ax = d.axis[0] if isinstance(d.axis, tuple) and len(d.axis) == 1 else d.axis
+        gran = f"per-channel(axis={ax})"
+    else:
+        gran = "per-tensor"
+    stored = q._amax
+    if stored is not None and q.num_steps > 1:
+        stored = stored[q.step]
+    parts = [fmt, gran, amax_text(stored, d.dynamic)]
+    if q.num_steps > 1:
+        parts.append(f"steps={q.num_steps}(t={q.step})")
+    if d.scale_amax is not None:
+        parts.append(f"scale_amax={_num(d.scale_amax)}")
+    if d.learn_amax:
+        parts.append("learn_amax")
+    if not d.dynamic:
+        parts.append(f"calib={d.calib_method}")
+    modes = []
+    if q.is_quant_enabled:
+        modes.append("quant" if d.fake_quant else "real-quant")
+    if q.is_calib_enabled and not d.dynamic:
+        modes.append("collecting")
+    parts.append("+".join(modes) if modes else "pass-through")
+    return " ".join(parts)

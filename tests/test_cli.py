@@ -1,0 +1,193 @@
+"""The ``modelopt-lite`` command line: every sub-command, its output and its error exits (1: ours, 2: argparse)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import modelopt_lite
+from modelopt_lite.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- top level ------------------------------------------------------------------------------------------------------
+def test_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("demo", "quantize", "inspect", "precompile"):
+        assert cmd in out
+    assert "--fast" not in out
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2
+    assert "required: COMMAND" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_same_cli():
+    r = subprocess.run([sys.executable, "-m", "modelopt_lite", "--version"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"modelopt-lite {modelopt_lite.__version__}"
+
+
+# --- demo -----------------------------------------------------------------------------------------------------------
+def test_demo_rejects_unknown_model_and_bad_threads(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--model", "resnet"])
+    assert e.value.code == 2
+    assert "invalid choice: 'resnet'" in capsys.readouterr().err
+    code, _, err = _run(capsys, "demo", "--threads", "0")
+    assert code == 1
+    assert err.strip() == "modelopt-lite demo: error: --threads must be >= 1, got 0"
+
+
+def test_demo_fast_prints_one_table_and_the_output_folder(capsys, tmp_path):
+    out_dir = tmp_path / "out"
+    code, out, err = _run(capsys, "demo", "--fast", "--no-progress", "--out", str(out_dir),
+                          "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    table = [ln for ln in lines if ln.startswith("|")]
+    assert table[0].split("|")[1].strip() == "format"
+    assert len(table) == 2 + 8  # header, separator, FP32 + 7 quantized variants
+    assert [ln.split("|")[2].strip() for ln in table[2:6]] == ["-", "max", "percentile", "mse"]
+    assert lines[-1].startswith(f"output folder: {out_dir.resolve()}")
+    assert "MISSED" not in out
+    onnx = sorted(p.name for p in out_dir.glob("*.onnx"))
+    assert len(onnx) == 8 and "digits_fp32.onnx" in onnx
+    assert (tmp_path / "cache").is_dir()  # the trained model was cached there
+
+
+# --- quantize -------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    from modelopt_lite.examples import DigitsCNN
+
+    torch.save(DigitsCNN().state_dict(), d / "cnn.pt")
+    x = torch.rand(96, 1, 8, 8)
+    np.save(d / "calib.npy", x.numpy().astype(np.float64))
+    torch.save([x[:48], x[48:]], d / "calib.pt")
+    np.save(d / "wrong_shape.npy", np.zeros((10, 3), np.float32))
+    (d / "bad.json").write_text("{not json", encoding="utf-8")
+    (d / "cfg.json").write_text(json.dumps({
+        "quant_cfg": {"default": {"enable": False},
+                      "*weight_quantizer": {"num_bits": 8, "axis": 0, "enable": True},
+                      "*input_quantizer": {"num_bits": 8, "calib_method": "histogram", "enable": True}},
+        "algorithm": "max"}), encoding="utf-8")
+    (d / "typo.json").write_text(json.dumps({"quant_cfg": {"*weight_quantizer": {"num_bitz": 8}}}), encoding="utf-8")
+    return d
+
+
+def _quantize(capsys, files, *extra, model="modelopt_lite.examples:DigitsCNN", calib="calib.npy",
+              config="INT8_DEFAULT_CFG", export="q.onnx"):
+    argv = ["quantize", "--model", model, "--calib", str(files / calib), "--config", config,
+            "--export", str(files / export), *extra]
+    return _run(capsys, *argv)
+
+
+def test_quantize_preset_then_inspect(capsys, files):
+    code, out, err = _quantize(capsys, files, "--state-dict", str(files / "cnn.pt"))
+    assert code == 0, err
+    path = files / "q.onnx"
+    assert path.is_file() and path.stat().st_size > 0
+    assert out.strip().splitlines()[-1] == f"wrote {path} ({path.stat().st_size} bytes)"
+    assert "96 samples in 2 batches" in out
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    code, out, err = _run(capsys, "inspect", str(path))
+    assert code == 0, err
+    assert "QuantizeLinear" in out or "quantize" in out.lower()
+
+
+def test_quantize_json_config_with_method_and_pt_batches(capsys, files):
+    code, out, err = _quantize(capsys, files, "--method", "percentile", calib="calib.pt",
+                               config=str(files / "cfg.json"), export="j.onnx")
+    assert code == 0, err
+    assert "(calibration: percentile, 96 samples in 2 batches)" in out
+    assert (files / "j.onnx").is_file()
+
+
+@pytest.mark.parametrize(("kwargs", "extra", "message"), [
+    ({"model": "DigitsCNN"}, (), "--model must look like MODULE:FACTORY"),
+    ({"model": "no_such_module_xyz:f"}, (), "--model: cannot import module 'no_such_module_xyz'"),
+    ({"model": "modelopt_lite.examples:Nope"}, (), "--model: module 'modelopt_lite.examples' has no attribute 'Nope'"),
+    ({"model": "modelopt_lite:__version__"}, (), "--model: modelopt_lite:__version__ is not callable"),
+    ({"model": "modelopt_lite.examples:load_digits_data"}, (), "returned DigitsData, not a torch.nn.Module"),
+    ({}, ("--state-dict", "missing.pt"), "--state-dict: no such file: missing.pt"),
+    ({"calib": "nope.npy"}, (), "--calib: no such file:"),
+    ({"calib": "bad.json"}, (), "must be a .npy or .pt file"),
+    ({"config": "INT9_CFG"}, (), "--config: unknown preset 'INT9_CFG'; use one of INT8_DEFAULT_CFG"),
+    ({"config": "{d}/bad.json"}, (), "is not valid JSON"),
+    ({"config": "{d}/missing.json"}, (), "--config: no such file:"),
+    ({"config": "{d}/typo.json"}, (), "num_bitz"),
+    ({"export": "q.txt"}, (), "--export must name an .onnx file"),
+    ({"calib": "wrong_shape.npy"}, (), "quantizing with INT8_DEFAULT_CFG failed: RuntimeError"),
+    ({}, ("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
+])
+def test_quantize_errors_say_what_to_fix(capsys, files, kwargs, extra, message):
+    kwargs = {k: v.format(d=files) for k, v in kwargs.items()}
+    code, out, err = _quantize(capsys, files, *extra, **kwargs)
+    assert code == 1, (out, err)
+    assert err.startswith("modelopt-lite quantize: error: ")
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_quantize_state_dict_mismatch(capsys, files, tmp_path):
+    torch.save({"weight": torch.zeros(3)}, tmp_path / "other.pt")
+    code, _, err = _quantize(capsys, files, "--state-dict", str(tmp_path / "other.pt"))
+    assert code == 1
+    assert "does not match the model" in err
+
+
+def test_quantize_missing_required_option_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["quantize", "--model", "modelopt_lite.examples:DigitsCNN"])
+    assert e.value.code == 2
+    assert "the following arguments are required: --calib, --config, --export" in capsys.readouterr().err
+
+
+# --- inspect / precompile -------------------------------------------------------------------------------------------
+def test_inspect_errors(capsys, tmp_path):
+    code, _, err = _run(capsys, "inspect", str(tmp_path / "none.onnx"))
+    assert code == 1
+    assert err.strip() == f"modelopt-lite inspect: error: inspect: no such file: {tmp_path / 'none.onnx'} " \
+                          "(give the path of an .onnx file)"
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00not an onnx model")
+    code, _, err = _run(capsys, "inspect", str(junk))
+    assert code == 1
+    assert f"could not read {junk} as an ONNX model" in err
+
+
+@pytest.mark.parametrize(("status", "code"), [
+    ({"cpu": "ok", "cuda": "skipped: CUDA is not available"}, 0),
+    ({"cpu": "failed: CalledProcessError: no compiler", "cuda": "skipped: CUDA is not available"}, 1),
+])
+def test_precompile_prints_each_kind(capsys, monkeypatch, status, code):
+    monkeypatch.setattr(modelopt_lite, "precompile", lambda: dict(status))
+    got, out, _ = _run(capsys, "precompile")
+    assert got == code
+    assert out.splitlines() == [f"{k.ljust(4)}  {v}" for k, v in status.items()]

@@ -1,0 +1,100 @@
+"""The built-in demo's promises, on its fast version: accuracy targets, ORT == torch, files written, report layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modelopt_lite.demo import digits, report, run_demo, sentences
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    return digits.run(d / "out", fast=True, plots=False, progress=False, cache_dir=d / "cache")
+
+
+def _row(result, fmt, calib_prefix):
+    rows = [r for r in result.rows if r.fmt == fmt and r.calib.startswith(calib_prefix)]
+    assert len(rows) == 1, [(r.fmt, r.calib) for r in result.rows]
+    return rows[0]
+
+
+def test_fp32_baseline_is_a_trained_model(result):
+    assert result.rows[0].fmt == "FP32"
+    assert result.rows[0].torch_acc >= 96.0
+
+
+@pytest.mark.parametrize("calib", ["max", "percentile", "mse", "entropy"])
+def test_int8_ptq_drop_at_most_half_a_point(result, calib):
+    assert result.drop(_row(result, "INT8", calib)) <= 0.5
+
+
+def test_fp8_drop_at_most_half_a_point(result):
+    assert result.drop(_row(result, "FP8 E4M3", "max")) <= 0.5
+
+
+def test_int4_weight_only_after_qat_drop_at_most_one_point(result):
+    assert result.drop(_row(result, "INT4 weight-only", "QAT")) <= 1.0
+
+
+def test_ort_accuracy_equals_torch_accuracy_for_every_format(result):
+    assert len(result.rows) == 8
+    for r in result.rows:
+        assert r.ort_acc == r.torch_acc, (r.fmt, r.calib)
+        assert r.agree == 100.0, (r.fmt, r.calib)
+        assert r.max_diff < 1e-3, (r.fmt, r.calib, r.max_diff)
+        assert r.onnx_bytes > 0 and r.ort_ms > 0
+
+
+def test_every_target_check_is_met_and_files_exist(result):
+    checks = result.target_checks()
+    assert len(checks) == 6 + 8  # 6 accuracy-drop targets, 8 ORT == torch checks
+    assert [c for c, ok in checks if not ok] == []
+    for r in result.rows:
+        assert (result.out_dir / r.onnx_path.split("/")[-1]).is_file()
+
+
+def test_report_is_one_table_then_the_output_folder(result):
+    text = report.format_digits(result)
+    lines = text.splitlines()
+    table_idx = [i for i, ln in enumerate(lines) if ln.startswith("|")]
+    assert table_idx == list(range(table_idx[0], table_idx[0] + 10))  # one contiguous table: header, rule, 8 rows
+    assert lines[-1].startswith(f"output folder: {result.out_dir}")
+    assert "targets: all 14 met" in text
+
+
+def test_cached_model_is_reused(tmp_path):
+    a = digits.trained_cnn(tmp_path)
+    files = list(tmp_path.glob("*.pt"))
+    assert len(files) == 1
+    b = digits.trained_cnn(tmp_path)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    files[0].write_bytes(b"corrupt")  # a broken cache entry is replaced, not fatal
+    c = digits.trained_cnn(tmp_path)
+    assert torch.equal(c.state_dict()["fc.weight"], a.state_dict()["fc.weight"])
+
+
+def test_run_demo_rejects_unknown_model():
+    with pytest.raises(ValueError, match=r"run_demo: model must be one of \('digits', 'minilm'\), got 'vgg'"):
+        run_demo("vgg")
+
+
+def test_sentence_sets_are_varied_and_disjoint():
+    calib = sentences.calibration_sentences()
+    assert len(calib) == 360 and len(set(calib)) == 360
+    assert sentences.calibration_sentences(5) == calib[:5]
+    pairs = sentences.retrieval_pairs()
+    assert len(pairs) == 48
+    texts = [t for p in pairs for t in p]
+    assert len(set(texts)) == 96 and not set(texts) & set(calib)
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        sentences.calibration_sentences(0)
+
+
+def test_format_table_layout():
+    t = report.format_table(["a", "bb"], [["x", 1.23456], ["yy", None]])
+    assert t.splitlines() == ["| a  |    bb |", "|:---|------:|", "| x  | 1.235 |", "| yy |     - |"]
+    with pytest.raises(ValueError, match="row 0 has 1 cells, expected 2"):
+        report.format_table(["a", "b"], [["x"]])
