@@ -1,7 +1,8 @@
 """Slow, straightforward loop versions of the histogram amax searches (the definitions the vectorized code meets).
 
-One candidate at a time, explicit P and Q arrays for entropy (levels found with ``np.digitize`` on
-``np.linspace`` edges, as TensorRT's calibrator does), explicit fake quantization of the bin centers for mse.
+One candidate at a time: explicit P and Q arrays for entropy (levels found with ``np.digitize`` on
+``np.linspace`` edges, as TensorRT's calibrator does); for mse the error integral of each bin from the quantizer's
+level list (the integral itself is checked against sampled fake quantization in test_calib_histogram.py).
 Used by the tests (vectorized == loop, exactly) and by ``bench/bench_calib.py``. Not part of the library.
 """
 
@@ -13,7 +14,6 @@ import numpy as np
 import torch
 
 from modelopt_lite.formats import int_range, is_e4m3
-from modelopt_lite.functional import reference
 from modelopt_lite.functional.scales import bound_of, scale_from_amax
 
 REL_TOL, ABS_TOL = 1e-9, 1e-12  # the documented tie rule of modelopt_lite.calib.methods
@@ -43,24 +43,52 @@ def percentile_loop(counts, width: float, percentile: float) -> float:
     return (len(counts) - 1) * width
 
 
+def _g_int(v, qmax):
+    """Integral of (t - level(t))**2 from 0 to v for the integer levels 0..qmax (saturating)."""
+    i = np.minimum(np.floor(v + 0.5), qmax)
+    return i / 12 + (v - i) ** 3 / 3
+
+
+def _g_levels(v, levels):
+    """The same for any ascending level list starting at 0 (E4M3), summing whole cells level by level."""
+    levels = [float(x) for x in levels]
+    starts = [0.0] + [(a + b) / 2 for a, b in zip(levels[:-1], levels[1:])]
+    below = [0.0]  # integral from 0 to starts[k]
+    for k in range(len(levels) - 1):
+        lv, a, b = levels[k], starts[k], starts[k + 1]
+        below.append(below[-1] + ((b - lv) ** 3 - (a - lv) ** 3) / 3)
+    k = np.searchsorted(np.asarray(starts), v, side="right") - 1
+    lv, a = np.asarray(levels)[k], np.asarray(starts)[k]
+    return np.asarray(below)[k] + ((v - lv) ** 3 - (a - lv) ** 3) / 3
+
+
+def e4m3_levels():
+    return torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).double().numpy()
+
+
 def mse_loop(counts, width: float, start_bin: int, stride: int, num_bits, unsigned: bool) -> float:
-    """First bin center minimizing sum_j counts_j * (fq(center_j) - center_j)**2, one candidate at a time."""
-    counts = torch.as_tensor(counts, dtype=torch.int64)
+    """First bin center minimizing the total squared fake-quant error (bins read as uniform), one at a time."""
+    counts = np.asarray(counts, dtype=np.float64)
     n = _occupied(counts)
-    centers = (torch.arange(n, dtype=torch.float32) + 0.5) * torch.tensor(width, dtype=torch.float32)
-    cnt = counts[:n].to(torch.float64)
+    lo = np.arange(n, dtype=np.float64) * width
+    hi = lo + width
+    cnt = counts[:n]
     bound = bound_of(num_bits, unsigned)
+    if is_e4m3(num_bits):
+        lv = e4m3_levels()
+        g = lambda v: _g_levels(v, lv)  # noqa: E731
+    else:
+        qmax = int_range(num_bits, unsigned, False).qmax
+        g = lambda v: _g_int(v, qmax)  # noqa: E731
     scores, cands = [], []
     for k in range(start_bin, n, stride):
-        amax = centers[k]
-        scale = scale_from_amax(amax, bound)
-        if is_e4m3(num_bits):
-            fq = reference.fake_e4m3(centers, scale)
+        amax = torch.tensor((k + 0.5) * width, dtype=torch.float32)
+        s = float(scale_from_amax(amax, bound))
+        if s == 0:
+            per_bin = (hi**3 - lo**3) / (3 * width)
         else:
-            _, qmin, qmax = int_range(num_bits, unsigned, False)
-            fq = reference.fake_quant_int(centers, scale, qmin, qmax)
-        err = (fq - centers) ** 2
-        scores.append(float((err.to(torch.float64) * cnt).sum()))
+            per_bin = (g(hi / s) - g(lo / s)) * s**3 / width
+        scores.append(float((cnt * per_bin).sum()))
         cands.append(float(amax))
     return cands[_pick(scores, last=False)]
 

@@ -30,7 +30,10 @@ def test_every_preset_validates(name):
 def test_preset_contents():
     w = C.INT8_DEFAULT_CFG["quant_cfg"]["*weight_quantizer"]
     assert w == {"num_bits": 8, "axis": 0, "calib_method": "max", "enable": True}
-    assert C.INT8_DEFAULT_CFG["quant_cfg"]["nn.ConvTranspose2d"]["*weight_quantizer"]["axis"] == 1
+    from modelopt_lite.nn import QuantConvTranspose2d
+
+    ct_axis = QuantConvTranspose2d.default_quant_desc_weight.axis  # the modules' choice (0: per input channel)
+    assert C.INT8_DEFAULT_CFG["quant_cfg"]["nn.ConvTranspose2d"]["*weight_quantizer"]["axis"] == ct_axis[0] == 0
     assert C.INT8_HISTOGRAM_CFG["quant_cfg"]["*input_quantizer"]["calib_method"] == "histogram"
     assert C.INT8_HISTOGRAM_CFG["algorithm"] == {"method": "percentile", "percentile": 99.99}
     assert C.FP8_DEFAULT_CFG["quant_cfg"]["*input_quantizer"]["num_bits"] == (4, 3)
@@ -145,8 +148,9 @@ def test_default_registry_map():
 
     reg = registered()
     for float_cls, name in DEFAULT_QUANT_MAP.items():
+        float_cls = getattr(qnn, float_cls) if isinstance(float_cls, str) else float_cls
         assert reg[float_cls] is getattr(qnn, name), name
-    assert len(DEFAULT_QUANT_MAP) == 18
+    assert len(DEFAULT_QUANT_MAP) == 20 and reg[qnn.MatMul] is qnn.QuantMatMul
 
 
 def test_unregister_default_then_register_back():
@@ -159,3 +163,197 @@ def test_unregister_default_then_register_back():
     finally:
         mtq.register(nn.Linear, qnn.QuantLinear)
     assert type(mtq.quantize(nn.Sequential(nn.Linear(4, 4)), C.INT8_DEFAULT_CFG)[0]) is qnn.QuantLinear
+
+
+# --- conversion on models ---------------------------------------------------------------------------------------------
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.pool = nn.MaxPool2d(2)
+        self.lm_head = nn.Linear(16, 4)
+        self.fc = nn.Linear(4 * 4 * 4, 16)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.bn(self.conv(x))))
+        return self.lm_head(torch.relu(self.fc(x.flatten(1))))
+
+
+def _net():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Net().eval()
+
+
+def _flags(model):
+    return {n: (q.is_enabled, q.quant_desc) for n, q in named_quantizers(model)}
+
+
+def test_quantize_converts_instances_only_and_names_quantizers():
+    from modelopt_lite import nn as qnn
+
+    model = _net()
+    float_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    out = mtq.quantize(model, C.INT8_DEFAULT_CFG)
+    assert out is model
+    assert torch.nn.Linear is nn.modules.linear.Linear and torch.nn.Conv2d is nn.modules.conv.Conv2d  # no patching
+    assert type(model.conv) is qnn.QuantConv2d and type(model.fc) is qnn.QuantLinear
+    assert type(model.pool) is qnn.QuantMaxPool2d and type(model.bn) is nn.BatchNorm2d
+    assert isinstance(nn.Linear(2, 2), nn.Linear) and type(nn.Linear(2, 2)) is nn.Linear
+    for k, v in float_weights.items():  # exact weight copy
+        assert torch.equal(model.state_dict()[k], v), k
+    names = [n for n, _ in named_quantizers(model)]
+    assert names[:3] == ["conv.input_quantizer", "conv.weight_quantizer", "conv.output_quantizer"]
+    assert all(q.name == n for n, q in named_quantizers(model))
+    flags = _flags(model)
+    assert flags["conv.weight_quantizer"][0] and flags["conv.weight_quantizer"][1].axis == 0
+    assert flags["fc.input_quantizer"][0] and flags["fc.input_quantizer"][1].axis is None
+    assert not flags["fc.output_quantizer"][0]  # "default": disabled
+    assert not flags["lm_head.input_quantizer"][0] and not flags["lm_head.weight_quantizer"][0]  # lm_head disabled
+    assert flags["pool.input_quantizer"][0]
+
+
+def test_presets_are_never_mutated():
+    before = copy.deepcopy(C.PRESETS)
+    for cfg in C.PRESETS.values():
+        mtq.quantize(_net(), cfg)
+    assert C.PRESETS == before
+
+
+def test_class_keys_callable_keys_and_later_patterns_win():
+    cfg = {"quant_cfg": {
+        "default": {"enable": False},
+        "*input_quantizer": {"num_bits": 8, "enable": True},
+        "nn.Conv2d": {"*input_quantizer": {"num_bits": 6}, "weight_quantizer": {"num_bits": 5, "enable": True}},
+        "*fc.input_quantizer": {"num_bits": 4},
+        "*nothing_matches_this*": {"num_bits": 2},
+        (lambda name: name.startswith("lm_head.")): {"enable": True, "num_bits": 3},
+        "*lm_head.weight*": {"enable": False},
+    }, "algorithm": None}
+    model = mtq.quantize(_net(), cfg)
+    f = _flags(model)
+    assert f["conv.input_quantizer"] == (True, f["conv.input_quantizer"][1]) and f["conv.input_quantizer"][1].num_bits == 6
+    assert f["conv.weight_quantizer"][0] and f["conv.weight_quantizer"][1].num_bits == 5
+    assert f["fc.input_quantizer"][1].num_bits == 4 and not f["fc.weight_quantizer"][0]
+    assert f["pool.input_quantizer"][1].num_bits == 8
+    assert f["lm_head.input_quantizer"][0] and f["lm_head.input_quantizer"][1].num_bits == 3
+    assert not f["lm_head.weight_quantizer"][0]
+
+
+def test_class_key_by_class_object_and_by_user_class_name():
+    from modelopt_lite.nn import QuantMatMul
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            from modelopt_lite.nn import MatMul
+
+            self.mm = MatMul()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(self.mm(x, x.transpose(-1, -2)))
+
+    cfg = {"quant_cfg": {"default": {"enable": False}, nn.Linear: {"*weight_quantizer": {"enable": True}},
+                         "MatMul": {"other_input_quantizer": {"enable": True, "num_bits": 7}}}, "algorithm": None}
+    model = mtq.quantize(Attn(), cfg)
+    assert type(model.mm) is QuantMatMul
+    f = _flags(model)
+    assert f["proj.weight_quantizer"][0] and not f["proj.input_quantizer"][0]
+    assert f["mm.other_input_quantizer"][0] and f["mm.other_input_quantizer"][1].num_bits == 7
+    assert not f["mm.input_quantizer"][0]
+
+
+def test_bad_attribute_value_names_quantizer_and_patterns_and_leaves_model_unchanged():
+    model = _net()
+    ref = copy.deepcopy(model)
+    cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 8}, "nn.Linear": {"*weight_quantizer": {"num_bits": 99}}}}
+    with pytest.raises(ValueError, match=r"quantizer 'lm_head.weight_quantizer': the attributes from "
+                                         r"quant_cfg\['\*weight_quantizer'\] \+ "
+                                         r"quant_cfg\['nn.Linear'\]\['\*weight_quantizer'\] \(merged: "
+                                         r"\{'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99"):
+        mtq.quantize(model, cfg)
+    assert [type(m) for m in model.modules()] == [type(m) for m in ref.modules()]  # conversion undone
+    assert type(model.fc) is nn.Linear
+    with pytest.raises(QuantConfigError):
+        mtq.quantize(model, {"quant_cfg": {"*": {"bits": 8}}})
+    assert type(model.conv) is nn.Conv2d
+
+
+def test_exception_in_forward_loop_undoes_conversion():
+    model = _net()
+
+    def boom(m):
+        m(torch.randn(2, 1, 8, 8))
+        raise KeyError("data loader broke")
+
+    with pytest.raises(KeyError, match="data loader broke"):
+        mtq.quantize(model, C.INT8_DEFAULT_CFG, boom)
+    assert type(model.conv) is nn.Conv2d and type(model.fc) is nn.Linear
+
+
+def test_quantize_twice_reapplies_and_keeps_shared_modules_shared():
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    mtq.quantize(model, C.INT8_DEFAULT_CFG)
+    assert model[0] is model[2] and type(model[0]).__name__ == "QuantLinear"
+    mtq.quantize(model, C.FP8_DEFAULT_CFG)
+    assert model[0].input_quantizer.quant_desc.num_bits == (4, 3)
+    with pytest.raises(TypeError, match="forward_loop must be a callable"):
+        mtq.quantize(model, C.INT8_DEFAULT_CFG, forward_loop=[1, 2])
+
+
+def test_root_module_conversion_and_custom_registration():
+    from modelopt_lite.nn import QuantLinear
+
+    q = mtq.quantize(nn.Linear(3, 3), C.INT8_DEFAULT_CFG)
+    assert type(q) is QuantLinear and q.weight_quantizer.name == "weight_quantizer"
+
+    class MyLinear(nn.Linear):
+        pass
+
+    class QuantMyLinear(QuantLinear):
+        _float_cls = MyLinear
+
+    m = nn.Sequential(MyLinear(3, 3))
+    mtq.quantize(m, C.INT8_DEFAULT_CFG)
+    assert type(m[0]) is MyLinear  # subclasses are not converted implicitly
+    mtq.register(MyLinear, QuantMyLinear)
+    try:
+        mtq.quantize(m, C.INT8_DEFAULT_CFG)
+        assert type(m[0]) is QuantMyLinear
+    finally:
+        mtq.unregister(MyLinear)
+
+
+def test_int8_ort_cfg_enables_conv_and_linear_outputs_only():
+    model = mtq.quantize(_net(), C.INT8_ORT_CFG)
+    f = _flags(model)
+    assert f["conv.output_quantizer"][0] and f["fc.output_quantizer"][0]
+    assert not f["pool.output_quantizer"][0] and not f["lm_head.output_quantizer"][0]
+
+
+def test_summary_rows_and_table(digits_model):
+    model = digits_model("mlp")
+    data = torch.rand(64, 1, 8, 8)
+    mtq.quantize(model, C.INT8_DEFAULT_CFG, lambda m: m(data))
+    rows = mtq.summary(model)
+    assert [r["name"] for r in rows][:3] == ["body.0.input_quantizer", "body.0.weight_quantizer",
+                                               "body.0.output_quantizer"]
+    r0, r1, r2 = rows[:3]
+    assert (r0["format"], r0["granularity"], r0["calibrated"], r0["enabled"]) == ("int8", "per-tensor", True, True)
+    assert r0["amax_max"] == pytest.approx(float(data.abs().max()))
+    assert r1["granularity"] == "axis=0" and r1["amax_min"] < r1["amax_max"]
+    assert (r2["enabled"], r2["calibrated"], r2["amax_min"]) == (False, False, None)
+    buf = io.StringIO()
+    assert mtq.print_quant_summary(model, file=buf) == rows
+    text = buf.getvalue()
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "module", "format", "granularity", "amax", "calibrated", "state"]
+    assert "body.0.weight_quantizer" in lines[3] and "axis=0" in lines[3] and "quant" in lines[3]
+    assert lines[-1] == "9 quantizers: 6 enabled, 6 calibrated"
+    fp8 = mtq.quantize(_net(), C.FP8_DEFAULT_CFG)
+    w4 = mtq.quantize(_net(), C.INT4_BLOCKWISE_WEIGHT_ONLY_CFG)
+    assert mtq.summary(fp8)[0]["format"] == "fp8_e4m3"
+    assert mtq.summary(w4)[1]["granularity"] == "blocks{-1:128}" and mtq.summary(w4)[1]["format"] == "int4"

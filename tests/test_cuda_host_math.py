@@ -296,8 +296,8 @@ def test_launcher_rejects_bad_arguments(harness):
         f"fwd 0 7 -8 7 0 1 4 0 {x} {s} {s} {harness.file()}",  # bad dtype
         f"fwd 3 0 -8 7 0 1 4 0 {x} {s} {harness.file()} {harness.file()}",  # affine without a zero point
         f"fwd 0 0 -8 7 0 1 0 0 {x} {s} {s} {harness.file()}",  # 0 elements: success, nothing written
-        f"hist 0 4 0 1.0 {x} {harness.file()}",               # no bins
-        f"hist 0 4 8 0.0 {x} {harness.file()}",               # max 0
+        f"hist 0 1 4 0 0 {x} {harness.file()} {harness.file()}",   # no bins
+        f"hist 5 1 4 8 0 {x} {harness.file()} {harness.file()}",   # bad dtype
     ])
     assert res == ["ok 1", "ok 1", "ok 1", "ok 0", "ok 1", "ok 1"]  # 1 = cudaErrorInvalidValue
 
@@ -336,25 +336,51 @@ def test_fast_divmod(harness):
         assert [int(v) for v in got[:, 1]] == want_r, d
 
 
-def hist_reference(x: torch.Tensor, nbins: int, maxv: float) -> torch.Tensor:
-    xf = x.float()
-    keep = (xf >= 0) & (xf <= maxv)
-    f = (xf[keep] * float(nbins)) / torch.tensor(maxv, dtype=torch.float32)
-    idx = torch.where(f >= nbins, torch.full_like(f, nbins - 1), f).long()
-    return torch.bincount(idx, minlength=nbins)
+def hist_reference(x: torch.Tensor, exps: torch.Tensor, nbins: int) -> torch.Tensor:
+    """floor(v * 2**-e) per row (exact in float64), values outside [0, nbins * 2**e) not counted."""
+    rows = x.shape[0]
+    v = x.double() * torch.pow(torch.tensor(2.0, dtype=torch.float64), -exps.double()).reshape(-1, 1)
+    keep = (v >= 0) & (v < nbins)
+    idx = v.clamp(0, nbins - 1).long() + torch.arange(rows).reshape(-1, 1) * nbins
+    return torch.bincount(idx[keep], minlength=rows * nbins).reshape(rows, nbins)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_histogram(harness, dtype):
+HIST_DTYPES = {**DTYPES, torch.float64: 3}
+
+
+@pytest.mark.parametrize("dtype", list(HIST_DTYPES))
+def test_histogram_grid(harness, dtype):
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(5000, generator=g).abs().to(dtype)
-    x[:6] = torch.tensor([0.0, math.nan, -1.0, 4.0, 4.5, math.inf]).to(dtype)
-    x[6:40] = (torch.arange(34) / 8.0).to(dtype)  # values on bin edges
+    rows, cols = 3, 3000
+    x = (torch.randn(rows, cols, generator=g).abs() * torch.tensor([[1.0], [1e-3], [50.0]])).to(dtype)
+    x[0, :6] = torch.tensor([0.0, math.nan, -1.0, 4.0, 3.99, math.inf]).to(dtype)
+    x[1, 6:40] = (torch.arange(34) / 2.0**14).to(dtype)  # values on bin edges
     lines, checks = [], []
-    for nbins, maxv in ((1, 4.0), (7, 3.3), (2048, 4.0), (20000, 2.5)):
+    for nbins in (1, 7, 2048, 20000):
+        from_max = torch.tensor([4.0, 2.0**-6, 300.0], dtype=torch.float64)
+        exps = torch.ceil(torch.log2(from_max / nbins)).long()  # nbins * 2**e >= max
+        exps[1] = -160 if nbins == 7 else exps[1]               # very small widths (E_MIN)
         out = harness.file()
-        lines.append(f"hist {DTYPES[dtype]} {x.numel()} {nbins} {maxv!r} {harness.file(x)} {out}")
-        checks.append((out, hist_reference(x, nbins, float(np.float32(maxv))), nbins))
-    for res, (out, want, nbins) in zip(harness.run(lines), checks):
+        lines.append(f"hist {HIST_DTYPES[dtype]} {rows} {cols} {nbins} 0 {harness.file(x)} {harness.file(exps)} {out}")
+        checks.append((out, hist_reference(x, exps, nbins), nbins, exps))
+        out1 = harness.file()  # one exponent for every row
+        lines.append(f"hist {HIST_DTYPES[dtype]} {rows} {cols} {nbins} {int(exps[0])} {harness.file(x)} "
+                     f"{harness.file()} {out1}")
+        checks.append((out1, hist_reference(x, exps[:1].expand(rows), nbins), nbins, exps[:1].expand(rows)))
+    for res, (out, want, nbins, exps) in zip(harness.run(lines), checks):
         assert res == "ok 0"
-        assert torch.equal(read(out, torch.int64, (nbins,)), want), nbins
+        got = read(out, torch.int64, (rows, nbins))
+        assert torch.equal(got, want), nbins
+
+
+def test_histogram_equals_calibrator_grid(harness):
+    """Same counts as modelopt_lite.calib.grid.histogram_rows (the CPU calibrator's binning) on valid data."""
+    grid = pytest.importorskip("modelopt_lite.calib.grid")
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(4, 5000, generator=g).abs() * torch.tensor([[1.0], [1e-30], [3e4], [0.0]])
+    for cap in (16, 2048, 3000):
+        exps = grid.needed_exp(a.amax(dim=1), cap)
+        out = harness.file()
+        (res,) = harness.run([f"hist 0 4 5000 {cap} 0 {harness.file(a)} {harness.file(exps)} {out}"])
+        assert res == "ok 0"
+        assert torch.equal(read(out, torch.int64, (4, cap)), grid.histogram_rows(a, exps, cap)), cap

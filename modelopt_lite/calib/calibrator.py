@@ -215,12 +215,12 @@ class Calibrator:
             n_ch *= x.shape[d]
         return x.permute(*self._keep, *rest).reshape(n_ch, -1)
 
-    def _shape_amax(self, flat: torch.Tensor) -> torch.Tensor:
-        """(channels,) -> the public amax shape, float32."""
+    def _shape_amax(self, flat: torch.Tensor, shape=None) -> torch.Tensor:
+        """(channels,) -> the public amax shape (``shape``, else the one seen in collect), float32."""
         flat = flat.to(torch.float32)
         if self._axis is None:
             return flat.reshape(())
-        return flat.reshape(self._amax_shape)
+        return flat.reshape(self._amax_shape if shape is None else shape)
 
     def _repr_fields(self) -> str:
         return (f"name={self.name!r}, num_bits={self._num_bits!r}, axis={self._axis!r}, "

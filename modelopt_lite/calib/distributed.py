@@ -62,7 +62,7 @@ def reduce_max(amax: torch.Tensor | None, group, label: str) -> torch.Tensor | N
 
 
 def merge_histograms(counts: torch.Tensor | None, exp: torch.Tensor | None, layout, group, label: str):
-    """Sum the ranks' histograms on their common grid: returns ``(counts, exp)`` or None when no rank has data.
+    """Sum the ranks' histograms on their common grid: ``(counts, exp, layout)``, or None when no rank has data.
 
     ``layout`` is any comparable description of the histogram (number of rows, bins, amax shape); it must be equal
     on every rank that has data.
@@ -78,4 +78,4 @@ def merge_histograms(counts: torch.Tensor | None, exp: torch.Tensor | None, layo
     top = _all_reduce(exp, dist.ReduceOp.MAX, group).to(exp.device)
     merged = regrid(counts, exp, top)
     total = _all_reduce(merged, dist.ReduceOp.SUM, group).to(counts.device)
-    return total, top
+    return total, top, layout

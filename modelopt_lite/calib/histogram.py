@@ -143,13 +143,14 @@ class HistogramCalibrator(Calibrator):
         self._n_collected += n_new
 
     def _merged(self):
-        """(counts, exp) of all ranks (a copy, never the live state), or None."""
+        """(counts, exp, amax shape) of all ranks (never modifies the live state), or None."""
         if self.sync_ranks and distributed.is_active(self.group):
             layout = None if self._counts is None else (*self._counts.shape, self._amax_shape)
-            return distributed.merge_histograms(self._counts, self._exp, layout, self.group, self._label())
+            merged = distributed.merge_histograms(self._counts, self._exp, layout, self.group, self._label())
+            return None if merged is None else (merged[0], merged[1], merged[2][2])
         if self._counts is None:
             return None
-        return self._counts, self._exp
+        return self._counts, self._exp, self._amax_shape
 
     def compute_amax(self, method=None, **kwargs):
         """amax from the histogram with ``method`` (``"percentile"`` (default), ``"mse"`` or ``"entropy"``)."""
@@ -167,7 +168,7 @@ class HistogramCalibrator(Calibrator):
         merged = self._merged()
         if merged is None:
             return None
-        counts, exp = merged
+        counts, exp, amax_shape = merged
         if method == "percentile":
             amax = methods.percentile_amax(counts, exp, float(args["percentile"]))
         elif method == "mse":
@@ -176,7 +177,7 @@ class HistogramCalibrator(Calibrator):
         else:
             amax = methods.entropy_amax(counts, exp, args["start_bin"], args["stride"], self._num_bits,
                                         self._unsigned, what)
-        return self._shape_amax(amax)
+        return self._shape_amax(amax, amax_shape)
 
     def _repr_fields(self) -> str:
         state = f"collected={self._n_collected}"

@@ -8,11 +8,12 @@ Rows holding no data, or only values below ``cap * 2**E_MIN`` (far below ``2**-2
 - **percentile**: the left edge of the first bin where the cumulative count reaches ``percentile`` % of the
   total, i.e. of the bin holding the k-th smallest value, ``k = ceil(p N / 100)`` (the inverted-CDF quantile
   ``q``): ``amax <= q < amax + w``, exact for values on the grid (pytorch-quantization's convention).
-- **mse**: candidates are the bin centers ``(k + 1/2) w`` for ``k in range(start_bin, n, stride)``; each bin is
-  represented by its center ``x_j``, fake-quantized with the project's numerics (scale from
-  ``functional.scales``, then the reference integer or E4M3 formula, in float32), and the candidate's score is
-  ``sum_j counts_j (fq(x_j) - x_j)**2`` (float64 sum). The whole candidates x occupied-bins matrix is evaluated
-  in chunks; the **first** minimum wins.
+- **mse**: candidates are the bin centers ``(k + 1/2) w`` for ``k in range(start_bin, n, stride)``. A candidate's
+  score is the histogram's total squared fake-quantization error, each bin's values spread evenly over the bin,
+  with the project's numerics (``scale = float32(amax) / bound`` from ``functional.scales``; integer levels or
+  E4M3 values; saturation): computed exactly by ``quant_error.ErrorIntegral`` (closed form; no aliasing between
+  the bin width and the step, unlike fake-quantizing bin centers). The candidates x occupied-bins matrix is
+  evaluated in chunks (float64); the **first** minimum wins.
 - **entropy**: for ``i in range(start_bin, n + 1, stride)``, with ``b`` = counts and ``b[0] = b[1]`` (on a copy):
   P = ``b[:i]`` with the mass ``sum(b[i:])`` added to its last bin; Q = the ``i`` bins mapped onto
   ``L = 2**(num_bits - 1 + unsigned)`` levels (bin j -> level ``floor(j L / i)``), each level's mass spread
@@ -28,10 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import int_range, is_e4m3
-from ..functional import reference
+from ..formats import is_e4m3
 from ..functional.scales import bound_of, scale_from_amax
 from .grid import E_MIN, widths
+from .quant_error import ErrorIntegral
 
 #: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices (cache sized).
 CHUNK = 1 << 18
@@ -84,25 +85,8 @@ def _check_start(n, live, start_bin, what, extra=0):
                              f"occupied bins; lower start_bin or raise num_bins")
 
 
-def _fake_quant_err(x: torch.Tensor, amax: torch.Tensor, num_bits, unsigned: bool) -> torch.Tensor:
-    """``(fq(x) - x)**2`` in float32 for x (..., 1, J) and candidate amax (..., K, 1), the reference numerics."""
-    scale = scale_from_amax(amax, bound_of(num_bits, unsigned))
-    dead = scale == 0
-    s = torch.where(dead, torch.ones_like(scale), scale)
-    q = x / s
-    if is_e4m3(num_bits):
-        q = reference.e4m3_round(q)
-    else:
-        _, qmin, qmax = int_range(num_bits, unsigned, False)
-        q.round_().clamp_(qmin, qmax)
-    q.mul_(s)
-    if bool(dead.any()):
-        q.masked_fill_(dead, 0.0)
-    return q.sub_(x).square_()
-
-
 def _compact(counts: torch.Tensor):
-    """Per row: indices of the non-empty bins first (ascending), padded with empty bins; and the max count of them."""
+    """Per row: indices of the non-empty bins first (ascending), padded with empty bins; and their counts."""
     nz = counts > 0
     jmax = max(int(nz.sum(dim=1).max()), 1)
     cap = counts.shape[1]
@@ -119,25 +103,42 @@ def mse_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool,
     n = occupied(counts)
     live = _live(exp, n)
     _check_start(n, live, start_bin, what)
-    w32 = widths(exp).to(torch.float32).reshape(-1, 1)
-    cols, cnt = _compact(counts)
-    x = ((cols.to(torch.float32) + 0.5) * w32).unsqueeze(1)  # (rows, 1, J) bin centers
-    cnt64 = cnt.to(torch.float64).unsqueeze(2)  # (rows, J, 1)
     out = torch.zeros(rows, dtype=torch.float32, device=dev)
     if not bool(live.any()):
         return out
-    k_all = torch.arange(start_bin, int(n[live].max()), stride, device=dev)
-    cand = (k_all.to(torch.float32) + 0.5).reshape(1, -1) * w32  # (rows, K) candidate amax (exact in float32)
+    nmax = int(n[live].max())
+    k_all = torch.arange(start_bin, nmax, stride, device=dev)
+    w64 = widths(exp).reshape(-1, 1)
+    cand = (k_all.to(torch.float32) + 0.5).reshape(1, -1) * w64.to(torch.float32)  # (rows, K), exact
+    scale = scale_from_amax(cand, bound_of(num_bits, unsigned)).to(torch.float64)
+    g = ErrorIntegral(num_bits, unsigned, dev)
+    cols, cnt = _compact(counts[:, :nmax])
+    dense = 2 * cols.shape[1] > nmax + 1  # evaluate G on all edges once, or on both edges of occupied bins
+    if dense:
+        pts = torch.arange(nmax + 1, device=dev, dtype=torch.float64).reshape(1, 1, -1) * w64.unsqueeze(2)
+        weights = counts[:, :nmax].to(torch.float64).unsqueeze(2)  # (rows, nmax, 1)
+    else:
+        lo = cols.to(torch.float64).unsqueeze(1) * w64.unsqueeze(2)  # (rows, 1, J)
+        hi = lo + w64.unsqueeze(2)
+        weights = cnt.to(torch.float64).unsqueeze(2)
+    lo_all = torch.arange(nmax, device=dev, dtype=torch.float64).reshape(1, -1) * w64
+    dead_score = (counts[:, :nmax].to(torch.float64) * ((lo_all + w64) ** 3 - lo_all**3) / (3 * w64)).sum(dim=1)
     scores = torch.empty(rows, k_all.numel(), dtype=torch.float64, device=dev)
-    jn = x.shape[2]
-    kc = max(1, CHUNK // max(jn, 1))
-    rc = max(1, CHUNK // max(jn * min(kc, k_all.numel()), 1))
+    width = pts.shape[2] if dense else 2 * lo.shape[2]
+    kc = max(1, CHUNK // width)
+    rc = max(1, CHUNK // (width * min(kc, k_all.numel())))
     for r0 in range(0, rows, rc):
         r1 = min(rows, r0 + rc)
         for k0 in range(0, k_all.numel(), kc):
             k1 = min(k_all.numel(), k0 + kc)
-            err = _fake_quant_err(x[r0:r1], cand[r0:r1, k0:k1].unsqueeze(2), num_bits, unsigned)
-            scores[r0:r1, k0:k1] = torch.matmul(err.to(torch.float64), cnt64[r0:r1]).squeeze(2)
+            s = scale[r0:r1, k0:k1].unsqueeze(2)  # (r, Kc, 1)
+            safe = torch.where(s == 0, torch.ones_like(s), s)
+            if dense:
+                d_g = g(pts[r0:r1] / safe, inplace=True).diff(dim=2)
+            else:
+                d_g = g(hi[r0:r1] / safe, inplace=True).sub_(g(lo[r0:r1] / safe, inplace=True))
+            sc = torch.matmul(d_g, weights[r0:r1]).squeeze(2) * safe.squeeze(2) ** 3 / w64[r0:r1]
+            scores[r0:r1, k0:k1] = torch.where(s.squeeze(2) == 0, dead_score[r0:r1].reshape(-1, 1), sc)
     best = pick(scores, k_all.reshape(1, -1) < n.reshape(-1, 1), last=False)
     amax = torch.gather(cand, 1, best.reshape(-1, 1)).squeeze(1)
     return torch.where(live, amax, out)

@@ -44,8 +44,8 @@ def calibrate_weights(model: torch.nn.Module, method: str = "percentile", percha
         num_bins: bins of the weight histograms (per tensor and per channel alike).
         start_bin, stride: for ``"mse"`` and ``"entropy"``.
 
-    Quantizers with block sizes are skipped with a warning (their amax is per block, not per channel). Weights
-    are the same on every rank, so no cross-rank reduction is done.
+    Dynamic quantizers (``dynamic=True``) are skipped; quantizers with block sizes are skipped with a warning
+    (their amax is per block, not per channel). Weights are the same on every rank: no cross-rank reduction.
     """
     if method not in _METHODS:
         raise ValueError(f"calibrate_weights: method must be one of {_METHODS}, got {method!r}")
@@ -59,6 +59,8 @@ def calibrate_weights(model: torch.nn.Module, method: str = "percentile", percha
         missing = [a for a in ("axis", "num_bits", "unsigned") if not hasattr(q, a)]
         if missing:
             raise TypeError(f"{where} lacks attribute(s) {missing}")
+        if getattr(q, "dynamic", False) is True:  # amax recomputed per forward: nothing to calibrate
+            continue
         if getattr(q, "block_sizes", None):
             warnings.warn(f"{where} uses block_sizes; calibrate_weights does not handle blocks, skipped",
                           stacklevel=2)

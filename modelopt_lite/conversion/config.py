@@ -35,6 +35,7 @@ from typing import Any
 from torch import nn
 
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
+from ..descriptor import QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL as _CT_DESC
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
@@ -51,8 +52,9 @@ METHOD_PARAMS: dict[str | None, frozenset] = {
 }
 CALIB_METHODS = tuple(k for k in METHOD_PARAMS if k is not None)
 
-#: the output channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel)
-CONVTRANSPOSE_WEIGHT_AXIS = 1
+#: the per-channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel): the quantized modules' default
+#: (axis 0, one scale per input channel, what TensorRT's deconvolution supports; see quant_conv_transpose.py)
+CONVTRANSPOSE_WEIGHT_AXIS = _CT_DESC.axis[0] if len(_CT_DESC.axis) == 1 else _CT_DESC.axis
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -87,7 +89,8 @@ def _int8_ct_weights() -> dict:
     return {k: {"*weight_quantizer": dict(_INT8_W, axis=CONVTRANSPOSE_WEIGHT_AXIS)} for k in _CT_KEYS}
 
 
-#: INT8 weights per output channel (axis 0; ConvTranspose: axis 1) and INT8 per-tensor activations, max calibration.
+#: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
+#: max calibration.
 INT8_DEFAULT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
                             **_int8_ct_weights()}, "max")
 
@@ -197,7 +200,9 @@ def _looks_nested(value: Any) -> bool:
 
 
 def _resolve_class(key: str) -> type:
-    obj = getattr(nn, key[3:], None)
+    import torch.nn.modules as defining  # torch.nn attributes may be patched by quant_modules.enable()
+
+    obj = getattr(defining, key[3:], None) or getattr(nn, key[3:], None)
     if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
         raise QuantConfigError(f"quant_cfg[{key!r}]: torch.nn has no module class {key[3:]!r}")
     return obj

@@ -65,7 +65,9 @@ def _convert_tree(model: nn.Module, registry: QuantModuleRegistry, record: _Repl
     stack = [model]
     while stack:
         module = stack.pop()
-        for attr, child in list(module.named_children()):
+        for attr, child in list(module._modules.items()):  # not named_children(): it hides repeated children
+            if child is None:
+                continue
             new = convert(child)
             if new is not None:
                 record.done.append((module, attr, child))
@@ -116,9 +118,9 @@ def set_quantizer_by_cfg(model: nn.Module, quant_cfg: dict | QuantConfig) -> dic
         try:
             site.quantizer.set_from_attribute_config(merged)
         except (ValueError, TypeError) as e:
-            labels = ", ".join(r.label for r in hits)
-            raise QuantConfigError(f"quantizer {site.name!r}: the attributes from quant_cfg[{labels}] "
-                                   f"(merged: {merged}) were rejected: {e}") from e
+            labels = " + ".join(f"quant_cfg[{r.label}]" for r in hits)
+            raise QuantConfigError(f"quantizer {site.name!r}: the attributes from {labels} (merged: {merged}) "
+                                   f"were rejected: {e}") from e
         applied[site.name] = [r.label for r in hits]
     return applied
 
@@ -174,11 +176,24 @@ def _is_per_tensor(q) -> bool:
 
 
 def _calibrators(q) -> list:
-    cals = getattr(q, "calibrators", None)
-    if cals is None:
-        cal = q.calibrator
-        cals = [] if cal is None else [cal]
-    return [c for c in cals if c is not None]
+    """The calibrator of every temporal step (one for an ordinary quantizer; none when dynamic)."""
+    steps = int(getattr(q, "num_steps", 1) or 1)
+    if steps == 1:
+        return [] if q.calibrator is None else [q.calibrator]
+    saved, out = q.step, []
+    try:
+        for t in range(steps):
+            q.step = t
+            if q.calibrator is not None:
+                out.append(q.calibrator)
+    finally:
+        q.step = saved
+    return out
+
+
+def _collected(cal) -> bool:
+    n = getattr(cal, "num_collected", None)
+    return n > 0 if n is not None else cal.compute_amax() is not None
 
 
 def _start(q, method) -> None:
@@ -191,30 +206,20 @@ def _start(q, method) -> None:
 
 
 def _finish(q, method, params: dict) -> bool:
-    """Load amax from the collected statistics; False when the quantizer saw no data (then nothing changes)."""
-    hist = q.quant_desc.calib_method == "histogram" and not q.quant_desc.block_sizes
-    if hist:
-        m, kw = (None if method in (None, "max", "histogram") else method), params
-    else:
-        m, kw = None, {}
-    seen = any(c.compute_amax() is not None for c in _calibrators(q)) if not hist else _has_data(q)
+    """Load amax from the collected statistics; False when the quantizer saw no data (its amax is left as is)."""
+    cals = _calibrators(q)
+    seen = sum(_collected(c) for c in cals)
     q.disable_calib()
     q.enable_quant()
     if not seen:
         return False
-    q.load_calib_amax(m, strict=False, **kw)
-    if getattr(q.quant_desc, "learn_amax", False) and hasattr(q, "init_learn_amax"):
-        q.init_learn_amax()
+    if q.quant_desc.calib_method == "histogram" and not q.quant_desc.block_sizes:
+        m, kw = (None if method in (None, "max", "histogram") else method), params
+    else:
+        m, kw = None, {}
+    # temporal steps that saw no data get the max of the others (load_calib_amax warns, naming the steps)
+    q.load_calib_amax(m, strict=seen == len(cals), **kw)
     return True
-
-
-def _has_data(q) -> bool:
-    for cal in _calibrators(q):
-        if getattr(cal, "num_collected", None):
-            return True
-        if cal.compute_amax("percentile", percentile=100.0) is not None:
-            return True
-    return False
 
 
 @contextlib.contextmanager

@@ -13,36 +13,43 @@ import logging
 import threading
 
 from torch import nn
+from torch.nn.modules import conv as _conv
+from torch.nn.modules import linear as _lin
+from torch.nn.modules import pooling as _pool
+from torch.nn.modules import rnn as _rnn
 
 log = logging.getLogger(__name__)
 
-#: float class -> name of its quantized twin in :mod:`modelopt_lite.nn`
-DEFAULT_QUANT_MAP: dict[type, str] = {
-    nn.Linear: "QuantLinear",
-    nn.Conv1d: "QuantConv1d",
-    nn.Conv2d: "QuantConv2d",
-    nn.Conv3d: "QuantConv3d",
-    nn.ConvTranspose1d: "QuantConvTranspose1d",
-    nn.ConvTranspose2d: "QuantConvTranspose2d",
-    nn.ConvTranspose3d: "QuantConvTranspose3d",
-    nn.MaxPool1d: "QuantMaxPool1d",
-    nn.MaxPool2d: "QuantMaxPool2d",
-    nn.MaxPool3d: "QuantMaxPool3d",
-    nn.AvgPool1d: "QuantAvgPool1d",
-    nn.AvgPool2d: "QuantAvgPool2d",
-    nn.AvgPool3d: "QuantAvgPool3d",
-    nn.AdaptiveAvgPool1d: "QuantAdaptiveAvgPool1d",
-    nn.AdaptiveAvgPool2d: "QuantAdaptiveAvgPool2d",
-    nn.AdaptiveAvgPool3d: "QuantAdaptiveAvgPool3d",
-    nn.LSTM: "QuantLSTM",
-    nn.LSTMCell: "QuantLSTMCell",
+#: float class (or the name of a float helper class in :mod:`modelopt_lite.nn`) -> name of its quantized twin there
+DEFAULT_QUANT_MAP: dict[type | str, str] = {
+    # the defining modules, not ``torch.nn`` attributes: those may be patched (``quant_modules.enable()``)
+    _lin.Linear: "QuantLinear",
+    _conv.Conv1d: "QuantConv1d",
+    _conv.Conv2d: "QuantConv2d",
+    _conv.Conv3d: "QuantConv3d",
+    _conv.ConvTranspose1d: "QuantConvTranspose1d",
+    _conv.ConvTranspose2d: "QuantConvTranspose2d",
+    _conv.ConvTranspose3d: "QuantConvTranspose3d",
+    _pool.MaxPool1d: "QuantMaxPool1d",
+    _pool.MaxPool2d: "QuantMaxPool2d",
+    _pool.MaxPool3d: "QuantMaxPool3d",
+    _pool.AvgPool1d: "QuantAvgPool1d",
+    _pool.AvgPool2d: "QuantAvgPool2d",
+    _pool.AvgPool3d: "QuantAvgPool3d",
+    _pool.AdaptiveAvgPool1d: "QuantAdaptiveAvgPool1d",
+    _pool.AdaptiveAvgPool2d: "QuantAdaptiveAvgPool2d",
+    _pool.AdaptiveAvgPool3d: "QuantAdaptiveAvgPool3d",
+    _rnn.LSTM: "QuantLSTM",
+    _rnn.LSTMCell: "QuantLSTMCell",
+    "MatMul": "QuantMatMul",  # modelopt_lite.nn.MatMul / Add: functional ops written as modules
+    "Add": "QuantAdd",
 }
 
 
 class QuantModuleRegistry:
     """A mapping ``float class -> quant class`` with lazily loaded defaults. Thread-safe for register/unregister."""
 
-    def __init__(self, defaults: dict[type, str] | None = None, package: str = "modelopt_lite.nn"):
+    def __init__(self, defaults: dict[type | str, str] | None = None, package: str = "modelopt_lite.nn"):
         self._defaults = dict(DEFAULT_QUANT_MAP if defaults is None else defaults)
         self._package = package
         self._map: dict[type, type] = {}
@@ -58,12 +65,16 @@ class QuantModuleRegistry:
                 return
             pkg = importlib.import_module(self._package)
             for float_cls, quant_name in self._defaults.items():
+                if isinstance(float_cls, str):
+                    float_cls = getattr(pkg, float_cls, None)
+                    if float_cls is None:
+                        continue
                 if float_cls in self._map or float_cls in self._removed:
                     continue  # a user registration or removal made before the defaults were loaded wins
                 quant_cls = getattr(pkg, quant_name, None)
                 if quant_cls is None:
                     log.debug("%s has no %s; %s is not converted by default", self._package, quant_name,
-                              float_cls.__name__)
+                              getattr(float_cls, "__name__", float_cls))
                     continue
                 self._map[float_cls] = quant_cls
             self._loaded = True

@@ -31,20 +31,34 @@ def _is_immutable(v) -> bool:
 
 @dataclass
 class _Saved:
-    kind: str  # "ref" | "tensor" | "deep" | "container"
+    kind: str  # "ref" | "tensor" | "container" | "object" | "deep"
     obj: object
     copy: object = None
 
 
-def _save_value(v) -> _Saved:
+def _save_value(v, memo: dict | None = None) -> _Saved:
+    """Save ``v`` so that :func:`_restore_value` puts the same objects back with their saved contents."""
+    memo = {} if memo is None else memo
+    if id(v) in memo:
+        return memo[id(v)]
     if isinstance(v, torch.Tensor):
-        return _Saved("tensor", v, v.detach().clone())
-    if isinstance(v, nn.Module) or _is_immutable(v):
-        return _Saved("ref", v)
-    if isinstance(v, (dict, set, list)) and all(not isinstance(x, torch.Tensor) and _is_immutable(x)
-                                                for x in (v.values() if isinstance(v, dict) else v)):
-        return _Saved("container", v, copy.copy(v))
-    return _Saved("deep", v, copy.deepcopy(v))
+        saved = _Saved("tensor", v, v.detach().clone())
+    elif isinstance(v, nn.Module) or _is_immutable(v):
+        saved = _Saved("ref", v)
+    elif type(v) in (list, dict, set):
+        saved = _Saved("container", v)
+        memo[id(v)] = saved
+        items = list(v.items()) if isinstance(v, dict) else list(v)
+        saved.copy = [(k, _save_value(x, memo)) for k, x in items] if isinstance(v, dict) else \
+            [_save_value(x, memo) for x in items]
+    elif hasattr(v, "__dict__") and not hasattr(type(v), "__slots__") and type(v).__module__ != "builtins":
+        saved = _Saved("object", v)
+        memo[id(v)] = saved
+        saved.copy = {k: _save_value(x, memo) for k, x in vars(v).items()}
+    else:
+        saved = _Saved("deep", v, copy.deepcopy(v))
+    memo[id(v)] = saved
+    return saved
 
 
 def _restore_tensor(t: torch.Tensor, saved: torch.Tensor) -> None:
@@ -55,21 +69,29 @@ def _restore_tensor(t: torch.Tensor, saved: torch.Tensor) -> None:
             t.data = saved.clone()
 
 
-def _restore_value(s: _Saved):
+def _restore_value(s: _Saved, done: set | None = None):
+    done = set() if done is None else done
+    if id(s) in done:
+        return s.obj
+    done.add(id(s))
     if s.kind == "tensor":
         _restore_tensor(s.obj, s.copy)
-        return s.obj
-    if s.kind == "container":
-        s.obj.clear()
-        (s.obj.update if isinstance(s.obj, (dict, set)) else s.obj.extend)(s.copy)
-        return s.obj
-    if s.kind == "deep":
-        fresh = copy.deepcopy(s.copy)  # the snapshot stays reusable
-        if hasattr(s.obj, "__dict__") and type(s.obj) is type(fresh) and not isinstance(s.obj, (dict, list, set)):
-            s.obj.__dict__.clear()
-            s.obj.__dict__.update(fresh.__dict__)
-            return s.obj
-        return fresh
+    elif s.kind == "container":
+        obj = s.obj
+        if isinstance(obj, dict):
+            items = [(k, _restore_value(x, done)) for k, x in s.copy]
+            obj.clear()
+            obj.update(items)
+        else:
+            items = [_restore_value(x, done) for x in s.copy]
+            obj.clear()
+            (obj.update if isinstance(obj, set) else obj.extend)(items)
+    elif s.kind == "object":
+        values = {k: _restore_value(x, done) for k, x in s.copy.items()}
+        s.obj.__dict__.clear()
+        s.obj.__dict__.update(values)
+    elif s.kind == "deep":
+        return copy.deepcopy(s.copy)  # the snapshot stays reusable
     return s.obj
 
 

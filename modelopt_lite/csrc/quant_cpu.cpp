@@ -11,9 +11,10 @@
 // (N, nb, bs) with scale (N, nb, 1)) or rows with a per-element scale (last axis), and any other broadcast (tuple
 // axes) becomes the same rows with a general index walk. Rows go through the float32 kernels of quant_kernels.h
 // in chunks: float32 contiguous data is used in place; other dtypes or strides are staged through small buffers.
-#include <torch/extension.h>
-
+#include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>  // lighter than torch/extension.h: faster JIT build
 
 #include <algorithm>
 #include <array>

@@ -47,28 +47,38 @@ MLQ_UNROLL
     body.scalar(i);
 }
 
+// One block handles `chunk` columns of a row at a time, counting into 32-bit shared-memory bins (at most 2**31
+// values per block and row, so they cannot overflow) and then adding its non-zero bins to the int64 counts.
 template <class T>
 __global__ void __launch_bounds__(kHistThreads)
-    histogram_kernel(const typename Elem<T>::raw* x, int64_t n, int64_t num_bins, float maxv,
-                     unsigned long long* counts, bool shared_counts) {
+    histogram_kernel(const typename HistElem<T>::raw* x, int64_t rows, int64_t cols, int64_t chunk,
+                     const int64_t* exps, int64_t exp_all, int64_t num_bins, unsigned long long* counts,
+                     bool shared_counts) {
   extern __shared__ unsigned int bins[];
-  if (shared_counts) {
-    for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x) bins[b] = 0u;
-    __syncthreads();
-  }
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    const int64_t b = hist_bin(Elem<T>::to_float(x[i]), num_bins, maxv);
-    if (b < 0) continue;
-    if (shared_counts)
-      atomicAdd(&bins[b], 1u);
-    else
-      atomicAdd(&counts[b], 1ull);
-  }
-  if (shared_counts) {
-    __syncthreads();
-    for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x)
-      if (bins[b] != 0u) atomicAdd(&counts[b], static_cast<unsigned long long>(bins[b]));
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const double inv_width = pow2_neg(exps != nullptr ? exps[row] : exp_all);
+    unsigned long long* row_counts = counts + row * num_bins;
+    if (shared_counts) {
+      for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x) bins[b] = 0u;
+      __syncthreads();
+    }
+    const int64_t begin = blockIdx.x * chunk;
+    const int64_t end = begin + chunk < cols ? begin + chunk : cols;
+    const typename HistElem<T>::raw* xr = x + row * cols;
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      const int64_t b = grid_bin(HistElem<T>::value(xr[j]), inv_width, num_bins);
+      if (b < 0) continue;
+      if (shared_counts)
+        atomicAdd(&bins[b], 1u);
+      else
+        atomicAdd(&row_counts[b], 1ull);
+    }
+    if (shared_counts) {
+      __syncthreads();
+      for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x)
+        if (bins[b] != 0u) atomicAdd(&row_counts[b], static_cast<unsigned long long>(bins[b]));
+      __syncthreads();
+    }
   }
 }
 
@@ -266,46 +276,57 @@ extern "C" cudaError_t mlq_backward(mlq_backward_op op, mlq_dtype dtype, const v
 namespace mlq {
 namespace {
 template <class T>
-cudaError_t histogram_typed(const void* x, int64_t n, int64_t num_bins, float maxv, int64_t* counts,
-                            cudaStream_t stream) {
-  using R = typename Elem<T>::raw;
+cudaError_t histogram_typed(const void* x, int64_t rows, int64_t cols, const int64_t* exps, int64_t exp_all,
+                            int64_t num_bins, int64_t* counts, cudaStream_t stream) {
+  using R = typename HistElem<T>::raw;
   const R* xr = static_cast<const R*>(x);
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   (void)stream;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = hist_bin(Elem<T>::to_float(xr[i]), num_bins, maxv);
-    if (b >= 0) ++counts[b];
+  for (int64_t r = 0; r < rows; ++r) {
+    const double inv_width = pow2_neg(exps != nullptr ? exps[r] : exp_all);
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t b = grid_bin(HistElem<T>::value(xr[r * cols + j]), inv_width, num_bins);
+      if (b >= 0) ++counts[r * num_bins + b];
+    }
   }
   return cudaSuccess;
 #else
-  int64_t blocks = ceil_div(n, kHistThreads);
-  const int64_t cap = static_cast<int64_t>(sm_count()) * 4;
-  if (blocks > cap) blocks = cap;
-  if (blocks < ceil_div(n, kHistMaxPerBlock)) blocks = ceil_div(n, kHistMaxPerBlock);
+  const int64_t sms = sm_count();
+  const int64_t grid_y = rows < 65535 ? rows : 65535;
+  int64_t grid_x = ceil_div(cols, static_cast<int64_t>(kHistThreads) * 16);
+  const int64_t want_x = (sms * 8 + grid_y - 1) / grid_y;  // about 8 blocks per SM in all
+  if (grid_x > want_x) grid_x = want_x;
+  if (grid_x < ceil_div(cols, kHistMaxPerBlock)) grid_x = ceil_div(cols, kHistMaxPerBlock);
+  if (grid_x < 1) grid_x = 1;
+  const int64_t chunk = ceil_div(cols, grid_x);
   const bool shared_counts = num_bins <= kHistSmemBins;
   const size_t smem = shared_counts ? static_cast<size_t>(num_bins) * sizeof(unsigned int) : 0;
-  histogram_kernel<T><<<static_cast<unsigned int>(blocks), kHistThreads, smem, stream>>>(
-      xr, n, num_bins, maxv, reinterpret_cast<unsigned long long*>(counts), shared_counts);
+  const dim3 grid(static_cast<unsigned int>(grid_x), static_cast<unsigned int>(grid_y));
+  histogram_kernel<T><<<grid, kHistThreads, smem, stream>>>(xr, rows, cols, chunk, exps, exp_all, num_bins,
+                                                            reinterpret_cast<unsigned long long*>(counts),
+                                                            shared_counts);
   return cudaGetLastError();
 #endif
 }
 }  // namespace
 }  // namespace mlq
 
-extern "C" cudaError_t mlq_histogram(mlq_dtype dtype, const void* x, int64_t n, int64_t num_bins, float max_value,
-                                     int64_t* counts, cudaStream_t stream) {
+extern "C" cudaError_t mlq_histogram(mlq_dtype dtype, const void* x, int64_t rows, int64_t cols,
+                                     const int64_t* exps, int64_t exp_all, int64_t num_bins, int64_t* counts,
+                                     cudaStream_t stream) {
   using namespace mlq;
-  if (!valid_dtype(dtype) || n < 0 || num_bins < 1 || !(max_value > 0.0f) || max_value > 3.4028235e38f ||
-      counts == nullptr || (n > 0 && x == nullptr))
+  if (rows < 0 || cols < 0 || num_bins < 1 || counts == nullptr || (rows > 0 && cols > 0 && x == nullptr))
     return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
+  if (rows == 0 || cols == 0) return cudaSuccess;
   switch (dtype) {
     case MLQ_FLOAT32:
-      return histogram_typed<float>(x, n, num_bins, max_value, counts, stream);
+      return histogram_typed<float>(x, rows, cols, exps, exp_all, num_bins, counts, stream);
     case MLQ_FLOAT16:
-      return histogram_typed<__half>(x, n, num_bins, max_value, counts, stream);
+      return histogram_typed<__half>(x, rows, cols, exps, exp_all, num_bins, counts, stream);
     case MLQ_BFLOAT16:
-      return histogram_typed<__nv_bfloat16>(x, n, num_bins, max_value, counts, stream);
+      return histogram_typed<__nv_bfloat16>(x, rows, cols, exps, exp_all, num_bins, counts, stream);
+    case MLQ_FLOAT64:
+      return histogram_typed<double>(x, rows, cols, exps, exp_all, num_bins, counts, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -92,7 +92,7 @@ MLQ_HD uint32_t float_to_bits(float f) {
 }
 
 // torch.clamp semantics: NaN stays NaN, every other value (including -0.0) passes unless outside [lo, hi].
-MLQ_HD float clamp_keep_nan(float v, float lo, float hi) { return std::fmin(std::fmax(v, lo), hi); }
+MLQ_HD float clamp_keep_nan(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 constexpr float kE4M3Max = 448.0f;
 
@@ -212,12 +212,33 @@ MLQ_HD float backward_scale_term(float x, float g, float s, float qmin, float qm
   return mul_rn(t, g);
 }
 
-// Histogram bin of a value: floor((x * num_bins) / max) in float32 for 0 <= x <= max (x == max goes to the last
-// bin); -1 (not counted) for NaN, negatives and values above max.
-MLQ_HD int64_t hist_bin(float x, int64_t num_bins, float maxv) {
-  if (!(x >= 0.0f && x <= maxv)) return -1;
-  const float f = div_rn(mul_rn(x, static_cast<float>(num_bins)), maxv);
-  return f >= static_cast<float>(num_bins) ? num_bins - 1 : static_cast<int64_t>(f);
+// Histogram bin on a power-of-two grid: floor(v * 2**-e) (exact: a power-of-two scaling in float64), or -1 (not
+// counted) for NaN, negative values and values at or above num_bins * 2**e. inv_width = 2**-e.
+MLQ_HD int64_t grid_bin(double v, double inv_width, int64_t num_bins) {
+  if (!(v >= 0.0)) return -1;
+  const double t = v * inv_width;
+  return t < static_cast<double>(num_bins) ? static_cast<int64_t>(t) : -1;
+}
+
+// Values a histogram reads: the three element types plus float64.
+template <class T>
+struct HistElem {
+  using raw = typename Elem<T>::raw;
+  static MLQ_HD double value(raw r) { return static_cast<double>(Elem<T>::to_float(r)); }
+};
+template <>
+struct HistElem<double> {
+  using raw = double;
+  static MLQ_HD double value(raw r) { return r; }
+};
+
+MLQ_HD double pow2_neg(int64_t e) {  // 2**-e, exact (0 or inf beyond the float64 range)
+  const int k = static_cast<int>(e < -2000 ? 2000 : (e > 2000 ? -2000 : -e));
+#ifdef __CUDA_ARCH__
+  return ldexp(1.0, k);
+#else
+  return std::ldexp(1.0, k);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------------

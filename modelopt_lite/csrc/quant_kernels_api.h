@@ -17,7 +17,7 @@ extern "C" {
 
 #define MLQ_MAX_RANK 64
 
-typedef enum { MLQ_FLOAT32 = 0, MLQ_FLOAT16 = 1, MLQ_BFLOAT16 = 2 } mlq_dtype;
+typedef enum { MLQ_FLOAT32 = 0, MLQ_FLOAT16 = 1, MLQ_BFLOAT16 = 2, MLQ_FLOAT64 = 3 /* histogram only */ } mlq_dtype;
 
 typedef enum {
   MLQ_FAKE_QUANT_INT = 0,  /* y = clamp(rint(x / s), qmin, qmax) * s, in x's dtype */
@@ -56,10 +56,12 @@ cudaError_t mlq_backward(mlq_backward_op op, mlq_dtype dtype, const void* grad, 
                          float* scale_term, const float* scale, const float* zero_point,
                          const mlq_broadcast* bcast, int qmin, int qmax, cudaStream_t stream);
 
-/* counts[b] += number of x with 0 <= x <= max_value and floor((x * num_bins) / max_value) == b (float32 math,
- * x == max_value in the last bin). counts is int64 and must be zeroed by the caller. max_value > 0, finite. */
-cudaError_t mlq_histogram(mlq_dtype dtype, const void* x, int64_t n, int64_t num_bins, float max_value,
-                          int64_t* counts, cudaStream_t stream);
+/* Histograms on the power-of-two grid of modelopt_lite.calib.grid: x is (rows, cols) row-major; row r has bin
+ * width 2**e_r (e_r = exps[r], or exp_all when exps is NULL) and value v lands in bin floor(v * 2**-e_r), computed
+ * exactly (float64 scaling). counts (rows, num_bins) int64, zeroed by the caller, receives += counts. Values that are
+ * NaN, negative or >= num_bins * 2**e_r are not counted. */
+cudaError_t mlq_histogram(mlq_dtype dtype, const void* x, int64_t rows, int64_t cols, const int64_t* exps,
+                          int64_t exp_all, int64_t num_bins, int64_t* counts, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -102,6 +102,7 @@ def format_digits(result) -> str:
         lines.append(f"targets: all {len(checks)} met (INT8/FP8 drop <= 0.5 points, INT4+QAT drop <= 1.0, "
                      "ORT accuracy == torch accuracy)")
     lines += result.notes
+    lines += [f"{r.fmt} {r.calib}: export/ORT failed: {r.error}" for r in result.rows if r.error]
     lines.append("drop = FP32 accuracy - quantized accuracy (points); latency = ORT CPU, batch 64, median; "
                  "speed-up vs the FP32 export")
     if result.plots:

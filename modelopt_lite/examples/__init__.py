@@ -1,8 +1,10 @@
 """Small real models and data for tests, the demo and benchmarks (all offline: scikit-learn's bundled digits)."""
 
 from .data import DigitsData, load_digits_data
+from .denoiser import DenoiserMLP, NoiseSchedule, step_batches, trained_denoiser
 from .models import MLP, DigitsCNN, DigitsMLP
 from .train import accuracy, evaluate, train_classifier, trained_digits_model
 
 __all__ = ["DigitsData", "load_digits_data", "MLP", "DigitsCNN", "DigitsMLP", "accuracy", "evaluate",
-           "train_classifier", "trained_digits_model"]
+           "train_classifier", "trained_digits_model", "DenoiserMLP", "NoiseSchedule", "step_batches",
+           "trained_denoiser"]

@@ -94,7 +94,7 @@ def step_batches(schedule: NoiseSchedule, n: int = 256, seed: int = 0) -> list[t
     return out
 
 
-def train_denoiser(model: DenoiserMLP, schedule: NoiseSchedule, *, iters: int = 600, batch_size: int = 256,
+def train_denoiser(model: DenoiserMLP, schedule: NoiseSchedule, *, iters: int = 300, batch_size: int = 256,
                    lr: float = 3e-3, seed: int = 0) -> DenoiserMLP:
     """Train to predict the noise (MSE) with random steps per sample; deterministic per seed. Returns the model."""
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +111,7 @@ def train_denoiser(model: DenoiserMLP, schedule: NoiseSchedule, *, iters: int = 
     return model
 
 
-def trained_denoiser(num_steps: int = 10, *, iters: int = 600, seed: int = 0) -> tuple[DenoiserMLP, NoiseSchedule]:
+def trained_denoiser(num_steps: int = 10, *, iters: int = 300, seed: int = 0) -> tuple[DenoiserMLP, NoiseSchedule]:
     """A freshly trained ``(DenoiserMLP, NoiseSchedule)`` pair (~1 s on 2 CPU cores), deterministic per seed."""
     schedule = NoiseSchedule.geometric(num_steps)
     with torch.random.fork_rng(devices=[]):

@@ -296,6 +296,20 @@ class Conv2dKernel:
         return y.contiguous()
 
 
+def error_bound(abs_terms: torch.Tensor, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bound on ``|real - fake|`` for one output of a K-term product (``abs_terms = sum|x_hat w_hat| + |bias|``).
+
+    Fake quantization rounds each dequantized operand (``fl(q * s)``: 2u per product) and accumulates K + 1 terms
+    in float (at most ``gamma_{K+1} = (K+1) u / (1 - (K+1) u)`` times ``abs_terms`` in ANY order, FMA or not); the
+    integer path is exact up to its final roundings (accumulator to float, scale product, multiply, bias add and,
+    for split oneDNN calls, one more add: <= 6u). Output casts to a 16-bit dtype add one rounding on each side.
+    Hence ``|real - fake| <= (K + 10) * u * abs_terms * (1 + 2 (K + 2) u)`` with u the unit roundoff of float32 (or
+    of the 16-bit input dtype). Never anywhere near a quantization step.
+    """
+    u = max(2.0**-24, torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0)
+    return (k + 10) * u * abs_terms * (1 + 2 * (k + 2) * u)
+
+
 def warn_slow_int_mm(device: torch.device) -> None:
     """Warn once when ``torch._int_mm`` is forced on a CPU (a naive fallback there)."""
     if device.type == "cpu":

@@ -6,7 +6,7 @@
 //   elem  N qmin qmax x s zp g out          -> out: N x 12 float32 (see kElemColumns)
 //   fwd   op dtype qmin qmax misalign ndim sizes... strides... x scale zp out
 //   bwd   op dtype qmin qmax misalign need_term ndim sizes... strides... grad x scale zp gx term
-//   hist  dtype n nbins max x out
+//   hist  dtype rows cols nbins exp_all x exps out   (exps file empty: exp_all for every row)
 //   div   n d in out                         -> out: n x 2 uint64 (quotient, remainder) for uint64 numerators
 //   plan  ndim sizes... strides...           -> prints "kind ndim C inner" on stdout
 // Each command prints "ok <status>" (the cudaError_t of the launcher, 0 = success) or an error line.
@@ -145,15 +145,17 @@ void cmd_bwd(std::istringstream& in) {
 
 void cmd_hist(std::istringstream& in) {
   int dtype;
-  int64_t n, nbins;
-  float maxv;
-  std::string xf, outf;
-  in >> dtype >> n >> nbins >> maxv >> xf >> outf;
-  const auto xb = read_file(xf);
-  std::vector<int64_t> counts(nbins > 0 ? nbins : 1, 0);
+  int64_t rows, cols, nbins, exp_all;
+  std::string xf, ef, outf;
+  in >> dtype >> rows >> cols >> nbins >> exp_all >> xf >> ef >> outf;
+  const auto xb = read_file(xf), eb = read_file(ef);
+  const size_t cells = rows > 0 && nbins > 0 ? static_cast<size_t>(rows * nbins) : 0;
+  std::vector<int64_t> counts(cells + 1, 0);
   const cudaError_t st =
-      mlq_histogram(static_cast<mlq_dtype>(dtype), xb.data(), n, nbins, maxv, counts.data(), nullptr);
-  write_file(outf, counts.data(), (nbins > 0 ? nbins : 0) * sizeof(int64_t));
+      mlq_histogram(static_cast<mlq_dtype>(dtype), xb.data(), rows, cols,
+                    eb.empty() ? nullptr : reinterpret_cast<const int64_t*>(eb.data()), exp_all, nbins,
+                    counts.data(), nullptr);
+  write_file(outf, counts.data(), cells * sizeof(int64_t));
   std::cout << "ok " << static_cast<int>(st) << std::endl;
 }
 

@@ -1,0 +1,56 @@
+"""Exact squared fake-quantization error integrated over histogram bins (the core of the ``mse`` search).
+
+A histogram bin ``[lo, hi)`` holding ``c`` values is read as ``c`` values spread evenly over the bin. With a
+candidate amax the quantizer has ``scale = float32(amax) / bound`` (``functional.scales``) and maps ``v = x / scale``
+to the nearest level of its grid (ties have measure zero), saturating at the top level:
+
+- integer grids: levels ``0, 1, ..., qmax`` (only ``|x|`` matters: the histogram is of ``|x|``);
+- E4M3: the 127 non-negative finite float8_e4m3fn values (subnormals included), saturating at 448.
+
+``G(v) = integral from 0 to v of (t - level(t))**2 dt`` has a closed form (integer grid: with
+``i = min(floor(v + 1/2), qmax)``, ``G(v) = i/12 + (v - i)**3 / 3``; E4M3: a prefix table over the level cells),
+so a bin's total error is ``c * scale**3 * (G(hi/scale) - G(lo/scale)) / (hi - lo)``, exactly, for every candidate.
+
+Why not fake-quantize the bin centers (pytorch-quantization)? When the step ``scale`` is close to a multiple of the
+bin width, the centers sit at the same offsets inside every step and the estimate dips by about
+``(width/scale)**2 / 12`` of the step's error: on N(0,1) data the argmin then locks onto such a candidate
+(measured: amax 3.967 instead of 3.924; the raw-data optimum is ~3.92). The integral has no such aliasing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import int_range, is_e4m3
+
+
+def e4m3_levels(device=None) -> torch.Tensor:
+    """The 127 non-negative finite E4M3 (float8_e4m3fn) values, ascending, as float64."""
+    codes = torch.arange(0, 127, dtype=torch.uint8, device=device)
+    return codes.view(torch.float8_e4m3fn).to(torch.float64)
+
+
+class ErrorIntegral:
+    """``G(v)`` for one format (see the module docstring); call it on float64 tensors of any shape."""
+
+    def __init__(self, num_bits, unsigned: bool = False, device=None):
+        self.e4m3 = is_e4m3(num_bits)
+        if not self.e4m3:
+            self.qmax = int_range(num_bits, unsigned, False).qmax
+            return
+        lv = e4m3_levels(device)
+        start = torch.cat([lv.new_zeros(1), (lv[1:] + lv[:-1]) / 2])  # cell i = [start_i, start_{i+1})
+        end = torch.cat([start[1:], lv.new_full((1,), float("inf"))])
+        cell = ((end[:-1] - lv[:-1]) ** 3 - (start[:-1] - lv[:-1]) ** 3) / 3
+        self.levels, self.start = lv, start
+        self.prefix = torch.cat([lv.new_zeros(1), cell.cumsum(0)])  # integral from 0 to start_i
+
+    def __call__(self, v: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """``G(v)`` elementwise (float64); ``inplace=True`` may overwrite ``v`` (saves memory traffic)."""
+        if not self.e4m3:
+            i = (v + 0.5).floor_().clamp_(max=float(self.qmax))
+            d = v.sub_(i) if inplace else v - i
+            return d.mul(d).mul_(d).div_(3).add_(i.div_(12))
+        i = torch.searchsorted(self.start, v, right=True) - 1
+        lv, st = self.levels[i], self.start[i]
+        return self.prefix[i] + ((v - lv) ** 3 - (st - lv) ** 3) / 3

@@ -1,0 +1,54 @@
+"""``QuantConv1d/2d/3d``: the convolution of the quantized input with the quantized weight (bias stays float)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ...descriptor import (
+    QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL,
+)
+from ._base import QuantModuleMixin
+
+
+class _QuantConvNd(QuantModuleMixin):
+    """Shared body: ``output_quantizer(conv(input_quantizer(x), weight_quantizer(W), b))``.
+
+    Accepts the float class's arguments plus ``quant_desc_input=`` / ``quant_desc_weight=`` (keyword only);
+    anything else raises TypeError. Default weight quantization: per output channel (axis 0 of
+    ``(out, in/groups, *k)``). Every ``padding_mode`` of the float module works (padding is applied to the
+    quantized input, as the float module pads its input).
+    """
+
+    def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_quantizers(quant_desc_input, quant_desc_weight)
+
+    def forward(self, input):
+        out = self._conv_forward(self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias)
+        return self.output_quantizer(out)
+
+
+class QuantConv1d(_QuantConvNd, nn.Conv1d):
+    """``nn.Conv1d`` with quantized input and weight (weight per output channel by default)."""
+
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
+    _float_cls = nn.Conv1d
+
+
+class QuantConv2d(_QuantConvNd, nn.Conv2d):
+    """``nn.Conv2d`` with quantized input and weight (weight per output channel by default)."""
+
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
+    _float_cls = nn.Conv2d
+
+
+class QuantConv3d(_QuantConvNd, nn.Conv3d):
+    """``nn.Conv3d`` with quantized input and weight (weight per output channel by default)."""
+
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
+    _float_cls = nn.Conv3d
+
+
+Conv1d, Conv2d, Conv3d = QuantConv1d, QuantConv2d, QuantConv3d

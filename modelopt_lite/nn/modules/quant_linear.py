@@ -1,0 +1,32 @@
+"""``QuantLinear``: ``F.linear(input_quantizer(x), weight_quantizer(W), b)`` (the bias stays float)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
+from ._base import QuantModuleMixin
+
+
+class QuantLinear(QuantModuleMixin, nn.Linear):
+    """``nn.Linear`` with quantized input and weight.
+
+    Defaults: input 8-bit per tensor, weight 8-bit per row (axis 0, one amax per output feature). The output is
+    exactly ``output_quantizer(F.linear(input_quantizer(x), weight_quantizer(self.weight), self.bias))``.
+    """
+
+    default_quant_desc_weight = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
+    _float_cls = nn.Linear
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, quant_desc_input=None,
+                 quant_desc_weight=None):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self._init_quantizers(quant_desc_input, quant_desc_weight)
+
+    def forward(self, input):
+        out = F.linear(self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias)
+        return self.output_quantizer(out)
+
+
+Linear = QuantLinear

@@ -1,0 +1,422 @@
+"""``TensorQuantizer``: the stateful module between a descriptor and the functional ops.
+
+A quantizer is built from a :class:`~modelopt_lite.descriptor.ScaledQuantDescriptor` and holds the state the
+descriptor does not: the amax (calibrated, fixed, loaded or learned), the calibrators, the on/off switches and,
+for temporal quantization, the current step. ``forward(x)`` returns a new tensor (the caller's ``x`` is never
+modified) computed by :mod:`modelopt_lite.tensor_quant`, so its numerics are exactly those of the functional layer
+(true float32 division by ``scale = amax / bound``, round half to even, bit-exact with ONNX Runtime).
+
+Modes:
+
+- disabled: ``forward`` returns ``x`` itself.
+- calibration (``enable_calib()``): every input is collected by the calibrator; the output is ``x`` when
+  quantization is off, or quantized with the existing amax when it is on.
+- fake quantization (default): quantize-dequantize, same dtype as ``x``.
+- real quantization (``fake_quant=False``): returns the integer codes ``q`` as float32 (as pytorch-quantization
+  does; for E4M3 the float8 codes converted to float32); :attr:`scale` gives the scale with ``x ~= q * scale``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
+from ..formats import E4M3_MAX, int_range, is_e4m3
+from ..functional import blocks
+from ..functional.checks import check_axes
+from ..functional.scales import positive_scale, scale_from_amax
+from ..tensor_quant import (
+    block_quant,
+    fake_block_quant,
+    fake_tensor_quant,
+    quantize_block_scales,
+    scaled_e4m3,
+    tensor_quant,
+)
+from . import _quantizer_config as cfg
+from ._amax_state import AmaxStateMixin, _to_amax_tensor
+from ._calib_plumbing import compute_step_amaxes, make_calibrator
+
+_CODE_DTYPES = ((8, False, torch.int8), (8, True, torch.uint8), (16, False, torch.int16), (16, True, torch.int32))
+
+
+def _bool(v, what: str, label: str) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{label}: {what} must be a bool, got {v!r}")
+    return v
+
+
+class TensorQuantizer(AmaxStateMixin):
+    """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
+
+    Args:
+        quant_desc: a :class:`ScaledQuantDescriptor` (or a dict of its fields). Default: 8-bit per tensor.
+        disabled: start disabled (``forward`` returns its input).
+        if_quant: quantize in ``forward`` (default True).
+        if_calib: collect calibration statistics in ``forward`` (default False).
+        amax: a fixed amax, overriding the descriptor's.
+        name: a label used in error messages (``quantize()`` sets it to the module path); defaults to the
+            descriptor's ``name``.
+        num_steps: temporal steps, each with its own amax and calibrator (default 1).
+
+    The amax lives in the ``_amax`` buffer (an ``nn.Parameter`` with ``learn_amax``): shape ``()`` per tensor, the
+    input's rank with size 1 on reduced dims per channel, "blocks per axis" for static blocks, with a leading
+    ``num_steps`` dimension for temporal quantizers. It round-trips through ``state_dict`` (also into a fresh
+    quantizer) and follows ``.to(device)``.
+    """
+
+    def __init__(self, quant_desc=QUANT_DESC_8BIT_PER_TENSOR, disabled=False, if_quant=True, if_calib=False,
+                 amax=None, name=None, num_steps=1):
+        super().__init__()
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"TensorQuantizer: name must be a str or None, got {name!r}")
+        self._desc = cfg.as_descriptor(quant_desc, "TensorQuantizer quant_desc")
+        self._name = name if name is not None else self._desc.name
+        self._disabled = _bool(disabled, "disabled", self._label())
+        self._if_quant = _bool(if_quant, "if_quant", self._label())
+        self._if_calib = _bool(if_calib, "if_calib", self._label())
+        self._num_steps = self._check_num_steps(num_steps)
+        self._step = 0
+        self._calibrators: list | None = None
+        self._last_rank: int | None = None
+        self._device = torch.device("cpu")
+        self.register_buffer("_amax", None)
+        fixed = amax if amax is not None else self._desc.amax
+        if fixed is not None:
+            self.amax = fixed
+
+    # --- identity and descriptor ----------------------------------------------------------------------------------
+    def _label(self) -> str:
+        return f"TensorQuantizer {self._name!r}" if self._name else "TensorQuantizer (unnamed)"
+
+    @property
+    def name(self) -> str | None:
+        """Label used in messages; ``quantize()`` sets it to the module path."""
+        return self._name
+
+    @name.setter
+    def name(self, value) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"TensorQuantizer name must be a str or None, got {value!r}")
+        self._name = value
+        for cal in self._calibrators or ():
+            if cal is not None and hasattr(cal, "name"):
+                cal.name = value
+
+    @property
+    def quant_desc(self) -> ScaledQuantDescriptor:
+        """The current (immutable) descriptor."""
+        return self._desc
+
+    def _check_num_steps(self, n) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{self._label()}: num_steps must be an int >= 1, got {n!r}")
+        return n
+
+    def set_from_attribute_config(self, attrs) -> None:
+        """Patch the settings with a config dict (or replace them with a descriptor).
+
+        Keys: any descriptor field (``num_bits, axis, block_sizes, unsigned, narrow_range, fake_quant, learn_amax,
+        calib_method, dynamic, amax, scale_amax, name``) plus ``enable`` (bool) and ``num_steps`` (int). Unknown
+        keys raise TypeError naming the key and the quantizer. Setting ``block_sizes`` clears ``axis`` (and vice
+        versa), switching to E4M3 clears ``unsigned``/``narrow_range``, and going dynamic drops a fixed amax.
+        Changing the format (num_bits, axis, block_sizes, unsigned, calib_method, dynamic, num_steps) resets the
+        calibration state (amax and calibrators); a fixed ``amax`` in the descriptor is then stored again.
+        """
+        changes, extra = cfg.split_patch(attrs, self._label())
+        new = cfg.patched_descriptor(self._desc, changes, self._label()) if changes else self._desc
+        steps = self._check_num_steps(extra.get("num_steps", self._num_steps))
+        enable = _bool(extra["enable"], "enable", self._label()) if "enable" in extra else None
+        reset = cfg.format_changed(self._desc, new) or steps != self._num_steps
+        self._desc, self._num_steps = new, steps
+        if self._step >= steps:
+            self._step = 0
+        if reset:
+            self._store_amax(None)
+            self._calibrators = None
+        if "amax" in changes and new.amax is not None and not reset:
+            self._store_amax(None)
+        if new.amax is not None and self._amax is None:
+            self.amax = new.amax
+        if self._amax is not None and isinstance(self._amax, torch.nn.Parameter) != new.learn_amax:
+            self._store_amax(self._amax)  # re-registers as Parameter or buffer
+        if enable is not None:
+            self._disabled = not enable
+
+    # --- read-only (through the descriptor) properties ------------------------------------------------------------
+    num_bits = property(lambda self: self._desc.num_bits, doc="int bits, or (4, 3) for FP8 E4M3.")
+    axis = property(lambda self: self._desc.axis, doc="Per-channel axis/axes as configured (may be negative).")
+    block_sizes = property(lambda self: self._desc.block_sizes, doc="Block quantization spec, or None.")
+    unsigned = property(lambda self: self._desc.unsigned, doc="Unsigned integer grid.")
+    narrow_range = property(lambda self: self._desc.narrow_range, doc="Symmetric signed grid.")
+    fake_quant = property(lambda self: self._desc.fake_quant, doc="False: forward returns integer codes.")
+    learn_amax = property(lambda self: self._desc.learn_amax, doc="amax is an nn.Parameter trained by LSQ.")
+    dynamic = property(lambda self: self._desc.dynamic, doc="amax recomputed per input (also dynamic blocks).")
+    scale_amax = property(lambda self: self._desc.scale_amax, doc="Multiplier applied to amax at use, or None.")
+
+    @property
+    def maxbound(self):
+        """The value amax maps to: ``2**(b-1) - 1`` signed, ``2**b - 1`` unsigned, 448.0 for E4M3."""
+        if is_e4m3(self.num_bits):
+            return E4M3_MAX
+        return int_range(self.num_bits, self.unsigned, self.narrow_range).bound
+
+    def _effective_amax(self) -> torch.Tensor:
+        a = self.amax
+        return a * self.scale_amax if self.scale_amax is not None else a
+
+    @property
+    def step_size(self) -> torch.Tensor:
+        """``amax / maxbound`` (float32, detached; ``scale_amax`` applied)."""
+        return (self._effective_amax().detach().float() / float(self.maxbound))
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The positive float32 scale (``amax / maxbound``; dead slices report 1.0; blocks: double-quantized)."""
+        s = scale_from_amax(self._effective_amax().detach(), float(self.maxbound))
+        bs = self.block_sizes
+        if bs and bs.get("scale_bits") is not None:
+            s = quantize_block_scales(s, bs["scale_bits"], bs.get("scale_block_sizes"))
+        return positive_scale(s)
+
+    # --- switches ---------------------------------------------------------------------------------------------------
+    def enable(self) -> None:
+        """Turn the quantizer on."""
+        self._disabled = False
+
+    def disable(self) -> None:
+        """Turn the quantizer off: ``forward`` returns its input."""
+        self._disabled = True
+
+    def enable_quant(self) -> None:
+        """Quantize in forward."""
+        self._if_quant = True
+
+    def disable_quant(self) -> None:
+        """Do not quantize in forward (calibration-only pass)."""
+        self._if_quant = False
+
+    def enable_calib(self) -> None:
+        """Collect calibration statistics in forward (no effect on dynamic quantizers)."""
+        self._if_calib = True
+
+    def disable_calib(self) -> None:
+        """Stop collecting calibration statistics."""
+        self._if_calib = False
+
+    is_enabled = property(lambda self: not self._disabled, doc="False when disabled.")
+    is_quant_enabled = property(lambda self: self._if_quant, doc="Quantization on in forward.")
+    is_calib_enabled = property(lambda self: self._if_calib, doc="Calibration collection on in forward.")
+
+    # --- calibration ------------------------------------------------------------------------------------------------
+    def _calibrator_list(self) -> list:
+        if self._calibrators is None:
+            self._calibrators = [make_calibrator(self._desc, self._name) for _ in range(self._num_steps)]
+        return self._calibrators
+
+    @property
+    def calibrator(self):
+        """The current step's calibrator (MaxCalibrator, HistogramCalibrator, a block collector), None if dynamic."""
+        return self._calibrator_list()[self._step]
+
+    _calibrator = calibrator  # the familiar pytorch-quantization attribute name
+
+    def load_calib_amax(self, method=None, strict=True, **kwargs) -> None:
+        """Store ``calibrator.compute_amax(method, **kwargs)`` (every step) as the amax.
+
+        A calibrator that saw no data raises RuntimeError naming the quantizer (``strict=False``: a warning, the
+        amax is left as it was; temporal steps without data get the max of the others). Dynamic: no-op.
+        """
+        if self.dynamic:
+            return
+        results = compute_step_amaxes(self._calibrator_list(), method, kwargs)
+        missing = [t for t, a in enumerate(results) if a is None]
+        if missing:
+            where = f" for step(s) {missing}" if self._num_steps > 1 else ""
+            msg = f"{self._label()}: the calibrator returned no amax{where}: it never saw calibration data"
+            if strict:
+                raise RuntimeError(msg + "; run data through it with enable_calib() first, or pass strict=False")
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            present = [a for a in results if a is not None]
+            if not present:
+                return
+            fill = torch.stack([a.float() for a in present]).amax(0)
+            results = [fill if a is None else a for a in results]
+        dev = self._device_now()
+        checked = [_to_amax_tensor(a, dev, self._label()) for a in results]
+        full = torch.stack(checked) if self._num_steps > 1 else checked[0]
+        if self._amax is not None and self._amax.shape != full.shape:
+            self._store_amax(None)
+        self._write_amax(full)
+
+    def reset_amax(self) -> None:
+        """Forget the amax and everything the calibrators collected (the quantizer becomes uncalibrated)."""
+        self._store_amax(None)
+        self._calibrators = None
+
+    def init_learn_amax(self) -> torch.nn.Parameter:
+        """Turn the current (calibrated or fixed) amax into an ``nn.Parameter`` trained with the LSQ gradient."""
+        if self._amax is None:
+            raise RuntimeError(f"{self._label()}: init_learn_amax() needs an amax; calibrate or set one first")
+        if not self.learn_amax:
+            self._desc = cfg.patched_descriptor(self._desc, {"learn_amax": True}, self._label())
+        if not isinstance(self._amax, torch.nn.Parameter):
+            self._store_amax(self._amax)
+        return self._amax
+
+    # --- forward ----------------------------------------------------------------------------------------------------
+    def _resolve_axes(self, rank: int):
+        axis = self._desc.axis
+        if axis is None:
+            return None
+        try:
+            return check_axes(axis, rank, "axis")
+        except ValueError:
+            raise ValueError(f"{self._label()}: axis={axis!r} is out of range for an input of rank {rank}") from None
+
+    def _dynamic_amax(self, x: torch.Tensor) -> torch.Tensor:
+        axes = self._resolve_axes(x.dim())
+        xd = x.detach()
+        red = None if axes is None else [d for d in range(x.dim()) if d not in axes]
+        if red is None or red:
+            hi = xd.amax() if red is None else xd.amax(dim=red, keepdim=True)
+            lo = xd.amin() if red is None else xd.amin(dim=red, keepdim=True)
+            a = torch.maximum(hi, -lo).float()
+        else:
+            a = xd.abs().float()
+        if not bool(torch.isfinite(a).all()):
+            raise ValueError(f"{self._label()}: the input contains NaN or Inf, so its dynamic amax is not finite")
+        return a
+
+    def _fit_static(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Reshape a flat per-channel amax (e.g. a fixed 1-D amax) to the input's rank; never touches the buffer."""
+        axes = self._resolve_axes(x.dim())
+        if axes is None or a.numel() == 1 or a.dim() == x.dim():
+            return a
+        shape = [x.shape[d] if d in axes else 1 for d in range(x.dim())]
+        if a.numel() != int(torch.Size(shape).numel()):
+            raise ValueError(f"{self._label()}: amax of shape {tuple(a.shape)} does not match axis={self.axis} of an "
+                             f"input of shape {tuple(x.shape)} (expected {tuple(shape)})")
+        return a.reshape(shape)
+
+    def _amax_for(self, x: torch.Tensor):
+        """The amax to quantize ``x`` with (None for dynamic blocks)."""
+        if self.dynamic:
+            if self.block_sizes:
+                return None
+            a = self._dynamic_amax(x)
+        else:
+            a = self._fit_static(self.amax, x)
+        return a * self.scale_amax if self.scale_amax is not None else a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Quantize ``x`` (a new tensor; ``x`` is never modified). See the module docstring for the modes."""
+        if self._disabled:
+            return x
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{self._label()}: expected a torch.Tensor, got {type(x).__name__}")
+        self._resolve_axes(x.dim())
+        self._last_rank = x.dim()
+        if self._if_calib and not self.dynamic:
+            self._collect(x)
+        if not self._if_quant or x.numel() == 0:
+            return x
+        return self._quantize(x)
+
+    def _collect(self, x: torch.Tensor) -> None:
+        try:
+            self.calibrator.collect(x.detach())
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{self._label()}: {e}") from e
+
+    def _quantize(self, x: torch.Tensor) -> torch.Tensor:
+        d = self._desc
+        if not self.dynamic and self._amax is None:
+            raise RuntimeError(f"{self._label()} is enabled but has no amax: calibrate it first (enable_calib(), "
+                               "run data, load_calib_amax()), set .amax, or disable it")
+        try:
+            amax = self._amax_for(x)
+            if d.block_sizes:
+                if d.fake_quant:
+                    return fake_block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
+                return block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
+            if is_e4m3(d.num_bits):
+                return scaled_e4m3(x, amax) if d.fake_quant else tensor_quant(x, amax, d.num_bits)[0].float()
+            if d.fake_quant:
+                return fake_tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)
+            return tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
+        except (ValueError, TypeError) as e:
+            if str(e).startswith(self._label()):
+                raise
+            raise type(e)(f"{self._label()}: {e}") from e
+
+    # --- export -----------------------------------------------------------------------------------------------------
+    def _export_rank(self):
+        if self._last_rank is not None:
+            return self._last_rank
+        if self._amax is not None and self.axis is not None:
+            a = self.amax
+            return a.dim() if a.numel() > 1 or a.dim() > 0 else None
+        return None
+
+    def export_info(self) -> dict:
+        """What an exporter needs, as fresh tensors (the amax buffer is never modified).
+
+        Keys: ``kind`` ("int" | "e4m3" | "block"), ``num_bits``, ``unsigned``, ``narrow_range``, ``axis`` (tuple of
+        non-negative dims resolved against the last input rank, or None), ``block_sizes`` (axis keys made
+        non-negative when the rank is known), ``amax`` (current step, ``scale_amax`` applied; None when dynamic),
+        ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``.
+        """
+        d = self._desc
+        kind = "block" if d.block_sizes else ("e4m3" if is_e4m3(d.num_bits) else "int")
+        if is_e4m3(d.num_bits):
+            qmin, qmax = -E4M3_MAX, E4M3_MAX
+        else:
+            _, qmin, qmax = int_range(d.num_bits, d.unsigned, d.narrow_range)
+        rank = self._export_rank()
+        axis = None
+        if d.axis is not None:
+            axis = self._resolve_axes(rank) if rank is not None else tuple(d.axis)
+        block_sizes = d.block_sizes
+        if block_sizes and rank is not None:
+            pos = blocks.normalize(block_sizes, [1] * rank)
+            sizes = {a: block_sizes[k] for a, k in zip(pos, (k for k in block_sizes if not isinstance(k, str)))}
+            block_sizes = {**sizes, **{k: v for k, v in block_sizes.items() if isinstance(k, str)}}
+        amax = scale = None
+        if not d.dynamic:
+            amax = self._effective_amax().detach().clone().float()
+            scale = self.scale.clone()
+        return {"kind": kind, "num_bits": d.num_bits, "unsigned": d.unsigned, "narrow_range": d.narrow_range,
+                "axis": axis, "block_sizes": block_sizes, "amax": amax, "scale": scale, "qmin": qmin, "qmax": qmax,
+                "dynamic": d.dynamic}
+
+    def quantize_weight_codes(self, w: torch.Tensor):
+        """Real quantization of a weight: ``(codes, scale)`` with ``w ~= codes * scale`` (blocks: scale per block).
+
+        Integer formats give int8/uint8 (<= 8 bits), int16 or int32 codes; E4M3 gives float8_e4m3fn codes. The
+        scale is positive float32 with amax's shape. Uses the stored amax (or the dynamic one).
+        """
+        d = self._desc
+        if not self.dynamic and self._amax is None:
+            raise self._uncalibrated_error()
+        try:
+            amax = self._amax_for(w)
+            if is_e4m3(d.num_bits):
+                if d.block_sizes:
+                    raise ValueError("E4M3 block quantization has no code export; use fake quantization")
+                return tensor_quant(w, amax, d.num_bits)
+            bits = 8 if d.num_bits <= 8 else 16
+            dtype = next(t for b, u, t in _CODE_DTYPES if b == bits and u == d.unsigned)
+            if d.block_sizes:
+                q, s = block_quant(w, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
+                if bool(torch.isnan(q).any()):
+                    raise ValueError("the weight contains NaN, which has no integer code")
+                return q.to(dtype), s
+            return tensor_quant(w, amax, d.num_bits, d.unsigned, d.narrow_range, dtype=dtype)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{self._label()}: {e}") from e
+
+    def extra_repr(self) -> str:
+        return cfg.describe(self)

@@ -1,0 +1,129 @@
+"""Checks on the model's quantizers before export, with errors that name every offending quantizer.
+
+Also works out the lowest opset that can express every enabled quantizer: 13 for per-channel, 19 for FP8 E4M3,
+21 for blocked weights and 16-bit (or 9..15-bit) grids; 4-bit weights prefer 21 (packed INT4 storage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+BASE_OPSET = 17
+#: highest opset the TorchScript exporter writes; higher opsets are reached with onnx's version converter
+TORCHSCRIPT_MAX_OPSET = 20
+
+
+@dataclass
+class Plan:
+    """What the quantizers need: minimum opset (and why), notes, and how many quantizers are exported."""
+
+    min_opset: int = 10
+    reasons: list[tuple[int, str]] = field(default_factory=list)
+    preferred_opset: int = BASE_OPSET
+    notes: list[str] = field(default_factory=list)
+    enabled: int = 0
+
+    def need(self, opset: int, why: str) -> None:
+        self.reasons.append((opset, why))
+        self.min_opset = max(self.min_opset, opset)
+
+
+def quantizers(model: nn.Module):
+    """``(name, quantizer)`` for every TensorQuantizer in the model (none when the nn layer is absent)."""
+    try:
+        from ..conversion.utils import named_quantizers
+    except ImportError:  # pragma: no cover - layers not installed
+        return []
+    try:
+        return list(named_quantizers(model))
+    except ImportError:  # pragma: no cover
+        return []
+
+
+def _is_weight(name: str) -> bool:
+    return name.rsplit(".", 1)[-1].startswith("weight_quantizer")
+
+
+def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
+    """Validate every enabled quantizer; raise one ValueError listing all problems of the first kind found."""
+    p = Plan()
+    uncalibrated, calibrating, real, dynamic, problems = [], [], [], [], []
+    for name, q in quantizers(model):
+        if not (q.is_enabled and q.is_quant_enabled):
+            continue
+        p.enabled += 1
+        if q.is_calib_enabled:
+            calibrating.append(name)
+        if not q.fake_quant:
+            real.append(name)
+        if q.dynamic:
+            if not _is_weight(name):
+                dynamic.append(name)
+            continue
+        if not q.is_calibrated:
+            uncalibrated.append(name)
+            continue
+        _requirements(p, name, q.export_info(), target, problems)
+        if getattr(q, "num_steps", 1) > 1:
+            p.notes.append(f"{name}: temporal quantizer with {q.num_steps} steps; exported with the amax of the "
+                           f"current step ({getattr(q, 'step', 0)})")
+    for names, what in (
+        (uncalibrated, "enabled quantizer(s) not calibrated (no amax); calibrate them or disable them before "
+                       "export"),
+        (calibrating, "quantizer(s) still in calibration mode; finish calibration (load_calib_amax, "
+                      "disable_calib) before export"),
+        (real, "quantizer(s) in real-quant mode (fake_quant=False); export needs fake quantization"),
+        (dynamic, "activation quantizer(s) with dynamic amax; ONNX Q/DQ export needs static, calibrated scales"),
+    ):
+        if names:
+            raise ValueError(f"cannot export: {len(names)} {what}: {', '.join(names)}")
+    if problems:
+        raise ValueError("cannot export: " + "; ".join(problems))
+    if opset is not None:
+        low = [why for need, why in p.reasons if need > opset]
+        if low:
+            raise ValueError(f"opset {opset} is too low: " + "; ".join(low))
+    p.preferred_opset = max(BASE_OPSET, p.min_opset, p.preferred_opset)
+    return p
+
+
+def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[str]) -> None:
+    kind, bits = info.get("kind"), info.get("num_bits")
+    weight = _is_weight(name)
+    axis = info.get("axis")
+    if axis is not None and len(tuple(axis)) > 0:
+        if len(tuple(axis)) > 1 and not weight:
+            problems.append(f"{name}: activation quantized along several axes {tuple(axis)}: ONNX "
+                            "QuantizeLinear supports one axis")
+        p.need(13, f"{name}: per-channel quantization (axis) needs opset >= 13")
+    if kind == "e4m3":
+        p.need(19, f"{name}: FP8 E4M3 needs opset >= 19")
+        return
+    if kind == "block":
+        if not weight:
+            problems.append(f"{name}: block quantization of an activation cannot be exported (ONNX "
+                            "QuantizeLinear blocks are for constants; TensorRT and ONNX Runtime take blocked "
+                            "weights only)")
+            return
+        sizes = {k: v for k, v in (info.get("block_sizes") or {}).items() if not isinstance(k, str)}
+        if len(sizes) > 1:
+            problems.append(f"{name}: blocks along several axes {sorted(sizes)} cannot be expressed by ONNX "
+                            "DequantizeLinear (one block axis)")
+        if (info.get("block_sizes") or {}).get("scale_bits") is not None:
+            p.notes.append(f"{name}: double-quantized block scales are exported as their dequantized float32 "
+                           "values")
+        p.need(21, f"{name}: block-quantized weights need opset >= 21 (DequantizeLinear block_size)")
+        return
+    qmin, qmax = info.get("qmin"), info.get("qmax")
+    if kind == "affine" and target == "tensorrt":
+        problems.append(f"{name}: affine quantization (non-zero zero point) is not supported by TensorRT; "
+                        "export with target='onnxruntime'")
+    if isinstance(bits, int) and bits > 8:
+        p.need(21, f"{name}: num_bits={bits} has no ONNX representation below opset 21 (16-bit Q/DQ)")
+    elif weight and isinstance(bits, int) and bits <= 4 and qmin is not None and qmin >= -8 and qmax <= 15:
+        p.preferred_opset = max(p.preferred_opset, 21)
+    if not weight and isinstance(bits, int) and bits < 8:
+        p.notes.append(f"{name}: {bits}-bit activations are exported as 8-bit Q/DQ after a Clip to "
+                       f"[{qmin}, {qmax}] steps (exact)")

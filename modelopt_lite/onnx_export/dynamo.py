@@ -1,0 +1,81 @@
+"""Translations for the dynamo (``torch.export``-based) exporter: the same marker nodes as :mod:`.symbolic`.
+
+``torch.onnx.export(..., dynamo=True, custom_translation_table=translation_table())`` maps each
+``torch.ops.modelopt_lite`` fake-quant op to an onnxscript call of the marker op. The marker schemas are built as
+local :class:`onnx.defs.OpSchema` objects (never registered globally), which is all onnxscript needs to trace the
+call. Non-float32 inputs are cast to float32 around the marker, as in the TorchScript path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .symbolic import AFFINE_MARKER, DOMAIN, E4M3_MARKER, INT_MARKER
+
+_FLOAT = 1
+
+
+@functools.lru_cache(maxsize=1)
+def _marker_ops():
+    from onnx.defs import OpSchema
+    from onnxscript.values import Op, Opset
+
+    opset = Opset(DOMAIN, 1)
+    param = OpSchema.FormalParameter
+    floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+    def schema(name, inputs, attrs):
+        return OpSchema(
+            name, DOMAIN, 1,
+            inputs=[param(n, t) for n, t in inputs],
+            outputs=[param("y", "T")],
+            type_constraints=[("T", floats, "float input")],
+            attributes=[OpSchema.Attribute(a, OpSchema.AttrType.INT, a) for a in attrs],
+        )
+
+    int_in = [("x", "T"), ("scale", "tensor(float)")]
+    return {
+        INT_MARKER: Op(opset, INT_MARKER, schema(INT_MARKER, int_in, ("qmin", "qmax"))),
+        E4M3_MARKER: Op(opset, E4M3_MARKER, schema(E4M3_MARKER, int_in, ())),
+        AFFINE_MARKER: Op(opset, AFFINE_MARKER,
+                          schema(AFFINE_MARKER, int_in + [("zero_point", "tensor(float)")], ("qmin", "qmax"))),
+    }
+
+
+def _float32(x, build):
+    from onnxscript import opset18 as op
+
+    dtype = getattr(x, "dtype", None)
+    code = int(dtype) if dtype is not None else _FLOAT
+    if code == _FLOAT:
+        return build(x)
+    return op.Cast(build(op.Cast(x, to=_FLOAT)), to=code)
+
+
+def _fake_quant_int(x, scale, qmin: int, qmax: int):
+    fq = _marker_ops()[INT_MARKER]
+    return _float32(x, lambda xf: fq(xf, scale, qmin=qmin, qmax=qmax))
+
+
+def _fake_e4m3(x, scale):
+    fq = _marker_ops()[E4M3_MARKER]
+    return _float32(x, lambda xf: fq(xf, scale))
+
+
+def _fake_affine(x, scale, zero_point, qmin: int, qmax: int):
+    fq = _marker_ops()[AFFINE_MARKER]
+    return _float32(x, lambda xf: fq(xf, scale, zero_point, qmin=qmin, qmax=qmax))
+
+
+def translation_table() -> dict:
+    """``{torch op overload: onnxscript function}`` for ``torch.onnx.export(custom_translation_table=...)``."""
+    import torch
+
+    from ..functional import library  # noqa: F401  (defines torch.ops.modelopt_lite.*)
+
+    ops = torch.ops.modelopt_lite
+    return {
+        ops.fake_quant_int.default: _fake_quant_int,
+        ops.fake_e4m3.default: _fake_e4m3,
+        ops.fake_affine.default: _fake_affine,
+    }

@@ -1,0 +1,119 @@
+"""Replace the marker nodes of a fresh export with standard Q/DQ, fold weights, de-duplicate, clean up.
+
+Steps (all on the ONNX graph, the torch model is never touched):
+
+1. evaluate the constant inputs of every marker (scales, zero points, and the tensor itself for weights);
+2. merge markers that quantize the same tensor with the same parameters (one Q/DQ pair feeds all consumers);
+3. a marker on a constant becomes an integer/FP8 initializer + DequantizeLinear (:mod:`.weights`), a marker on a
+   run-time tensor becomes Q -> DQ (:mod:`.qdq`);
+4. drop what is no longer used (the float weights, the scale sub-graphs) and the private opset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from . import qdq, weights
+from .graph import Graph, attr
+from .symbolic import DOMAIN, MARKERS
+
+
+@dataclass
+class Resolution:
+    """What the post-pass did: one entry per exported quantizer site, plus notes."""
+
+    weights: list[dict] = field(default_factory=list)
+    activations: list[dict] = field(default_factory=list)
+    merged: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def site_label(node: onnx.NodeProto) -> str:
+    """A readable name for a marker: the quantizer's module path when the exporter recorded it."""
+    for p in node.metadata_props:
+        if p.key == "pkg.torch.onnx.name_scopes":
+            try:
+                import ast
+
+                scopes = [s for s in ast.literal_eval(p.value) if s]
+                if scopes:
+                    return ".".join(scopes)
+            except (ValueError, SyntaxError):
+                pass
+    parts = [p for p in node.name.split("/") if p]
+    if len(parts) > 1:
+        return ".".join(parts[:-1])
+    return node.name or node.output[0]
+
+
+def _marker_key(node, consts):
+    vals = []
+    for name in node.input[1:]:
+        a = consts[name]
+        vals.append((a.shape, a.astype(np.float32).tobytes()))
+    return (node.op_type, node.input[0], attr(node, "qmin"), attr(node, "qmax"), tuple(vals))
+
+
+def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: bool = False):
+    """Replace every marker in ``model`` (in place); returns ``(model, Resolution)``."""
+    g = Graph(model)
+    res = Resolution()
+    markers = [n for n in g.nodes if n.domain == DOMAIN]
+    unknown = sorted({n.op_type for n in markers} - set(MARKERS))
+    if unknown:
+        raise ValueError(f"unknown modelopt_lite marker op(s) in the export: {unknown}")
+    consts = g.constants([i for n in markers for i in n.input])
+    for n in markers:
+        for i in n.input[1:]:
+            if i not in consts:
+                raise ValueError(f"{site_label(n)}: the quantization scale is computed at run time (dynamic "
+                                 "quantization of an activation); ONNX export needs a calibrated, static amax")
+    # 2. merge duplicates
+    kept: dict = {}
+    alive = []
+    for n in markers:
+        key = _marker_key(n, consts)
+        if key in kept:
+            g.nodes = [m for m in g.nodes if m is not n]
+            g.rename_uses(n.output[0], kept[key].output[0])
+            res.merged += 1
+        else:
+            kept[key] = n
+            alive.append(n)
+    # 3. replace
+    for n in alive:
+        label = site_label(n)
+        x, out = n.input[0], n.output[0]
+        scale = consts[n.input[1]]
+        zp = consts[n.input[2]] if len(n.input) > 2 else None
+        qmin, qmax = attr(n, "qmin", 0), attr(n, "qmax", 0)
+        if x in consts:
+            fw = weights.fold(n.op_type, consts[x], scale, zp, qmin, qmax, label)
+            final, absorbed = weights.absorb(g, fw, out)
+            node, info = weights.emit(g, fw, final, opset, label)
+            gone = {id(m) for m in absorbed}
+            g.nodes = [node if m is n else m for m in g.nodes if id(m) not in gone]
+            res.weights.append(dict(info, site=label, absorbed=[m.op_type for m in absorbed]))
+        else:
+            nodes, info = qdq.emit(g, n.op_type, x, out, scale, zp, qmin, qmax, opset=opset, target=target,
+                                   fp8_custom_ops=fp8_custom_ops, label=label)
+            idx = next(i for i, m in enumerate(g.nodes) if m is n)
+            g.nodes[idx:idx + 1] = nodes
+            res.notes += info.pop("notes")
+            res.activations.append(dict(info, site=label))
+    g.prune()
+    model = g.commit()
+    _fix_opsets(model, uses_trt=any(n.domain == qdq.TRT_DOMAIN for n in model.graph.node))
+    return model, res
+
+
+def _fix_opsets(model: onnx.ModelProto, uses_trt: bool) -> None:
+    keep = [o for o in model.opset_import if o.domain not in (DOMAIN, qdq.TRT_DOMAIN)]
+    if uses_trt:
+        keep.append(helper.make_opsetid(qdq.TRT_DOMAIN, 1))
+    del model.opset_import[:]
+    model.opset_import.extend(keep)

@@ -1,0 +1,136 @@
+"""QuantizeLinear -> DequantizeLinear pairs for activations (tensors computed at run time).
+
+Exactness rules (each proven by ``tests/test_onnx_contract.py`` against ONNX Runtime):
+
+- The Q output type is the smallest standard container of the grid ``[qmin, qmax]``: int8/uint8, or int16/uint16
+  at opset >= 21. When the grid is narrower than the container (narrow-range signed, or fewer than 8 bits), the
+  input is first clipped to ``[(qmin - zp) * s, (qmax - zp) * s]`` in float32. Division is monotonic and
+  ``fl(fl(k * s) / s)`` rounds back to the integer ``k`` (|k| < 2**22), so ``Q(clip(x))`` equals
+  ``clamp(rint(x / s), qmin, qmax)`` exactly: ONNX saturation never comes into play.
+- E4M3: opset-19 Q/DQ with a FLOAT8E4M3FN zero point and ``saturate=1`` (or TensorRT's custom
+  ``trt::TRT_FP8QuantizeLinear``/``TRT_FP8DequantizeLinear`` when asked).
+- A dead slice (scale 0: amax <= 2**-24) is exported with the scale :data:`DEAD_SCALE` (2**126): every finite
+  ``|x| < 2**125`` quantizes to code 0 and dequantizes to exact zeros, while every stored scale stays positive.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .graph import Graph
+from .symbolic import AFFINE_MARKER, E4M3_MARKER
+
+#: scale exported for dead activation slices: finite, positive, and large enough that x / scale rounds to 0
+DEAD_SCALE = np.float32(2.0**126)
+TRT_DOMAIN = "trt"
+
+_CONTAINERS = [  # (onnx type, numpy type, lo, hi, min opset)
+    (TensorProto.INT8, np.int8, -128, 127, 10), (TensorProto.UINT8, np.uint8, 0, 255, 10),
+    (TensorProto.INT16, np.int16, -(2**15), 2**15 - 1, 21), (TensorProto.UINT16, np.uint16, 0, 2**16 - 1, 21),
+]
+
+
+def container(qmin: int, qmax: int, opset: int, label: str):
+    """``(onnx type, numpy type, lo, hi)`` of the Q output holding the grid ``[qmin, qmax]``."""
+    for t, np_t, lo, hi, min_opset in _CONTAINERS:
+        if lo <= qmin and qmax <= hi:
+            if opset < min_opset:
+                bits = math.ceil(math.log2(qmax - qmin + 1))
+                raise ValueError(f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
+                                 f"QuantizeLinear (opset >= 21); opset {opset} has no ONNX representation for it")
+            return t, np_t, lo, hi
+    raise ValueError(f"{label}: the activation grid [{qmin}, {qmax}] does not fit any ONNX quantized type")
+
+
+def activation_axis(scale: np.ndarray, label: str):
+    """``(axis or None, 1-D or scalar scale)`` of an activation scale traced with the input's rank."""
+    if scale.size == 1:
+        return None, scale.reshape(())
+    dims = [d for d in range(scale.ndim) if scale.shape[d] > 1]
+    if len(dims) != 1:
+        raise ValueError(f"{label}: the activation scale of shape {tuple(scale.shape)} varies along dims {dims}; "
+                         "ONNX QuantizeLinear supports per-tensor or a single axis (block or multi-axis "
+                         "quantization of activations cannot be exported)")
+    return dims[0], scale.reshape(-1)
+
+
+def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, qmin: int, qmax: int, *,
+         opset: int, target: str, fp8_custom_ops: bool, label: str) -> tuple[list[onnx.NodeProto], dict]:
+    """Nodes computing ``out`` from ``x``, and a description for the report (granularity, dtype, notes)."""
+    scale = np.asarray(scale, dtype=np.float32)
+    axis, s = activation_axis(scale, label)
+    if axis is not None and opset < 13:
+        raise ValueError(f"{label}: per-channel quantization (axis) needs opset >= 13, got opset {opset}")
+    dead = s == 0
+    notes = []
+    if dead.any():
+        s = np.where(dead, DEAD_SCALE, s).astype(np.float32)
+        what = "all of it" if dead.all() else f"{int(dead.sum())} of {dead.size} channels"
+        notes.append(f"{label}: dead activation scale (amax <= 2**-24) for {what}: exported with scale 2**126, "
+                     "so those values still dequantize to exact zeros")
+    info = {"granularity": "tensor" if axis is None else "axis", "axis": axis, "notes": notes}
+    attrs = {} if axis is None else {"axis": axis}
+    s_name = g.add_init(f"{out}_scale", s)
+    if kind == E4M3_MARKER:
+        if opset < 19 and not fp8_custom_ops:
+            raise ValueError(f"{label}: FP8 E4M3 Q/DQ needs opset >= 19, got opset {opset}")
+        if fp8_custom_ops:
+            if axis is not None:
+                raise ValueError(f"{label}: trt::TRT_FP8QuantizeLinear supports per-tensor scales only")
+            q = g.fresh(f"{out}_fp8")
+            info["dtype"] = "FLOAT8E4M3FN(trt)"
+            return [helper.make_node("TRT_FP8QuantizeLinear", [x, s_name], [q], domain=TRT_DOMAIN,
+                                     name=g.fresh(f"{out}_TRT_FP8QuantizeLinear")),
+                    helper.make_node("TRT_FP8DequantizeLinear", [q, s_name], [out], domain=TRT_DOMAIN,
+                                     name=g.fresh(f"{out}_TRT_FP8DequantizeLinear"))], info
+        from .weights import make_tensor
+
+        zp_name = g.add_init(f"{out}_zero_point", make_tensor("zp", np.zeros(s.shape, np.float32),
+                                                             TensorProto.FLOAT8E4M3FN))
+        info["dtype"] = "FLOAT8E4M3FN"
+        return _pair(g, x, out, s_name, zp_name, dict(attrs, saturate=1), attrs), info
+    zp = np.zeros(s.shape, np.int64) if zero_point is None else np.asarray(zero_point).reshape(s.shape)
+    zp = np.rint(zp).astype(np.int64)
+    if kind == AFFINE_MARKER and target == "tensorrt" and np.any(zp != 0):
+        raise ValueError(f"{label}: affine quantization needs a non-zero zero point, which TensorRT does not "
+                         "support; export with target='onnxruntime'")
+    elem, np_t, lo, hi = container(qmin, qmax, opset, label)
+    info["dtype"] = TensorProto.DataType.Name(elem)
+    zp_name = g.add_init(f"{out}_zero_point", zp.astype(np_t))
+    nodes = []
+    if (qmin, qmax) != (lo, hi):
+        x, clip_nodes = _clip(g, x, out, s, zp, qmin, qmax, axis, scale.ndim)
+        nodes += clip_nodes
+        notes.append(f"{label}: grid [{qmin}, {qmax}] exported as {info['dtype']} Q/DQ after a Clip "
+                     f"(exact: {'narrow range' if qmin == -qmax else 'sub-range grid'})")
+    return nodes + _pair(g, x, out, s_name, zp_name, attrs, attrs), info
+
+
+def _pair(g: Graph, x, out, s_name, zp_name, q_attrs, dq_attrs) -> list[onnx.NodeProto]:
+    q = g.fresh(f"{out}_quantized")
+    return [helper.make_node("QuantizeLinear", [x, s_name, zp_name], [q], name=g.fresh(f"{out}_QuantizeLinear"),
+                             **q_attrs),
+            helper.make_node("DequantizeLinear", [q, s_name, zp_name], [out],
+                             name=g.fresh(f"{out}_DequantizeLinear"), **dq_attrs)]
+
+
+def _clip(g: Graph, x, out, s, zp, qmin, qmax, axis, rank):
+    with np.errstate(over="ignore"):
+        lo = ((qmin - zp).astype(np.float32) * s).astype(np.float32)
+        hi = ((qmax - zp).astype(np.float32) * s).astype(np.float32)
+    dead = s == DEAD_SCALE
+    lo, hi = np.where(dead, -np.inf, lo).astype(np.float32), np.where(dead, np.inf, hi).astype(np.float32)
+    clipped = g.fresh(f"{out}_clipped")
+    if axis is None:
+        lo_n, hi_n = g.add_init(f"{out}_clip_min", lo.reshape(())), g.add_init(f"{out}_clip_max", hi.reshape(()))
+        return clipped, [helper.make_node("Clip", [x, lo_n, hi_n], [clipped], name=g.fresh(f"{out}_Clip"))]
+    view = [1] * rank
+    view[axis] = -1
+    lo_n, hi_n = g.add_init(f"{out}_clip_min", lo.reshape(view)), g.add_init(f"{out}_clip_max", hi.reshape(view))
+    upper = g.fresh(f"{out}_clip_upper")
+    return clipped, [helper.make_node("Min", [x, hi_n], [upper], name=g.fresh(f"{out}_Min")),
+                     helper.make_node("Max", [upper, lo_n], [clipped], name=g.fresh(f"{out}_Max"))]

@@ -1,0 +1,114 @@
+"""TorchScript-exporter symbolics: each ``torch.ops.modelopt_lite`` fake-quant op becomes one *marker* node.
+
+A marker is a node of the private domain ``modelopt_lite`` that keeps the op's inputs (x, scale[, zero_point]) and its
+integer range as attributes. It never reaches the saved file: after export, :mod:`.postprocess` replaces every
+marker with standard ``QuantizeLinear``/``DequantizeLinear`` (activations) or integer/FP8 initializers followed by
+``DequantizeLinear`` (weights), once the scales are known constants. Markers always see float32 data: a float16 or
+bfloat16 ``x`` is cast to float32 before the marker and the result cast back (the numerics contract computes in
+float32), so casts appear only where the model is not float32.
+
+Markers (domain ``modelopt_lite``, version 1):
+
+- ``FakeQuantInt(x, scale) {qmin, qmax}``  ->  ``clamp(rint(x / scale), qmin, qmax) * scale``
+- ``FakeE4M3(x, scale)``                    ->  ``e4m3(clamp(x / scale, -448, 448)) * scale``
+- ``FakeAffine(x, scale, zero_point) {qmin, qmax}``
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+#: Domain of the marker nodes (never present in a finished export).
+DOMAIN = "modelopt_lite"
+INT_MARKER = "FakeQuantInt"
+E4M3_MARKER = "FakeE4M3"
+AFFINE_MARKER = "FakeAffine"
+MARKERS = (INT_MARKER, E4M3_MARKER, AFFINE_MARKER)
+
+#: ``torch.ops.modelopt_lite`` op name -> marker op type.
+OP_TO_MARKER = {"fake_quant_int": INT_MARKER, "fake_e4m3": E4M3_MARKER, "fake_affine": AFFINE_MARKER}
+
+# ONNX TensorProto element types used by the casts around markers.
+_FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16
+_TS_TO_ONNX = {"Float": _FLOAT, "Half": _FLOAT16, "BFloat16": _BFLOAT16}
+#: opset the symbolics are registered for (they are valid for every later opset too)
+_REGISTER_OPSET = 13
+
+
+def _onnx_dtype(value) -> int:
+    """ONNX element type of a TorchScript graph value (float32 when unknown)."""
+    try:
+        name = value.type().scalarType()
+    except RuntimeError:
+        return _FLOAT
+    if name is None:
+        return _FLOAT
+    if name not in _TS_TO_ONNX:
+        raise TypeError(f"modelopt_lite ONNX export: fake quantization of a {name} tensor is not supported "
+                        "(float32, float16 or bfloat16 only)")
+    return _TS_TO_ONNX[name]
+
+
+def _wrap(g, x, build):
+    """Call ``build(x_float32)`` and cast around it when x is not float32."""
+    dtype = _onnx_dtype(x)
+    xf = x if dtype == _FLOAT else g.op("Cast", x, to_i=_FLOAT)
+    out = build(xf)
+    try:
+        out.setType(xf.type())
+    except RuntimeError:  # pragma: no cover - type unavailable
+        pass
+    return out if dtype == _FLOAT else g.op("Cast", out, to_i=dtype)
+
+
+def _const_int(g_value, what: str) -> int:
+    from torch.onnx import symbolic_helper
+
+    v = symbolic_helper._maybe_get_const(g_value, "i")
+    if not isinstance(v, int):
+        raise ValueError(f"modelopt_lite ONNX export: {what} must be a Python int constant, got {v!r}")
+    return v
+
+
+def _sym_fake_quant_int(g, x, scale, qmin, qmax):
+    lo, hi = _const_int(qmin, "qmin"), _const_int(qmax, "qmax")
+    return _wrap(g, x, lambda xf: g.op(f"{DOMAIN}::{INT_MARKER}", xf, scale, qmin_i=lo, qmax_i=hi))
+
+
+def _sym_fake_e4m3(g, x, scale):
+    return _wrap(g, x, lambda xf: g.op(f"{DOMAIN}::{E4M3_MARKER}", xf, scale))
+
+
+def _sym_fake_affine(g, x, scale, zero_point, qmin, qmax):
+    lo, hi = _const_int(qmin, "qmin"), _const_int(qmax, "qmax")
+    return _wrap(g, x, lambda xf: g.op(f"{DOMAIN}::{AFFINE_MARKER}", xf, scale, zero_point, qmin_i=lo, qmax_i=hi))
+
+
+_SYMBOLICS = {
+    "fake_quant_int": _sym_fake_quant_int,
+    "fake_e4m3": _sym_fake_e4m3,
+    "fake_affine": _sym_fake_affine,
+}
+
+
+@contextlib.contextmanager
+def registered_symbolics():
+    """Register the marker symbolics with the TorchScript exporter for the duration of a block.
+
+    They are unregistered afterwards, so no exporter state outlives an :func:`export_onnx` call.
+    """
+    import torch  # noqa: F401  (the ops must be loaded before export)
+    import torch.onnx
+
+    from ..functional import library  # noqa: F401  (defines torch.ops.modelopt_lite.*)
+
+    names = []
+    try:
+        for op, fn in _SYMBOLICS.items():
+            name = f"{DOMAIN}::{op}"
+            torch.onnx.register_custom_op_symbolic(name, fn, _REGISTER_OPSET)
+            names.append(name)
+        yield
+    finally:
+        for name in names:
+            torch.onnx.unregister_custom_op_symbolic(name, _REGISTER_OPSET)

@@ -1,0 +1,18 @@
+"""Real quantization: integer weight storage, exact integer GEMMs, compact checkpoints, seed-style entry points.
+
+- :func:`fake2real` / :func:`compress` (:mod:`.convert`): calibrated fake-quant model -> ``QuantizedLinear`` /
+  ``QuantizedConv2d`` with int8 (or packed int4) codes; outputs equal the fake-quant model's up to float32
+  rounding (a derived bound, :func:`.int8_gemm.error_bound`).
+- :func:`save_real`, :func:`load_real`, :func:`real_quant` (:mod:`.checkpoint`): safetensors + JSON checkpoints.
+- :func:`fake_quant`, :func:`finish_calibration` (:mod:`.seed_api`): the torch_quantizer-style workflow.
+- :mod:`.int8_gemm`: the exact integer product backends (``torch._int_mm``, oneDNN, float-exact, reference).
+"""
+
+from .checkpoint import load_real, read_checkpoint, real_quant, save_real
+from .convert import compress, fake2real, real_modules
+from .modules import QuantizedConv2d, QuantizedLinear
+from .seed_api import fake_quant, finish_calibration, seed_config
+from .temporal import set_real_step
+
+__all__ = ["QuantizedConv2d", "QuantizedLinear", "compress", "fake2real", "fake_quant", "finish_calibration",
+           "load_real", "read_checkpoint", "real_modules", "real_quant", "save_real", "seed_config", "set_real_step"]
