@@ -65,6 +65,7 @@ def test_fixed_flat_per_channel_amax_is_fitted_without_touching_buffer():
     x = _x(3, 4)
     assert torch.equal(q(x), fake_tensor_quant(x, torch.tensor([[1.0], [2.0], [4.0]]), 8, False, False))
     assert q.amax.shape == (3,)
+    assert q.export_info()["amax"].shape == (3, 1) and q.export_info()["axis"] == (0,)
     with pytest.raises(ValueError, match="does not match axis"):
         q(_x(2, 4))
 

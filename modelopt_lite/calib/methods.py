@@ -34,8 +34,14 @@ from ..functional.scales import bound_of, scale_from_amax
 from .grid import E_MIN, widths
 from .quant_error import ErrorIntegral
 
-#: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices (cache sized).
-CHUNK = 1 << 18
+#: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices: cache sized on
+#: the CPU, large on GPUs (fewer kernel launches).
+CHUNK = 1 << 16
+CHUNK_CUDA = 1 << 23
+
+
+def _chunk(device: torch.device) -> int:
+    return CHUNK_CUDA if device.type == "cuda" else CHUNK
 _REL_TOL, _ABS_TOL = 1e-9, 1e-12
 
 
@@ -124,9 +130,9 @@ def mse_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool,
     lo_all = torch.arange(nmax, device=dev, dtype=torch.float64).reshape(1, -1) * w64
     dead_score = (counts[:, :nmax].to(torch.float64) * ((lo_all + w64) ** 3 - lo_all**3) / (3 * w64)).sum(dim=1)
     scores = torch.empty(rows, k_all.numel(), dtype=torch.float64, device=dev)
-    width = pts.shape[2] if dense else 2 * lo.shape[2]
-    kc = max(1, CHUNK // width)
-    rc = max(1, CHUNK // (width * min(kc, k_all.numel())))
+    width, chunk = (pts.shape[2] if dense else 2 * lo.shape[2]), _chunk(dev)
+    kc = max(1, chunk // width)
+    rc = max(1, chunk // (width * min(kc, k_all.numel())))
     for r0 in range(0, rows, rc):
         r1 = min(rows, r0 + rc)
         for k0 in range(0, k_all.numel(), kc):
@@ -134,10 +140,10 @@ def mse_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool,
             s = scale[r0:r1, k0:k1].unsqueeze(2)  # (r, Kc, 1)
             safe = torch.where(s == 0, torch.ones_like(s), s)
             if dense:
-                d_g = g(pts[r0:r1] / safe, inplace=True).diff(dim=2)
+                d_g = g.g12(pts[r0:r1] / safe, inplace=True).diff(dim=2)
             else:
-                d_g = g(hi[r0:r1] / safe, inplace=True).sub_(g(lo[r0:r1] / safe, inplace=True))
-            sc = torch.matmul(d_g, weights[r0:r1]).squeeze(2) * safe.squeeze(2) ** 3 / w64[r0:r1]
+                d_g = g.g12(hi[r0:r1] / safe, inplace=True).sub_(g.g12(lo[r0:r1] / safe, inplace=True))
+            sc = torch.matmul(d_g, weights[r0:r1]).squeeze(2) * (safe.squeeze(2) ** 3 / (12 * w64[r0:r1]))
             scores[r0:r1, k0:k1] = torch.where(s.squeeze(2) == 0, dead_score[r0:r1].reshape(-1, 1), sc)
     best = pick(scores, k_all.reshape(1, -1) < n.reshape(-1, 1), last=False)
     amax = torch.gather(cand, 1, best.reshape(-1, 1)).squeeze(1)
@@ -206,8 +212,9 @@ def entropy_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: b
     bl = torch.cat([zero, torch.where(b > 0, b * torch.log(b), torch.zeros_like(b)).cumsum(dim=1)], dim=1)
     s = torch.gather(cb, 1, n.reshape(-1, 1)).squeeze(1)
     scores = torch.empty(rows, i_all.numel(), dtype=torch.float64, device=dev)
-    kc = max(1, CHUNK // (levels + 1))
-    rc = max(1, CHUNK // ((levels + 1) * min(kc, i_all.numel())))
+    chunk = _chunk(dev)
+    kc = max(1, chunk // (levels + 1))
+    rc = max(1, chunk // ((levels + 1) * min(kc, i_all.numel())))
     for r0 in range(0, rows, rc):
         r1 = min(rows, r0 + rc)
         for k0 in range(0, i_all.numel(), kc):

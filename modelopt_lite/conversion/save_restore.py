@@ -26,6 +26,7 @@ from .utils import named_quantizers
 FORMAT = "modelopt_lite.quant_state"
 VERSION = 1
 _WEIGHTS_PREFIX = "__model__."
+_TAGS = ("__tuple__", "__dict__")
 
 
 def _paths(path) -> tuple[Path, Path]:
@@ -40,6 +41,8 @@ def _encode(v):
     if isinstance(v, tuple):
         return {"__tuple__": [_encode(x) for x in v]}
     if isinstance(v, dict):
+        if all(isinstance(k, str) and k not in _TAGS for k in v):
+            return {k: _encode(x) for k, x in v.items()}
         return {"__dict__": [[_encode(k), _encode(x)] for k, x in v.items()]}
     if isinstance(v, list):
         return [_encode(x) for x in v]
@@ -52,7 +55,7 @@ def _decode(v):
             return tuple(_decode(x) for x in v["__tuple__"])
         if "__dict__" in v:
             return {_decode(k): _decode(x) for k, x in v["__dict__"]}
-        raise ValueError(f"restore: unexpected JSON object {v!r}")
+        return {k: _decode(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_decode(x) for x in v]
     return v

@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
+
+#: ORT graph rewrites the demos turn off (see :func:`ort_session`)
+ORT_DISABLED_OPTIMIZERS = ["ReluQuantRewrite"]
+
+
+@contextlib.contextmanager
+def quiet():
+    """Silence a noisy third-party call (the ONNX exporter): Python warnings and everything written to the process's
+    stdout/stderr file descriptors (C++ warnings included) are dropped for the block; restored on exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = []
+    with tempfile.TemporaryFile() as sink, open(os.devnull, "w") as devnull, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            for fd in (1, 2):
+                try:
+                    saved.append((fd, os.dup(fd)))
+                    os.dup2(sink.fileno(), fd)
+                except OSError:  # no such descriptor (embedded interpreters): nothing to silence there
+                    pass
+            with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+                yield
+        finally:
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 def cache_dir() -> Path:
@@ -27,7 +58,10 @@ def ort_session(path, threads: int | None = None):
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+    # ORT 1.31's "ReluQuantRewrite" rule deletes a Relu that feeds a QuantizeLinear whenever the zero point is 0,
+    # which is wrong for FP8 (E4M3 has negative values): Relu -> Q(fp8) -> DQ then passes negatives through.
+    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=ORT_DISABLED_OPTIMIZERS)
 
 
 def ort_run(sess, feeds: dict) -> np.ndarray:

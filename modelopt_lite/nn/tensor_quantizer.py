@@ -388,6 +388,9 @@ class TensorQuantizer(AmaxStateMixin):
         if not d.dynamic:
             amax = self._effective_amax().detach().clone().float()
             scale = self.scale.clone()
+            if axis is not None and rank is not None and amax.numel() > 1 and amax.dim() != rank and len(axis) == 1:
+                keep = [amax.numel() if d == axis[0] else 1 for d in range(rank)]  # a flat fixed amax
+                amax, scale = amax.reshape(keep), scale.reshape(keep)
         return {"kind": kind, "num_bits": d.num_bits, "unsigned": d.unsigned, "narrow_range": d.narrow_range,
                 "axis": axis, "block_sizes": block_sizes, "amax": amax, "scale": scale, "qmin": qmin, "qmax": qmax,
                 "dynamic": d.dynamic}
