@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from modelopt_lite.calib import HistogramCalibrator, MaxCalibrator  # noqa: E402
+from modelopt_lite.calib import HistogramCalibrator, MaxCalibrator
 
 METHODS = [("percentile", {"percentile": 99.99}), ("mse", {}), ("entropy", {})]
 

@@ -24,6 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 EXPECTED = ("bench_fake_quant", "bench_calib", "bench_onnx", "bench_real_int8")
+#: short settings for scripts without --quick (each flag is passed only if the script's --help lists it)
+SHORT_ARGS = {"bench_calib": ["--batches", "10", "--repeats", "1", "--no-loops"]}
+#: scripts that need a CUDA device (skipped with a note on CPU-only machines)
+GPU_ONLY = ("bench_cuda",)
 
 
 def _cpu_model() -> str:
@@ -80,25 +84,42 @@ def machine_description() -> list[str]:
     return lines
 
 
-def _short_flag(script: Path, timeout: float) -> str | None:
-    """``--quick`` or ``--fast`` if the script's --help offers it."""
+def short_args(script: Path, timeout: float) -> list[str]:
+    """The short-settings arguments for ``script``: ``--quick`` (or ``--fast``) if its --help offers it, else the
+    entries of :data:`SHORT_ARGS` whose flags its --help lists."""
     try:
         r = subprocess.run([sys.executable, str(script), "--help"], check=False, capture_output=True, text=True,
                            timeout=min(timeout, 120), cwd=ROOT)
     except (subprocess.TimeoutExpired, OSError):
-        return None
+        return []
     for flag in ("--quick", "--fast"):
         if flag in r.stdout:
-            return flag
-    return None
+            return [flag]
+    args, wanted = [], SHORT_ARGS.get(script.stem, [])
+    i = 0
+    while i < len(wanted):
+        flag = wanted[i]
+        value = wanted[i + 1 : i + 2] if i + 1 < len(wanted) and not wanted[i + 1].startswith("--") else []
+        if flag in r.stdout:
+            args += [flag, *value]
+        i += 1 + len(value)
+    return args
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def run_script(script: Path, full: bool, timeout: float) -> tuple[str, str, float]:
     """``(status, markdown body, seconds)`` for one benchmark script."""
     cmd = [sys.executable, str(script)]
-    flag = None if full else _short_flag(script, timeout)
-    if flag:
-        cmd.append(flag)
+    if not full:
+        cmd += short_args(script, timeout)
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -139,6 +160,10 @@ def main(argv=None) -> int:
         if script is None:
             summary.append((name, "skipped (script not written yet)", 0.0))
             parts += [f"## {name}", "", f"Skipped: bench/{name}.py does not exist yet.", ""]
+            continue
+        if name in GPU_ONLY and not _has_cuda():
+            summary.append((name, "skipped (needs a CUDA GPU)", 0.0))
+            parts += [f"## {name}", "", "Skipped: this benchmark needs a CUDA GPU and none is available.", ""]
             continue
         print(f"running {name} ...", file=sys.stderr, flush=True)
         status, body, dt = run_script(script, args.full, args.timeout)

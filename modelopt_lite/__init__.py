@@ -38,6 +38,7 @@ _LAZY = {
     "calib": ("modelopt_lite.calib", None),
     "quantize": "modelopt_lite.conversion.model_quant",
     "calibrate": "modelopt_lite.conversion.model_quant",
+    "calibrate_loop": "modelopt_lite.conversion.model_quant",
     "print_quant_summary": "modelopt_lite.conversion.summary",
     "summary": "modelopt_lite.conversion.summary",
     "register": "modelopt_lite.conversion.registry",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 PROG = "modelopt-lite"
 
@@ -78,8 +79,13 @@ def _cmd_demo(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
-    text = run_demo(args.model, out=args.out, fast=args.fast, plots=not (args.no_plots or args.fast),
-                    progress=not args.no_progress, threads=args.threads, cache_dir=args.cache_dir)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise CLIError(f"--out {args.out} is a file; give a folder for the ONNX files and plots")
+    try:
+        text = run_demo(args.model, out=args.out, fast=args.fast, plots=not (args.no_plots or args.fast),
+                        progress=not args.no_progress, threads=args.threads, cache_dir=args.cache_dir)
+    except ImportError as e:  # an optional dependency of the demo is missing: say which
+        raise CLIError(str(e)) from e
     print(text, flush=True)
     return 0
 
@@ -92,8 +98,6 @@ def _cmd_quantize(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from pathlib import Path
-
     path = Path(args.path)
     if not path.is_file():
         raise CLIError(f"inspect: no such file: {path} (give the path of an .onnx file)")
@@ -103,7 +107,7 @@ def _cmd_inspect(args) -> int:
         report = inspect_onnx(str(path))
     except Exception as e:  # a broken or non-ONNX file: say so in one line
         raise CLIError(f"inspect: could not read {path} as an ONNX model: {type(e).__name__}: {e}") from e
-    print(str(report), flush=True)
+    print(report.format() if hasattr(report, "format") else str(report), flush=True)
     return 0
 
 

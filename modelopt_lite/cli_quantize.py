@@ -175,14 +175,19 @@ def run_quantize(args) -> str:
         raise CLIError(f"quantizing with {args.config} failed: {type(e).__name__}: {e}") from e
     sample = batches[0][: min(len(batches[0]), args.batch_size)]
     try:
-        mtq.export_onnx(model, sample, str(out))
+        report = mtq.export_onnx(model, sample, str(out), input_names=["input"], output_names=["output"],
+                                 dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
     except (ValueError, TypeError, RuntimeError) as e:
-        raise CLIError(f"exporting to {out} failed: {type(e).__name__}: {e}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CLIError(f"exporting to {out} failed: {type(e).__name__}: {first}") from e
     lines = []
     if args.summary:
-        lines.append(str(mtq.summary(model)))
+        from .conversion.summary import format_summary
+
+        lines.append(format_summary(mtq.summary(model)))
+    lines += [f"note: {n}" for n in getattr(report, "notes", [])]
     n = sum(int(b.shape[0]) for b in batches)
     lines.append(f"quantized {args.model} with {args.config} (calibration: {args.method or 'config default'}, "
                  f"{n} samples in {len(batches)} batches)")
-    lines.append(f"wrote {out} ({out.stat().st_size} bytes)")
+    lines.append(f"wrote {out} ({out.stat().st_size} bytes; input 'input', output 'output', dynamic batch)")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ Used by the tests (vectorized == loop, exactly) and by ``bench/bench_calib.py``.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -52,7 +53,7 @@ def _g_int(v, qmax):
 def _g_levels(v, levels):
     """The same for any ascending level list starting at 0 (E4M3), summing whole cells level by level."""
     levels = [float(x) for x in levels]
-    starts = [0.0] + [(a + b) / 2 for a, b in zip(levels[:-1], levels[1:])]
+    starts = [0.0] + [(a + b) / 2 for a, b in itertools.pairwise(levels)]
     below = [0.0]  # integral from 0 to starts[k]
     for k in range(len(levels) - 1):
         lv, a, b = levels[k], starts[k], starts[k + 1]
@@ -74,12 +75,12 @@ def mse_loop(counts, width: float, start_bin: int, stride: int, num_bits, unsign
     hi = lo + width
     cnt = counts[:n]
     bound = bound_of(num_bits, unsigned)
-    if is_e4m3(num_bits):
-        lv = e4m3_levels()
-        g = lambda v: _g_levels(v, lv)  # noqa: E731
-    else:
-        qmax = int_range(num_bits, unsigned, False).qmax
-        g = lambda v: _g_int(v, qmax)  # noqa: E731
+    lv = e4m3_levels() if is_e4m3(num_bits) else None
+    qmax = None if lv is not None else int_range(num_bits, unsigned, False).qmax
+
+    def g(v):
+        return _g_levels(v, lv) if lv is not None else _g_int(v, qmax)
+
     scores, cands = [], []
     for k in range(start_bin, n, stride):
         amax = torch.tensor((k + 0.5) * width, dtype=torch.float32)

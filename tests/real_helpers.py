@@ -12,9 +12,14 @@ from modelopt_lite.conversion.model_quant import make_forward_loop
 from modelopt_lite.examples import load_digits_data, trained_digits_model
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trained(kind: str):
-    return trained_digits_model(kind, epochs=6)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: one thread is ~8x cheaper than two busy-waiting ones on a shared CPU
+    try:
+        return trained_digits_model(kind, epochs=6)
+    finally:
+        torch.set_num_threads(n)
 
 
 def float_model(kind: str = "cnn"):
@@ -30,7 +35,7 @@ def calib_loop(n_batches: int = 4):
     return make_forward_loop(data().calib_batches(n_batches, 64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fake(kind: str, cfg_name: str):
     return mtl.quantize(float_model(kind), getattr(mtl, cfg_name), calib_loop()).eval()
 
@@ -52,7 +57,7 @@ def layer_inputs(model, x, names=None):
             hooks.append(m.register_forward_pre_hook(lambda mod, args, n=n: seen.__setitem__(n, args[0].detach())))
     try:
         with torch.no_grad():
-            model(x)
+            model(**x) if isinstance(x, dict) or hasattr(x, "keys") else model(x)
     finally:
         for h in hooks:
             h.remove()

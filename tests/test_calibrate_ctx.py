@@ -11,7 +11,13 @@ from torch import nn
 
 import modelopt_lite as mtq
 from modelopt_lite.calib import HistogramCalibrator
-from modelopt_lite.conversion.model_quant import _calibrators, calibrate_loop, make_forward_loop
+from modelopt_lite.conversion.config import normalize_config
+from modelopt_lite.conversion.model_quant import (
+    _calibrators,
+    calibrate_loop,
+    make_forward_loop,
+)
+from modelopt_lite.conversion.registry import QuantModuleRegistry
 from modelopt_lite.conversion.utils import named_quantizers
 
 
@@ -69,13 +75,15 @@ def test_modes_inside_the_block_and_amax_after():
     ref = copy.deepcopy(model)
     x = _x(0)
     inside = {}
-    with mtq.calibrate(model) as m:
+    with warnings.catch_warnings(record=True) as caught, mtq.calibrate(model) as m:
+        warnings.simplefilter("always")
         assert m is model
         for n, q in named_quantizers(model):
             inside[n] = (q.is_enabled, q.is_quant_enabled, q.is_calib_enabled)
         for _, q in named_quantizers(ref):
             q.disable()
         assert torch.equal(model(x), ref(x))  # quantization is off while collecting
+    assert [str(w.message)[:35] for w in caught] == ["calibrate: 2 quantizer(s) saw no da"]  # the unused layer
     assert inside["conv.input_quantizer"] == (True, False, True)
     assert inside["conv.output_quantizer"] == (False, True, False)  # disabled quantizers are left alone
     for n, q in named_quantizers(model):
@@ -89,32 +97,35 @@ def test_modes_inside_the_block_and_amax_after():
 
 def test_quantizer_without_data_keeps_state_and_is_named_in_a_warning():
     model = _model()
-    with pytest.warns(UserWarning, match=r"calibrate: 2 quantizer\(s\) saw no data .*unused.input_quantizer, "
-                                         r"unused.weight_quantizer"):
-        with mtq.calibrate(model):
-            model(_x(0))
+    with pytest.warns(UserWarning, match=r"calibrate: 2 quantizer\(s\) saw no data and were left as they were: "
+                                         r"unused.input_quantizer, unused.weight_quantizer$"), mtq.calibrate(model):
+        model(_x(0))
     assert not model.unused.input_quantizer.has_amax and model.unused.input_quantizer.is_quant_enabled
     assert not model.unused.input_quantizer.is_calib_enabled
-    with pytest.raises(RuntimeError, match="TensorQuantizer 'unused.input_quantizer' is enabled but has no amax"):
+    model.unused.input_quantizer.amax = 3.0
+    before = _state(model)["unused.input_quantizer"]
+    with pytest.warns(UserWarning, match="saw no data"), mtq.calibrate(model, "percentile"):
+        model(_x(0))
+    assert model.conv.input_quantizer.quant_desc.calib_method == "histogram"
+    _assert_same_state({"u": before}, {"u": _state(model)["unused.input_quantizer"]})  # not switched, amax kept
+    with pytest.raises(RuntimeError, match="TensorQuantizer 'unused.weight_quantizer' is enabled but has no amax"):
         model.unused(torch.randn(2, 8))
 
 
 def test_exception_in_block_restores_every_quantizer_exactly():
     model = _model()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), mtq.calibrate(model):
         warnings.simplefilter("ignore")
-        with mtq.calibrate(model):
-            model(_x(0))
+        model(_x(0))
     before = _state(model)
     cal_ids = {n: id(q.calibrator) for n, q in named_quantizers(model)}
     out_before = model(_x(5))
     for method in ("max", "percentile", "entropy"):
-        with pytest.raises(RuntimeError, match="boom"):
-            with mtq.calibrate(model, method):
-                model(_x(1, scale=30.0))
-                assert model.conv.input_quantizer.quant_desc.calib_method == ("max" if method == "max" else
-                                                                              "histogram")
-                raise RuntimeError("boom")
+        with pytest.raises(RuntimeError, match="boom"), mtq.calibrate(model, method):
+            model(_x(1, scale=30.0))
+            expected = "max" if method == "max" else "histogram"
+            assert model.conv.input_quantizer.quant_desc.calib_method == expected
+            raise RuntimeError("boom")
         _assert_same_state(before, _state(model))
         assert {n: id(q.calibrator) for n, q in named_quantizers(model)} == cal_ids
         assert torch.equal(model(_x(5)), out_before)
@@ -123,9 +134,9 @@ def test_exception_in_block_restores_every_quantizer_exactly():
 def test_error_while_computing_amax_restores_too():
     model = _model(mtq.FP8_DEFAULT_CFG)
     before = _state(model)
-    with pytest.raises(ValueError, match="entropy"):  # the KL search is defined for integer grids only
-        with mtq.calibrate(model, "entropy"):
-            model(_x(0))
+    # the KL search is defined for integer grids only: the error comes on exit, after the data ran
+    with pytest.raises(ValueError, match="entropy"), mtq.calibrate(model, "entropy"):
+        model(_x(0))
     _assert_same_state(before, _state(model))
     assert not model.conv.input_quantizer.has_amax
 
@@ -133,12 +144,11 @@ def test_error_while_computing_amax_restores_too():
 def test_bad_method_or_parameter_raises_before_anything_runs():
     model = _model()
     before = _state(model)
-    with pytest.raises(ValueError, match="unknown calibration method 'minmax'"):
-        with mtq.calibrate(model, "minmax"):
-            pytest.fail("the block must not run")
-    with pytest.raises(ValueError, match=r"method 'percentile' got unknown parameter\(s\) \['start_bin'\]"):
-        with mtq.calibrate(model, "percentile", start_bin=3):
-            pytest.fail("the block must not run")
+    with pytest.raises(ValueError, match="unknown calibration method 'minmax'"), mtq.calibrate(model, "minmax"):
+        pytest.fail("the block must not run")
+    with pytest.raises(ValueError, match=r"method 'percentile' got unknown parameter\(s\) \['start_bin'\]"), \
+            mtq.calibrate(model, "percentile", start_bin=3):
+        pytest.fail("the block must not run")
     _assert_same_state(before, _state(model))
 
 
@@ -224,18 +234,20 @@ def test_quant_modules_enable_and_calibrate_restore_global_state_on_errors():
 
     original = torch.nn.Linear
     model = None
-    with pytest.raises(ZeroDivisionError):
-        with quant_modules.enable():
-            assert torch.nn.Linear is QuantLinear
-            model = nn.Sequential(torch.nn.Linear(4, 4))
-            mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(torch.randn(3, 4)))
-            before = _state(model)
-            with mtq.calibrate(model, "percentile"):
-                model(torch.randn(3, 4) * 100)
-                1 / 0
+    with pytest.raises(ZeroDivisionError), quant_modules.enable():
+        assert torch.nn.Linear is QuantLinear
+        # conversion looks classes up where torch defines them, which quant_modules never patches
+        assert QuantModuleRegistry().get(torch.nn.modules.linear.Linear) is QuantLinear
+        rule = normalize_config({"quant_cfg": {"nn.Linear": {"*": {"enable": False}}}}).rules[0]
+        assert rule.owner_cls is original
+        model = nn.Sequential(torch.nn.Linear(4, 4))
+        mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(torch.randn(3, 4)))
+        before = _state(model)
+        with mtq.calibrate(model, "percentile"):
+            model(torch.randn(3, 4) * 100)
+            raise ZeroDivisionError("in the middle of calibration")
     assert torch.nn.Linear is original and nn.Linear is original
     assert type(model[0]) is QuantLinear
     _assert_same_state(before, _state(model))
-    # the registry and class keys still see the true torch classes after a patched import-time session
     m2 = mtq.quantize(nn.Sequential(nn.Linear(2, 2)), mtq.INT8_DEFAULT_CFG)
     assert type(m2[0]) is QuantLinear

@@ -59,21 +59,59 @@ def test_demo_rejects_unknown_model_and_bad_threads(capsys):
     assert err.strip() == "modelopt-lite demo: error: --threads must be >= 1, got 0"
 
 
-def test_demo_fast_prints_one_table_and_the_output_folder(capsys, tmp_path):
-    out_dir = tmp_path / "out"
-    code, out, err = _run(capsys, "demo", "--fast", "--no-progress", "--out", str(out_dir),
-                          "--cache-dir", str(tmp_path / "cache"))
+def test_demo_out_must_be_a_folder_and_missing_extras_are_named(capsys, monkeypatch, tmp_path):
+    (tmp_path / "f").write_text("x")
+    code, _, err = _run(capsys, "demo", "--out", str(tmp_path / "f"))
+    assert code == 1
+    assert err.strip() == f"modelopt-lite demo: error: --out {tmp_path / 'f'} is a file; give a folder for the " \
+                          "ONNX files and plots"
+    from modelopt_lite import demo
+
+    def missing(model, **kwargs):
+        raise ImportError("the MiniLM demo needs transformers: pip install transformers")
+
+    monkeypatch.setattr(demo, "run_demo", missing)
+    code, _, err = _run(capsys, "demo", "--model", "minilm", "--out", str(tmp_path / "o"))
+    assert code == 1
+    assert err.strip() == "modelopt-lite demo: error: the MiniLM demo needs transformers: pip install transformers"
+
+
+def test_demo_fast_prints_one_table_and_the_output_folder(capsys, monkeypatch, tmp_path_factory):
+    from _fast_demo import fast_digits_result
+
+    from modelopt_lite.demo import digits
+
+    seen = {}
+
+    def spy(out, **kwargs):  # the real fast run (shared with test_demo.py), recording what the CLI asked for
+        seen.update(kwargs, out=out)
+        return fast_digits_result(tmp_path_factory.getbasetemp() / "fast_demo")
+
+    monkeypatch.setattr(digits, "run", spy)
+    code, out, err = _run(capsys, "demo", "--fast", "--no-progress", "--out", "somewhere", "--cache-dir", "cache")
     assert code == 0, err
+    assert seen == {"out": "somewhere", "fast": True, "plots": False, "progress": False, "threads": None,
+                    "cache_dir": "cache"}
+    result = fast_digits_result(tmp_path_factory.getbasetemp() / "fast_demo")
     lines = out.strip().splitlines()
     table = [ln for ln in lines if ln.startswith("|")]
     assert table[0].split("|")[1].strip() == "format"
     assert len(table) == 2 + 8  # header, separator, FP32 + 7 quantized variants
-    assert [ln.split("|")[2].strip() for ln in table[2:6]] == ["-", "max", "percentile", "mse"]
-    assert lines[-1].startswith(f"output folder: {out_dir.resolve()}")
+    assert [ln.split("|")[2].strip() for ln in table[2:7]] == ["-", "max", "percentile", "mse", "entropy"]
+    assert lines[-1].startswith(f"output folder: {result.out_dir}")
     assert "MISSED" not in out
-    onnx = sorted(p.name for p in out_dir.glob("*.onnx"))
-    assert len(onnx) == 8 and "digits_fp32.onnx" in onnx
-    assert (tmp_path / "cache").is_dir()  # the trained model was cached there
+    assert len(list(result.out_dir.glob("*.onnx"))) == 8
+
+
+def test_demo_defaults_reach_the_demo(capsys, monkeypatch):
+    from modelopt_lite import demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda model, **kw: seen.update(kw, model=model) or "TABLE")
+    code, out, _ = _run(capsys, "demo", "--model", "minilm", "--threads", "2", "--no-plots")
+    assert code == 0 and out == "TABLE\n"
+    assert seen == {"model": "minilm", "out": "modelopt_lite_out", "fast": False, "plots": False, "progress": True,
+                    "threads": 2, "cache_dir": None}
 
 
 # --- quantize -------------------------------------------------------------------------------------------------------
@@ -110,21 +148,24 @@ def test_quantize_preset_then_inspect(capsys, files):
     assert code == 0, err
     path = files / "q.onnx"
     assert path.is_file() and path.stat().st_size > 0
-    assert out.strip().splitlines()[-1] == f"wrote {path} ({path.stat().st_size} bytes)"
+    assert out.strip().splitlines()[-1] == (f"wrote {path} ({path.stat().st_size} bytes; input 'input', "
+                                            "output 'output', dynamic batch)")
     assert "96 samples in 2 batches" in out
     import onnx
 
-    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
-    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    graph = onnx.load(str(path)).graph
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= {n.op_type for n in graph.node}
+    assert graph.input[0].name == "input" and graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     code, out, err = _run(capsys, "inspect", str(path))
     assert code == 0, err
     assert "QuantizeLinear" in out or "quantize" in out.lower()
 
 
 def test_quantize_json_config_with_method_and_pt_batches(capsys, files):
-    code, out, err = _quantize(capsys, files, "--method", "percentile", calib="calib.pt",
+    code, out, err = _quantize(capsys, files, "--method", "percentile", "--summary", calib="calib.pt",
                                config=str(files / "cfg.json"), export="j.onnx")
     assert code == 0, err
+    assert "conv1.weight_quantizer" in out and "9 quantizers: 6 enabled, 6 calibrated" in out
     assert "(calibration: percentile, 96 samples in 2 batches)" in out
     assert (files / "j.onnx").is_file()
 

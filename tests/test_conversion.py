@@ -143,7 +143,6 @@ def test_registry_register_unregister_and_errors():
 
 def test_default_registry_map():
     from modelopt_lite import nn as qnn
-
     from modelopt_lite.conversion.registry import DEFAULT_QUANT_MAP
 
     reg = registered()
@@ -233,7 +232,7 @@ def test_class_keys_callable_keys_and_later_patterns_win():
     }, "algorithm": None}
     model = mtq.quantize(_net(), cfg)
     f = _flags(model)
-    assert f["conv.input_quantizer"] == (True, f["conv.input_quantizer"][1]) and f["conv.input_quantizer"][1].num_bits == 6
+    assert f["conv.input_quantizer"][0] and f["conv.input_quantizer"][1].num_bits == 6
     assert f["conv.weight_quantizer"][0] and f["conv.weight_quantizer"][1].num_bits == 5
     assert f["fc.input_quantizer"][1].num_bits == 4 and not f["fc.weight_quantizer"][0]
     assert f["pool.input_quantizer"][1].num_bits == 8
@@ -357,3 +356,16 @@ def test_summary_rows_and_table(digits_model):
     w4 = mtq.quantize(_net(), C.INT4_BLOCKWISE_WEIGHT_ONLY_CFG)
     assert mtq.summary(fp8)[0]["format"] == "fp8_e4m3"
     assert mtq.summary(w4)[1]["granularity"] == "blocks{-1:128}" and mtq.summary(w4)[1]["format"] == "int4"
+
+
+def test_algorithm_none_skips_the_forward_loop_with_a_warning_and_bare_quant_cfg():
+    from modelopt_lite.conversion.model_quant import set_quantizer_by_cfg
+
+    calls = []
+    with pytest.warns(UserWarning, match="algorithm is None, so forward_loop was not run"):
+        model = mtq.quantize(_net(), {"quant_cfg": {}, "algorithm": None}, calls.append)
+    assert calls == [] and not model.fc.input_quantizer.has_amax
+    applied = set_quantizer_by_cfg(model, {"*fc.*": {"num_bits": 5}})
+    assert applied == {"fc.input_quantizer": ["'*fc.*'"], "fc.weight_quantizer": ["'*fc.*'"],
+                       "fc.output_quantizer": ["'*fc.*'"]}
+    assert model.fc.weight_quantizer.num_bits == 5 and mtq.calibrate_loop is not None

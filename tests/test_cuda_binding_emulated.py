@@ -19,7 +19,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parent / "modelopt_lite" / "csrc"
 SOURCES = [CSRC / "quant_cuda_binding.cpp", HERE / "cuda_host" / "emulated_kernels.cpp"]
-DEPS = SOURCES + [CSRC / "quant_kernels.cu", CSRC / "quant_kernels.cuh", CSRC / "quant_kernels_api.h"]
+DEPS = SOURCES + [CSRC / n for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh",
+                                     "quant_kernels_api.h")]
 
 pytestmark = pytest.mark.skipif(os.environ.get("MODELOPT_LITE_TEST_EMULATED") != "1",
                                 reason="opt-in (about 1 min to build): set MODELOPT_LITE_TEST_EMULATED=1")

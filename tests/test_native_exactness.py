@@ -9,6 +9,7 @@ implementations (AVX2 and scalar). Tensors are small (a few hundred elements) to
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 
@@ -64,12 +65,12 @@ def same(a, b, what=""):
     assert torch.equal(a[~na], b[~nb]), f"{what}: values differ at {(a != b).nonzero()[:5].tolist()}"
 
 
-def both(fn):
-    """fn() under the reference and the native backend."""
+def both(fn, *args):
+    """fn(*args) under the reference and the native backend."""
     with backend.use_backend("reference"):
-        ref = fn()
+        ref = fn(*args)
     with backend.use_backend("native"):
-        nat = fn()
+        nat = fn(*args)
     return ref, nat
 
 
@@ -98,8 +99,16 @@ def make_x(amax, unsigned, dtype, gen, shape=SHAPE, bound=127):
     return x.to(dtype)
 
 
+def _int_fq(x, amax, bits, unsigned, narrow):
+    return tq.fake_tensor_quant(x, amax, bits, unsigned, narrow)
+
+
+def _affine_fq(x, _amax, lo, hi, bits):
+    return tq.fake_affine_tensor_quant(x, lo, hi, bits)
+
+
 def _fwd_bwd(fn, x, amax, g):
-    """Output, real-quant-free forward/backward: (y, x.grad, amax.grad)."""
+    """Forward and backward of fn(x, amax): (y, x.grad, amax.grad)."""
     xx = x.detach().clone().requires_grad_(True)
     aa = amax.detach().clone().requires_grad_(True) if amax is not None else None
     y = fn(xx, aa)
@@ -118,18 +127,20 @@ def test_int_public_api(bits, unsigned, narrow, dtype, native):
         amax = make_amax(ashape, bound, gen)
         x = make_x(amax, unsigned, dtype, gen, bound=bound)
         g = torch.randn(SHAPE, generator=gen).to(dtype)
-        fn = lambda xx, aa: tq.fake_tensor_quant(xx, aa, bits, unsigned, narrow)  # noqa: E731
-        ref, nat = both(lambda: _fwd_bwd(fn, x, amax, g))
+        fn = functools.partial(_int_fq, bits=bits, unsigned=unsigned, narrow=narrow)
+        ref, nat = both(_fwd_bwd, fn, x, amax, g)
         for r, n, what in zip(ref, nat, ("y", "grad_x", "grad_amax")):
             same(n, r, f"{name} {what}")
-        ref, nat = both(lambda: tq.tensor_quant(x, amax, bits, unsigned, narrow)[0])
-        same(nat, ref, f"{name} codes")
+        dead = amax.expand(SHAPE) <= 2.0**-24
+        assert bool((nat[0][dead] == 0).all()), "dead channels must be exact zeros (never NaN)"
+        ref, nat = both(tq.tensor_quant, x, amax, bits, unsigned, narrow)
+        same(nat[0], ref[0], f"{name} codes")
     for name, (sizes, ashape) in BLOCKS.items():
         amax = make_amax(ashape, bound, gen, dead=True) if ashape else None
         xb = make_x(torch.tensor(1.0), unsigned, torch.float32, gen, bound=bound)
         xb = torch.nan_to_num(xb, nan=0.0, posinf=9.0, neginf=-9.0).to(dtype)  # dynamic amax must stay finite
         xb[0, 1] = 0.0  # an all-zero (dead) block row
-        ref, nat = both(lambda: tq.fake_block_quant(xb, sizes, amax, bits, unsigned, narrow))
+        ref, nat = both(tq.fake_block_quant, xb, sizes, amax, bits, unsigned, narrow)
         same(nat, ref, name)
 
 
@@ -138,10 +149,10 @@ def test_dead_per_tensor_and_tiny_amax(dtype, native):
     x = torch.randn(5, 7).to(dtype)
     x[0, 0] = float("nan")
     for amax in (0.0, 1e-26, 2.0**-24):
-        ref, nat = both(lambda: tq.fake_tensor_quant(x, torch.tensor(amax), 8))
+        ref, nat = both(tq.fake_tensor_quant, x, torch.tensor(amax), 8)
         same(nat, ref)
         assert torch.equal(nat, torch.zeros_like(x))  # dead: exact zeros, even where x is NaN
-        ref, nat = both(lambda: tq.scaled_e4m3(x, torch.tensor(amax)))
+        ref, nat = both(tq.scaled_e4m3, x, torch.tensor(amax))
         same(nat, ref)
         assert torch.equal(nat, torch.zeros_like(x))
 
@@ -156,19 +167,22 @@ def test_e4m3_public_api(dtype, native):
         x = torch.where(torch.rand(SHAPE, generator=gen) < 0.2, x * 2.0**-12, x)  # e4m3 subnormals
         x = torch.where(torch.rand(SHAPE, generator=gen) < 0.1, x * 3, x).to(dtype)  # overflow: saturates
         g = torch.randn(SHAPE, generator=gen).to(dtype)
-        ref, nat = both(lambda: _fwd_bwd(lambda xx, aa: tq.scaled_e4m3(xx, aa), x, amax, g))
+        ref, nat = both(_fwd_bwd, tq.scaled_e4m3, x, amax, g)
         for r, n, what in zip(ref, nat, ("y", "grad_x", "grad_amax")):
             same(n, r, f"{name} {what}")
     xb = make_x(torch.tensor(3.0), False, dtype, gen, bound=448)
-    ref, nat = both(lambda: tq.fake_block_quant(xb, {-1: 4}, None, (4, 3)))
+    ref, nat = both(tq.fake_block_quant, xb, {-1: 4}, None, (4, 3))
     same(nat, ref, "e4m3 blocks")
 
 
 def test_e4m3_saturation_value(native):
-    x = torch.tensor([1e9, -1e9, 450.0, -448.0, 2.0**-9, 2.0**-10, 3 * 2.0**-10])
+    x = torch.tensor([1e9, -1e9, 450.0, -448.0, 2.0**-9, 2.0**-10, 3 * 2.0**-10, float("inf")])
     with backend.use_backend("native"):
         y = tq.scaled_e4m3(x, torch.tensor(448.0))
-    assert torch.equal(y, torch.tensor([448.0, -448.0, 448.0, -448.0, 2.0**-9, 0.0, 2 * 2.0**-9]))
+        y2 = tq.scaled_e4m3(x * 3, torch.tensor(2.0))  # scale 2/448: overflow saturates to +-448 * scale
+    assert torch.equal(y, torch.tensor([448.0, -448.0, 448.0, -448.0, 2.0**-9, 0.0, 2 * 2.0**-9, 448.0]))
+    s = torch.tensor(2.0) / 448
+    assert y2[0].item() == (448 * s).item() and y2[1].item() == (-448 * s).item() and y2[7].item() == (448 * s).item()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -180,11 +194,12 @@ def test_affine_public_api(bits, dtype, native):
         x = (torch.randn(SHAPE, generator=gen) * 3).to(dtype)
         x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -0.0]).to(dtype)
         g = torch.randn(SHAPE, generator=gen).to(dtype)
-        ref, nat = both(lambda: _fwd_bwd(lambda xx, _: tq.fake_affine_tensor_quant(xx, lo, hi, bits), x, None, g))
+        fn = functools.partial(_affine_fq, lo=lo, hi=hi, bits=bits)
+        ref, nat = both(_fwd_bwd, fn, x, None, g)
         for r, n, what in zip(ref, nat, ("y", "grad_x", "grad_amax")):
             same(n, r, what)
-        ref, nat = both(lambda: tq.affine_tensor_quant(x, lo, hi, bits)[0])
-        same(nat, ref, "affine codes")
+        ref, nat = both(tq.affine_tensor_quant, x, lo, hi, bits)
+        same(nat[0], ref[0], "affine codes")
 
 
 # --- op level: the module functions against reference.py ------------------------------------------------------------
@@ -233,6 +248,15 @@ def test_ops_direct(dtype, impl, native):
                 same(a, b, f"e4m3 bwd case {i}")
 
 
+def test_zero_point_shape_differs_from_scale(native, impl):
+    x = torch.randn(3, 20) * 4
+    zp = torch.randint(-5, 6, (1, 20)).float()
+    for s in (torch.tensor(0.0), torch.tensor([0.3]), torch.tensor([[0.2], [0.0], [0.5]])):
+        for f in ("fake_affine", "quantize_affine"):
+            same(getattr(native, f)(x, s, zp, -8, 7), getattr(R, f)(x, s, zp, -8, 7), f"{f} {tuple(s.shape)}")
+        same(native.affine_backward(x, x, s, zp, -8, 7), R.affine_backward(x, x, s, zp, -8, 7))
+
+
 def test_grad_dtype_differs_from_x(native):
     x = torch.randn(5, 9).half()
     s, g = torch.tensor([0.01]), torch.randn(5, 9)
@@ -244,9 +268,9 @@ def test_grad_dtype_differs_from_x(native):
 def test_library_ops_dispatch_to_native(native):
     x, s = torch.randn(3, 50), torch.rand(3, 1) * 0.1
     ops = torch.ops.modelopt_lite
-    ref, nat = both(lambda: (ops.fake_quant_int(x, s, -128, 127), ops.fake_e4m3(x, s), ops.quantize_int(x, s, 0, 15)))
-    for a, b in zip(nat, ref):
-        same(a, b)
+    for op, args in ((ops.fake_quant_int, (-128, 127)), (ops.fake_e4m3, ()), (ops.quantize_int, (0, 15))):
+        ref, nat = both(op, x, s, *args)
+        same(nat, ref)
 
 
 def test_native_rejects_bad_arguments(native):
@@ -281,13 +305,23 @@ def test_build_lock_excludes_and_times_out(tmp_path):
     fd = os.open(tmp_path / ".build.flock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another builder holds the folder
-        with pytest.raises(TimeoutError, match="another process"):
-            with native_build._build_lock(tmp_path, timeout_s=0.3):
-                pass
+        with pytest.raises(TimeoutError, match="another process"), native_build._build_lock(tmp_path, timeout_s=0.3):
+            pass
     finally:
         os.close(fd)  # the holder dies: its lock goes with it
     with native_build._build_lock(tmp_path, timeout_s=0.3):
         pass
+
+
+def test_header_changes_change_the_build_key(tmp_path):
+    (tmp_path / "k.cpp").write_text('#include "a.h"\n#include <vector>\n')
+    (tmp_path / "a.h").write_text('#pragma once\n#include "b.h"\n')
+    (tmp_path / "b.h").write_text("int v = 1;\n")
+    deps = native_build.local_deps([tmp_path / "k.cpp"])
+    assert [f.name for f in deps] == ["k.cpp", "a.h", "b.h"]
+    before = native_build._digest(deps, ["-O3"])
+    (tmp_path / "b.h").write_text("int v = 2;\n")
+    assert native_build._digest(deps, ["-O3"]) != before != native_build._digest(deps, ["-O2"])
 
 
 def test_cached_build_loads_without_compiling(native):

@@ -19,8 +19,8 @@ from modelopt_lite.examples.denoiser import DenoiserMLP, NoiseSchedule, step_bat
 def _same_quant_state(a, b):
     qa, qb = dict(named_quantizers(a)), dict(named_quantizers(b))
     assert qa.keys() == qb.keys()
-    for n in qa:
-        x, y = qa[n], qb[n]
+    for n, x in qa.items():
+        y = qb[n]
         assert x.quant_desc == y.quant_desc, n
         assert (x.is_enabled, x.is_quant_enabled, x.is_calib_enabled, x.num_steps) == \
                (y.is_enabled, y.is_quant_enabled, y.is_calib_enabled, y.num_steps), n
@@ -107,13 +107,20 @@ def test_include_weights_restores_fine_tuned_weights(tmp_path, digits_data):
         assert torch.equal(model(digits_data.x_test), fresh(digits_data.x_test))
 
 
+def _conv_first():
+    m = MLP(64, 32, 10, 2)
+    m.body[0] = nn.Conv1d(64, 32, 1)
+    return m
+
+
 @pytest.mark.parametrize("make_other, message", [
-    (lambda: MLP(64, 16, 10, 2), r"module 'body.0' has parameters \{'weight': \[16, 64\], 'bias': \[16\]\}, the "
-                                 r"saved state has \{'weight': \[32, 64\], 'bias': \[32\]\}"),
+    (lambda: MLP(64, 16, 10, 2), (r"module 'body.0' has parameters \{'weight': \[16, 64\], 'bias': \[16\]\}, "
+                                  r"the saved state has \{'weight': \[32, 64\], 'bias': \[32\]\}")),
     (lambda: MLP(64, 32, 10, 1), r"module 'body.2' of the saved state does not exist in the model"),
     (lambda: MLP(64, 32, 10, 3), r"module 'body.4' \(Linear\) is not quantized in the saved state"),
-    (lambda: nn.Sequential(nn.Sequential(nn.Conv1d(64, 32, 1))),
-     r"module 'body' is a torch.nn.modules.container.Sequential|module 'body.0' is a torch.nn.modules.conv.Conv1d"),
+    (_conv_first, (r"module 'body.0' is a torch.nn.modules.conv.Conv1d, the saved state has "
+                   r"torch.nn.modules.linear.Linear \(quantized as "
+                   r"modelopt_lite.nn.modules.quant_linear.QuantLinear\)")),
 ])
 def test_mismatched_model_raises_naming_the_first_differing_module(tmp_path, make_other, message):
     model = mtq.quantize(MLP(64, 32, 10, 2), mtq.INT8_DEFAULT_CFG, lambda m: m(torch.rand(4, 64)))

@@ -11,8 +11,17 @@
 
 from .compare import compare_models, format_rows
 from .int8_quantizer import Int8Quantizer
-from .metrics import calculate_model_size, calculate_quantization_error, state_dict_bytes
-from .plots import calibration_amaxes, plot_calibration_histogram, plot_layer_errors, plot_sensitivity
+from .metrics import (
+           calculate_model_size,
+           calculate_quantization_error,
+           state_dict_bytes,
+)
+from .plots import (
+           calibration_amaxes,
+           plot_calibration_histogram,
+           plot_layer_errors,
+           plot_sensitivity,
+)
 from .sensitivity import AutoSkipReport, SensitivityReport, auto_skip, sensitivity
 from .summary import print_quantization_summary
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ..tensor_quant import affine_tensor_quant, block_quant, tensor_quant
 from ..functional import blocks
 from ..functional.checks import check_axes, check_input
 from ..functional.scales import affine_params, positive_scale, scale_from_amax
+from ..tensor_quant import affine_tensor_quant, block_quant, tensor_quant
 
 
 class Int8Quantizer:

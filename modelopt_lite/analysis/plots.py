@@ -79,20 +79,20 @@ def plot_calibration_histogram(tensor: torch.Tensor, path, num_bits: int = 8,
     n = math.ceil(last / merge) * merge
     c = torch.nn.functional.pad(counts[:last], (0, n - last)).view(-1, merge).sum(1)
     edges = [i * merge * width for i in range(c.numel() + 1)]
-    fig = _figure(8.0, 4.2)
+    fig = _figure(10.0, 4.2)
     ax = fig.add_subplot(1, 1, 1)
-    ax.stairs(c.clamp(min=0.5).tolist(), edges, fill=True, color="tab:blue", alpha=0.45, baseline=0.5,
+    ax.stairs(c.clamp(min=0.5).tolist(), edges, fill=True, color="tab:blue", alpha=0.8, baseline=0.5, zorder=3,
               label=f"|x| histogram ({int(counts.sum())} values)")
     ax.set_yscale("log")
     for m, v in amax.items():
         color, style = _METHOD_STYLE[m]
-        ax.axvline(v, color=color, linestyle=style, linewidth=1.8,
+        ax.axvline(v, color=color, linestyle=style, linewidth=1.8, alpha=0.9, zorder=2,
                    label=f"{m}{f' {percentile:g}%' if m == 'percentile' else ''}: amax = {v:.4g}")
     ax.set_xlim(0, max(edges[-1], max(amax.values())) * 1.04)
     ax.set_xlabel("|x|")
     ax.set_ylabel("count (log)")
     ax.set_title(title or f"Calibration of a {tuple(tensor.shape)} tensor, int{num_bits}")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0.0)
     return {"path": _save(fig, path), "amax": amax}
 
 
@@ -112,9 +112,7 @@ def _bars(names, values, path, xlabel, title, colors=None, note=None):
         ax.annotate("inf" if not math.isfinite(v) else f"{v:.3g}", (b.get_width(), b.get_y() + b.get_height() / 2),
                     xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_xlabel(xlabel)
-    ax.set_title(title)
-    if note:
-        ax.text(0.99, 0.02, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8)
+    ax.set_title(f"{title}\n{note}" if note else title, fontsize=10)
     lo = min(0.0, min(shown) * 1.1 if shown else 0.0)
     ax.set_xlim(lo, max(shown + [0.0]) * 1.18 + 1e-12)
     return _save(fig, path)
@@ -131,7 +129,10 @@ def plot_layer_errors(rows: list[dict], path, metric: str = "sqnr_db", title: st
     values = [float(r[metric]) for r in rows]
     label = {"sqnr_db": "SQNR (dB, higher is better)", "mse": "MSE", "max_abs_error": "max |error|",
              "cosine_similarity": "cosine similarity"}.get(metric, metric)
-    return _bars(names, values, path, label, title or f"Per-layer quantization error: {metric}")
+    quantized = [r.get("quant_type", "") != r.get("float_type", "") for r in rows]
+    colors = ["tab:blue" if q else "tab:gray" for q in quantized]
+    note = "blue: quantized layers, gray: float layers (error inherited from upstream)"
+    return _bars(names, values, path, label, title or f"Per-layer quantization error: {metric}", colors, note)
 
 
 def plot_sensitivity(report, path, title: str | None = None) -> Path:

@@ -43,7 +43,13 @@ def _int8_quantizer_rows(q: Int8Quantizer, tensor) -> list[dict]:
 
 
 def _tensor_quantizer_rows(q, tensor) -> list[dict]:
-    from ..tensor_quant import block_quant, fake_block_quant, fake_tensor_quant, scaled_e4m3, tensor_quant
+    from ..tensor_quant import (
+        block_quant,
+        fake_block_quant,
+        fake_tensor_quant,
+        scaled_e4m3,
+        tensor_quant,
+    )
 
     info = q.export_info()
     row = {"name": q.name or "TensorQuantizer", "kind": info["kind"], "num_bits": str(info["num_bits"]),

@@ -16,6 +16,8 @@ Input handling is common to all calibrators and done here:
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from ..formats import int_range, is_e4m3
@@ -51,7 +53,7 @@ class Prepared:
     zeros under ``skip_zeros``); ``row_max`` is the per-channel max of the kept values (float, on the device).
     """
 
-    __slots__ = ("rows", "dropped", "row_max", "amax_shape")
+    __slots__ = ("amax_shape", "dropped", "row_max", "rows")
 
     def __init__(self, rows, dropped, row_max, amax_shape):
         self.rows = rows
@@ -71,11 +73,13 @@ class Calibrator:
         name: a label used in error messages (TensorQuantizer sets it to the quantizer's name).
         group: the ``torch.distributed`` process group to reduce over in ``compute_amax`` (None: the default group).
         sync_ranks: when ``torch.distributed`` is initialized, reduce the statistics across ``group`` before
-            computing amax, so every rank gets the amax of all ranks' data (default True).
+            computing amax, so every rank gets the amax of all ranks' data (default True). ``compute_amax`` is
+            then a collective: every rank of the group must call it, for the same calibrators in the same order
+            (a rank that collected nothing takes part with empty statistics).
     """
 
-    _METHODS: dict[str, dict] = {}
-    _DEFAULT_METHOD: str = ""
+    _METHODS: ClassVar[dict[str, dict]] = {}
+    _DEFAULT_METHOD: ClassVar[str] = ""
 
     def __init__(self, num_bits=8, axis=None, unsigned=False, *, skip_nonfinite=False, name=None, group=None,
                  sync_ranks=True):
@@ -186,7 +190,11 @@ class Calibrator:
             dropped = zeros if dropped is None else dropped + zeros
         self.num_nonfinite += bad
         self._device = x.device
-        return Prepared(a, dropped, a.amax(dim=1), amax_shape)
+        if rows.shape[0] == 1 and finite_mask is None:  # per tensor: the max is known already
+            row_max = torch.tensor([max(-lo_v, hi_v)], dtype=a.dtype, device=a.device)
+        else:
+            row_max = a.amax(dim=1)
+        return Prepared(a, dropped, row_max, amax_shape)
 
     def _check_shape(self, x: torch.Tensor):
         """Normalize axis on the first batch; later batches must keep the same kept-dim sizes."""

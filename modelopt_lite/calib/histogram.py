@@ -12,12 +12,14 @@ batch order). Counts are int64 on the data's device: no float32 saturation at 2*
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 
 from . import distributed, methods
 from .calibrator import Calibrator
 from .grid import E_MIN, histogram_rows, needed_exp, regrid, widths
+from .mse import mse_amax
 
 _METHOD_ARGS = {
     "percentile": {"percentile": 99.99},
@@ -64,7 +66,7 @@ class HistogramCalibrator(Calibrator):
         amax = cal.compute_amax("percentile", percentile=99.9)
     """
 
-    _METHODS = _METHOD_ARGS
+    _METHODS: ClassVar[dict[str, dict]] = _METHOD_ARGS
     _DEFAULT_METHOD = "percentile"
 
     def __init__(self, num_bits=8, axis=None, unsigned=False, num_bins=2048, grow_method=None, skip_zeros=False,
@@ -158,7 +160,9 @@ class HistogramCalibrator(Calibrator):
         what = f"{self._label()}.compute_amax({method!r})"
         if method == "percentile":
             p = args["percentile"]
-            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100 or math.isnan(p):
+            if isinstance(p, bool) or not isinstance(p, (int, float)):
+                raise TypeError(f"{what}: percentile must be a number, got {p!r}")
+            if math.isnan(p) or not 0 < p <= 100:
                 raise ValueError(f"{what}: percentile {p!r} is out of range: it must be in (0, 100]")
         else:
             _check_int(f"{what}: start_bin", args["start_bin"], 0)
@@ -172,8 +176,7 @@ class HistogramCalibrator(Calibrator):
         if method == "percentile":
             amax = methods.percentile_amax(counts, exp, float(args["percentile"]))
         elif method == "mse":
-            amax = methods.mse_amax(counts, exp, args["start_bin"], args["stride"], self._num_bits, self._unsigned,
-                                    what)
+            amax = mse_amax(counts, exp, args["start_bin"], args["stride"], self._num_bits, self._unsigned, what)
         else:
             amax = methods.entropy_amax(counts, exp, args["start_bin"], args["stride"], self._num_bits,
                                         self._unsigned, what)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from . import distributed
@@ -28,7 +30,7 @@ class MaxCalibrator(Calibrator):
         amax = cal.compute_amax()   # shape (C, 1, ...) float32
     """
 
-    _METHODS = {"max": {}}
+    _METHODS: ClassVar[dict[str, dict]] = {"max": {}}
     _DEFAULT_METHOD = "max"
 
     def __init__(self, num_bits=8, axis=None, unsigned=False, track_amax=False, *, skip_nonfinite=False,

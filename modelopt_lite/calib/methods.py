@@ -12,8 +12,8 @@ Rows holding no data, or only values below ``cap * 2**E_MIN`` (far below ``2**-2
   score is the histogram's total squared fake-quantization error, each bin's values spread evenly over the bin,
   with the project's numerics (``scale = float32(amax) / bound`` from ``functional.scales``; integer levels or
   E4M3 values; saturation): computed exactly by ``quant_error.ErrorIntegral`` (closed form; no aliasing between
-  the bin width and the step, unlike fake-quantizing bin centers). The candidates x occupied-bins matrix is
-  evaluated in chunks (float64); the **first** minimum wins.
+  the bin width and the step, unlike fake-quantizing bin centers). Implemented in ``mse.py``: the candidates x
+  occupied-bins matrix is evaluated in chunks (float64); the **first** minimum wins.
 - **entropy**: for ``i in range(start_bin, n + 1, stride)``, with ``b`` = counts and ``b[0] = b[1]`` (on a copy):
   P = ``b[:i]`` with the mass ``sum(b[i:])`` added to its last bin; Q = the ``i`` bins mapped onto
   ``L = 2**(num_bits - 1 + unsigned)`` levels (bin j -> level ``floor(j L / i)``), each level's mass spread
@@ -30,9 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import is_e4m3
-from ..functional.scales import bound_of, scale_from_amax
 from .grid import E_MIN, widths
-from .quant_error import ErrorIntegral
 
 #: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices: cache sized on
 #: the CPU, large on GPUs (fewer kernel launches).
@@ -40,9 +38,12 @@ CHUNK = 1 << 16
 CHUNK_CUDA = 1 << 23
 
 
-def _chunk(device: torch.device) -> int:
-    return CHUNK_CUDA if device.type == "cuda" else CHUNK
 _REL_TOL, _ABS_TOL = 1e-9, 1e-12
+
+
+def chunk_size(device: torch.device) -> int:
+    """Chunk size (elements) for the candidate sweeps on ``device``."""
+    return CHUNK_CUDA if device.type == "cuda" else CHUNK
 
 
 def occupied(counts: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,8 @@ def pick(scores: torch.Tensor, valid: torch.Tensor, last: bool) -> torch.Tensor:
     return torch.where(ok, pos, torch.full_like(pos, k)).amin(dim=1).clamp(max=k - 1)
 
 
-def _live(exp: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+def live_rows(exp: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Rows with data above the all-zero grid (the others get amax 0)."""
     return (exp > E_MIN) & (n > 0)
 
 
@@ -79,75 +81,17 @@ def percentile_amax(counts: torch.Tensor, exp: torch.Tensor, percentile: float) 
     idx = torch.searchsorted(cum.to(torch.float64), target, side="left").squeeze(1)
     idx = torch.clamp(idx, max=counts.shape[1] - 1)
     amax = idx.to(torch.float64) * widths(exp)
-    live = _live(exp, occupied(counts))
+    live = live_rows(exp, occupied(counts))
     return torch.where(live, amax, torch.zeros_like(amax)).to(torch.float32)
 
 
-def _check_start(n, live, start_bin, what, extra=0):
+def check_start(n, live, start_bin, what, extra=0):
+    """ValueError when ``start_bin`` leaves a live row without candidates."""
     if bool(live.any()):
         nmin = int(n[live].min())
         if start_bin > nmin - 1 + extra:
             raise ValueError(f"{what}: start_bin={start_bin} leaves no candidate: a histogram has only {nmin} "
                              f"occupied bins; lower start_bin or raise num_bins")
-
-
-def _compact(counts: torch.Tensor):
-    """Per row: indices of the non-empty bins first (ascending), padded with empty bins; and their counts."""
-    nz = counts > 0
-    jmax = max(int(nz.sum(dim=1).max()), 1)
-    cap = counts.shape[1]
-    key = torch.where(nz, torch.zeros_like(counts), torch.ones_like(counts)) * cap + torch.arange(
-        cap, device=counts.device)
-    order = torch.argsort(key, dim=1)[:, :jmax]
-    return order, torch.gather(counts, 1, order)
-
-
-def mse_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool, what: str = "mse") -> torch.Tensor:
-    """amax per row minimizing the histogram's expected squared fake-quantization error (see module docstring)."""
-    rows, cap = counts.shape
-    dev = counts.device
-    n = occupied(counts)
-    live = _live(exp, n)
-    _check_start(n, live, start_bin, what)
-    out = torch.zeros(rows, dtype=torch.float32, device=dev)
-    if not bool(live.any()):
-        return out
-    nmax = int(n[live].max())
-    k_all = torch.arange(start_bin, nmax, stride, device=dev)
-    w64 = widths(exp).reshape(-1, 1)
-    cand = (k_all.to(torch.float32) + 0.5).reshape(1, -1) * w64.to(torch.float32)  # (rows, K), exact
-    scale = scale_from_amax(cand, bound_of(num_bits, unsigned)).to(torch.float64)
-    g = ErrorIntegral(num_bits, unsigned, dev)
-    cols, cnt = _compact(counts[:, :nmax])
-    dense = 2 * cols.shape[1] > nmax + 1  # evaluate G on all edges once, or on both edges of occupied bins
-    if dense:
-        pts = torch.arange(nmax + 1, device=dev, dtype=torch.float64).reshape(1, 1, -1) * w64.unsqueeze(2)
-        weights = counts[:, :nmax].to(torch.float64).unsqueeze(2)  # (rows, nmax, 1)
-    else:
-        lo = cols.to(torch.float64).unsqueeze(1) * w64.unsqueeze(2)  # (rows, 1, J)
-        hi = lo + w64.unsqueeze(2)
-        weights = cnt.to(torch.float64).unsqueeze(2)
-    lo_all = torch.arange(nmax, device=dev, dtype=torch.float64).reshape(1, -1) * w64
-    dead_score = (counts[:, :nmax].to(torch.float64) * ((lo_all + w64) ** 3 - lo_all**3) / (3 * w64)).sum(dim=1)
-    scores = torch.empty(rows, k_all.numel(), dtype=torch.float64, device=dev)
-    width, chunk = (pts.shape[2] if dense else 2 * lo.shape[2]), _chunk(dev)
-    kc = max(1, chunk // width)
-    rc = max(1, chunk // (width * min(kc, k_all.numel())))
-    for r0 in range(0, rows, rc):
-        r1 = min(rows, r0 + rc)
-        for k0 in range(0, k_all.numel(), kc):
-            k1 = min(k_all.numel(), k0 + kc)
-            s = scale[r0:r1, k0:k1].unsqueeze(2)  # (r, Kc, 1)
-            safe = torch.where(s == 0, torch.ones_like(s), s)
-            if dense:
-                d_g = g.g12(pts[r0:r1] / safe, inplace=True).diff(dim=2)
-            else:
-                d_g = g.g12(hi[r0:r1] / safe, inplace=True).sub_(g.g12(lo[r0:r1] / safe, inplace=True))
-            sc = torch.matmul(d_g, weights[r0:r1]).squeeze(2) * (safe.squeeze(2) ** 3 / (12 * w64[r0:r1]))
-            scores[r0:r1, k0:k1] = torch.where(s.squeeze(2) == 0, dead_score[r0:r1].reshape(-1, 1), sc)
-    best = pick(scores, k_all.reshape(1, -1) < n.reshape(-1, 1), last=False)
-    amax = torch.gather(cand, 1, best.reshape(-1, 1)).squeeze(1)
-    return torch.where(live, amax, out)
 
 
 def _entropy_scores(b, cb, nz, bl, s, n, i_all, levels):
@@ -197,8 +141,8 @@ def entropy_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: b
     rows, cap = counts.shape
     dev = counts.device
     n = occupied(counts)
-    live = _live(exp, n)
-    _check_start(n, live, start_bin, what, extra=1)
+    live = live_rows(exp, n)
+    check_start(n, live, start_bin, what, extra=1)
     out = torch.zeros(rows, dtype=torch.float32, device=dev)
     if not bool(live.any()):
         return out
@@ -212,7 +156,7 @@ def entropy_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: b
     bl = torch.cat([zero, torch.where(b > 0, b * torch.log(b), torch.zeros_like(b)).cumsum(dim=1)], dim=1)
     s = torch.gather(cb, 1, n.reshape(-1, 1)).squeeze(1)
     scores = torch.empty(rows, i_all.numel(), dtype=torch.float64, device=dev)
-    chunk = _chunk(dev)
+    chunk = chunk_size(dev)
     kc = max(1, chunk // (levels + 1))
     rc = max(1, chunk // ((levels + 1) * min(kc, i_all.numel())))
     for r0 in range(0, rows, rc):

@@ -31,12 +31,17 @@ def e4m3_levels(device=None) -> torch.Tensor:
 
 
 class ErrorIntegral:
-    """``G(v)`` for one format (see the module docstring); call it on float64 tensors of any shape."""
+    """``G(v)`` for one format (see the module docstring); call it on float64 tensors of any shape.
+
+    Above ``top_start`` (the start of the top level's cell, where saturation begins) ``G(v)`` is
+    ``const + (v - top)**3 / 3``, a polynomial: sums over such bins reduce to prefix sums (see ``mse.py``).
+    """
 
     def __init__(self, num_bits, unsigned: bool = False, device=None):
         self.e4m3 = is_e4m3(num_bits)
         if not self.e4m3:
             self.qmax = int_range(num_bits, unsigned, False).qmax
+            self.top, self.top_start = float(self.qmax), self.qmax - 0.5
             return
         lv = e4m3_levels(device)
         start = torch.cat([lv.new_zeros(1), (lv[1:] + lv[:-1]) / 2])  # cell i = [start_i, start_{i+1})
@@ -44,6 +49,7 @@ class ErrorIntegral:
         cell = ((end[:-1] - lv[:-1]) ** 3 - (start[:-1] - lv[:-1]) ** 3) / 3
         self.levels, self.start = lv, start
         self.prefix = torch.cat([lv.new_zeros(1), cell.cumsum(0)])  # integral from 0 to start_i
+        self.top, self.top_start = float(lv[-1]), float(start[-1])
 
     def __call__(self, v: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """``G(v)`` elementwise (float64); ``inplace=True`` may overwrite ``v`` (saves memory traffic)."""

@@ -27,8 +27,29 @@ from .summary import print_quant_summary, summary
 from .temporal import quant_step, set_quant_step
 from .utils import named_quantizers
 
-__all__ = ["FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "INT8_DEFAULT_CFG", "INT8_HISTOGRAM_CFG",
-           "INT8_ORT_CFG", "W4A8_CFG", "QuantConfigError", "normalize_config", "calibrate", "calibrate_loop",
-           "make_forward_loop", "quantize", "replace_quant_modules", "set_quantizer_by_cfg", "register",
-           "registered", "unregister", "restore", "save", "print_quant_summary", "summary", "quant_step",
-           "set_quant_step", "named_quantizers"]
+__all__ = [
+    "FP8_DEFAULT_CFG",
+    "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
+    "INT8_DEFAULT_CFG",
+    "INT8_HISTOGRAM_CFG",
+    "INT8_ORT_CFG",
+    "W4A8_CFG",
+    "QuantConfigError",
+    "calibrate",
+    "calibrate_loop",
+    "make_forward_loop",
+    "named_quantizers",
+    "normalize_config",
+    "print_quant_summary",
+    "quant_step",
+    "quantize",
+    "register",
+    "registered",
+    "replace_quant_modules",
+    "restore",
+    "save",
+    "set_quant_step",
+    "set_quantizer_by_cfg",
+    "summary",
+    "unregister",
+]

@@ -20,7 +20,15 @@ A config is a plain dict::
 ``amax``, ``scale_amax``) plus ``enable`` and ``num_steps``. Granularity is one setting: an entry that sets
 ``block_sizes`` without ``axis`` also clears ``axis`` and vice versa. A pattern that matches nothing is fine.
 
-Presets are plain dicts; :func:`modelopt_lite.quantize` deep-copies the config it is given and never mutates it.
+``algorithm`` is the calibration method used when :func:`modelopt_lite.quantize` gets a ``forward_loop`` (see
+:func:`modelopt_lite.calibrate` for what each method does; ``"max"`` also works for quantizers configured with
+``calib_method="histogram"``, which then use their default, the 99.99th percentile). None: no calibration.
+
+Presets (INT8_DEFAULT_CFG, INT8_HISTOGRAM_CFG, FP8_DEFAULT_CFG, INT4_BLOCKWISE_WEIGHT_ONLY_CFG, W4A8_CFG,
+INT8_ORT_CFG) start with ``"default": {"enable": False}`` (output quantizers and hand-made quantizers stay off
+unless a pattern enables them) and end with the default-disabled entries (BatchNorm, LeakyReLU, ``*lm_head*``,
+``*output_layer*``, routers and MoE gates), so those win. They are plain dicts; :func:`modelopt_lite.quantize`
+deep-copies the config it is given and never mutates it.
 """
 
 from __future__ import annotations

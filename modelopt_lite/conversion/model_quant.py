@@ -108,7 +108,9 @@ def set_quantizer_by_cfg(model: nn.Module, quant_cfg: dict | QuantConfig) -> dic
         quant_cfg = normalize_config({**cfg, "algorithm": None})
     applied: dict[str, list[str]] = {}
     for site in quantizer_sites(model):
-        float_cls = REGISTRY.float_class_of(type(site.owner)) if site.owner is not None else None
+        float_cls = None
+        if site.owner is not None:
+            float_cls = REGISTRY.float_class_of(type(site.owner)) or getattr(type(site.owner), "_float_cls", None)
         hits = [r for r in quant_cfg.rules if r.matches(site.name, site.local, site.owner, float_cls)]
         if not hits:
             continue
@@ -238,30 +240,31 @@ def calibrate(model: nn.Module, method: str | None = "max", **compute_amax_kwarg
         histogram (their ``calib_method`` becomes ``"histogram"``) and use that method; per-channel and block
         quantizers keep max calibration.
 
-    A quantizer that saw no data keeps its previous amax (if any) and a warning names it.
+    A quantizer that saw no data is left exactly as it was before the block, and a warning names it.
 
     Raises:
         QuantConfigError (ValueError): an unknown method or parameter, before anything runs.
     """
     check_method(method, compute_amax_kwargs)
-    all_q = [(n, q) for n, q in named_quantizers(model)]
-    snap = snapshot_quantizers(q for _, q in all_q)
-    targets = [(n, q) for n, q in all_q
+    snaps = [(n, q, snapshot_quantizers([q])) for n, q in named_quantizers(model)]
+    targets = [(n, q, snap) for n, q, snap in snaps
                if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None]
     missing: list[str] = []
     try:
-        for _, q in targets:
+        for _, q, _ in targets:
             _start(q, method)
         yield model
-        for n, q in targets:
+        for n, q, snap in targets:
             if not _finish(q, method, compute_amax_kwargs):
+                snap.restore()  # no data: exactly as before the block
                 missing.append(n)
     except BaseException:
-        snap.restore()
+        for _, _, snap in snaps:
+            snap.restore()
         raise
     if missing:
-        warnings.warn(f"calibrate: {len(missing)} quantizer(s) saw no data and keep their previous amax "
-                      f"(if any): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}", stacklevel=3)
+        warnings.warn(f"calibrate: {len(missing)} quantizer(s) saw no data and were left as they were: "
+                      f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}", stacklevel=3)
 
 
 def calibrate_loop(model: nn.Module, batches: Iterable, progress: bool = True, desc: str = "calibrate") -> int:

@@ -17,6 +17,7 @@ from torch import nn
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset, type, range, torch.dtype, torch.device,
               types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
 _TENSOR_DICTS = ("_parameters", "_buffers")
+_MACHINERY = ("_forward", "_backward", "_state_dict", "_load_state_dict")  # hook tables: restored shallowly
 
 
 def _is_immutable(v) -> bool:
@@ -113,9 +114,7 @@ class ModuleSnapshot:
         for k, v in m.__dict__.items():
             if k in _TENSOR_DICTS:
                 state[k] = ("tensors", dict(v), {n: t.detach().clone() for n, t in v.items() if t is not None})
-            elif isinstance(v, dict) and (k == "_modules" or k.endswith("hooks") or k.startswith("_forward")
-                                          or k.startswith("_backward") or k.startswith("_state_dict")
-                                          or k.startswith("_load_state_dict")):
+            elif isinstance(v, dict) and (k == "_modules" or k.endswith("hooks") or k.startswith(_MACHINERY)):
                 state[k] = ("shallow", v, type(v)(v))
             else:
                 state[k] = ("value", _save_value(v))

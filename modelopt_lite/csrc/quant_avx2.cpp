@@ -35,6 +35,10 @@ MOL_TGT inline __m256 e4m3v(__m256 c) {
   return _mm256_blendv_ps(r, c, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
 }
 
+void fill_zero(float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
+}
+
 // Scale lanes: the 8 values of a per-element scale, or the broadcast one.
 template <bool VS>
 MOL_TGT inline __m256 lanes(const float* p, int64_t i, __m256 bcast) {
@@ -51,20 +55,21 @@ MOL_TGT void int_fwd_t(const float* x, const float* s, float qmin, float qmax, f
   const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 sv = lanes<VS>(s, i, sb);
-    const __m256 dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
-    const __m256 ss = _mm256_blendv_ps(sv, one, dead);
+    __m256 ss = sb, dead = zero;  // a broadcast scale is never 0 here (dead rows return early)
+    if constexpr (VS) {
+      const __m256 sv = _mm256_loadu_ps(s + i);
+      dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
+      ss = _mm256_blendv_ps(sv, one, dead);
+    }
     const __m256 q = clampv(rintv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss)), lo, hi);
-    _mm256_storeu_ps(out + i, _mm256_andnot_ps(dead, CODES ? q : _mm256_mul_ps(q, ss)));
+    const __m256 r = CODES ? q : _mm256_mul_ps(q, ss);
+    _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
   }
   scalar::int_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES);
 }
 
 void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes) {
-  if (sinc == 0 && s[0] == 0.0f) {  // a dead slice: exact zeros
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
-    return;
-  }
+  if (sinc == 0 && s[0] == 0.0f) return fill_zero(out, n);  // a dead slice: exact zeros
   if (sinc) {
     codes ? int_fwd_t<true, true>(x, s, qmin, qmax, out, n) : int_fwd_t<true, false>(x, s, qmin, qmax, out, n);
   } else {
@@ -78,16 +83,20 @@ MOL_TGT void e4m3_fwd_t(const float* x, const float* s, float* out, int64_t n) {
   const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 sv = lanes<VS>(s, i, sb);
-    const __m256 dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
-    const __m256 ss = _mm256_blendv_ps(sv, one, dead);
-    const __m256 r = e4m3v(clampv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss), lo, hi));
-    _mm256_storeu_ps(out + i, _mm256_andnot_ps(dead, _mm256_mul_ps(r, ss)));
+    __m256 ss = sb, dead = zero;
+    if constexpr (VS) {
+      const __m256 sv = _mm256_loadu_ps(s + i);
+      dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
+      ss = _mm256_blendv_ps(sv, one, dead);
+    }
+    const __m256 r = _mm256_mul_ps(e4m3v(clampv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss), lo, hi)), ss);
+    _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
   }
   scalar::e4m3_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, out + i, n - i);
 }
 
 void e4m3_fwd(const float* x, const float* s, int sinc, float* out, int64_t n) {
+  if (sinc == 0 && s[0] == 0.0f) return fill_zero(out, n);
   sinc ? e4m3_fwd_t<true>(x, s, out, n) : e4m3_fwd_t<false>(x, s, out, n);
 }
 
@@ -98,12 +107,16 @@ MOL_TGT void affine_fwd_t(const float* x, const float* s, const float* zp, float
   const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]), zb = _mm256_set1_ps(zp[0]);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 sv = lanes<VS>(s, i, sb);
     const __m256 z = lanes<VZ>(zp, i, zb);
-    const __m256 dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
-    const __m256 ss = _mm256_blendv_ps(sv, one, dead);
+    __m256 ss = sb, dead = zero;
+    if constexpr (VS) {
+      const __m256 sv = _mm256_loadu_ps(s + i);
+      dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
+      ss = _mm256_blendv_ps(sv, one, dead);
+    }
     const __m256 q = clampv(_mm256_add_ps(rintv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss)), z), lo, hi);
-    const __m256 r = CODES ? _mm256_blendv_ps(q, z, dead) : _mm256_andnot_ps(dead, _mm256_mul_ps(_mm256_sub_ps(q, z), ss));
+    __m256 r = CODES ? q : _mm256_mul_ps(_mm256_sub_ps(q, z), ss);
+    if constexpr (VS) r = CODES ? _mm256_blendv_ps(r, z, dead) : _mm256_andnot_ps(dead, r);
     _mm256_storeu_ps(out + i, r);
   }
   scalar::affine_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, zp + (VZ ? i : 0), VZ ? 1 : 0, qmin, qmax, out + i, n - i,
@@ -124,6 +137,10 @@ void affine_fwd_c(const float* x, const float* s, int sinc, const float* zp, int
 
 void affine_fwd(const float* x, const float* s, int sinc, const float* zp, int zinc, float qmin, float qmax,
                 float* out, int64_t n, bool codes) {
+  if (sinc == 0 && s[0] == 0.0f) {  // a dead slice: zeros (codes: the zero point)
+    for (int64_t i = 0; i < n; ++i) out[i] = codes ? zp[i * zinc] : 0.0f;
+    return;
+  }
   codes ? affine_fwd_c<true>(x, s, sinc, zp, zinc, qmin, qmax, out, n)
         : affine_fwd_c<false>(x, s, sinc, zp, zinc, qmin, qmax, out, n);
 }

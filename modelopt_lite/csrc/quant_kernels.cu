@@ -176,6 +176,8 @@ cudaError_t forward_dtype(mlq_dtype dtype, const Args& a, const Plan& p) {
       return forward_layout<__half, M>(a, p);
     case MLQ_BFLOAT16:
       return forward_layout<__nv_bfloat16, M>(a, p);
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -189,6 +191,8 @@ cudaError_t backward_dtype(mlq_dtype dtype, const Args& a, const Plan& p) {
       return backward_layout<__half, M>(a, p);
     case MLQ_BFLOAT16:
       return backward_layout<__nv_bfloat16, M>(a, p);
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -243,6 +247,8 @@ extern "C" cudaError_t mlq_forward(mlq_forward_op op, mlq_dtype dtype, const voi
       return forward_dtype<Fwd::AffineFake>(dtype, a, p);
     case MLQ_QUANTIZE_AFFINE:
       return forward_dtype<Fwd::AffineCodes>(dtype, a, p);
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -269,6 +275,8 @@ extern "C" cudaError_t mlq_backward(mlq_backward_op op, mlq_dtype dtype, const v
       return backward_dtype<Bwd::E4m3>(dtype, a, p);
     case MLQ_AFFINE_BACKWARD:
       return backward_dtype<Bwd::Affine>(dtype, a, p);
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -1,7 +1,7 @@
 """The built-in digits demo: one trained CNN, every format and calibration, exported and checked in ONNX Runtime.
 
 Flow: train (or load from the per-user cache) the digits CNN -> for each variant (INT8 with max / percentile / mse /
-entropy calibration, FP8 E4M3, INT4 block weight-only, then a short learnable-amax QAT of the INT4 model) quantize
+entropy calibration, FP8 E4M3, INT4 weight-only, then a short learnable-amax QAT of the INT4 model) quantize
 and calibrate a copy -> measure torch accuracy -> export to ONNX -> run the file in ONNX Runtime -> compare with
 torch (accuracy, max |diff| of the logits, argmax agreement) -> time it against the FP32 export.
 
@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 TARGETS = {"INT8": 0.5, "FP8": 0.5, "INT4+QAT": 1.0}
 _TRAIN_EPOCHS = 15
 _SEED = 0
+
+
+def int4_weight_only_cfg() -> dict:
+    """INT4 weight-only for a CNN: ``INT4_BLOCKWISE_WEIGHT_ONLY_CFG`` (Linear weights in blocks of 128 along the
+    input axis) with Conv weights per output channel (a 3x3 kernel has no axis long enough for blocks)."""
+    from ..conversion.config import INT4_BLOCKWISE_WEIGHT_ONLY_CFG
+
+    cfg = copy.deepcopy(INT4_BLOCKWISE_WEIGHT_ONLY_CFG)
+    cfg["quant_cfg"]["nn.Conv2d"] = {"*weight_quantizer": {"num_bits": 4, "axis": 0, "block_sizes": None,
+                                                           "enable": True}}
+    return cfg
 
 
 @dataclass
@@ -78,10 +89,11 @@ class DigitsDemoResult:
 
 def trained_cnn(cache_dir: str | Path | None = None, progress: bool = False) -> torch.nn.Module:
     """The demo's trained digits CNN: loaded from the per-user cache, or trained (seconds) and cached."""
+    from .. import __version__
     from ..examples import DigitsCNN, trained_digits_model
 
     folder = Path(cache_dir) if cache_dir is not None else runtime.cache_dir()
-    path = folder / f"digits_cnn_e{_TRAIN_EPOCHS}_s{_SEED}.pt"
+    path = folder / f"digits_cnn_v{__version__}_e{_TRAIN_EPOCHS}_s{_SEED}.pt"
     if path.is_file():
         try:
             model = DigitsCNN()
@@ -176,7 +188,7 @@ def run(out: str | Path = "modelopt_lite_out", *, fast: bool = False, plots: boo
         ("INT8", "mse", mtq.INT8_HISTOGRAM_CFG, "mse", "INT8"),
         ("INT8", "entropy", mtq.INT8_HISTOGRAM_CFG, "entropy", "INT8"),
         ("FP8 E4M3", "max", mtq.FP8_DEFAULT_CFG, "max", "FP8"),
-        ("INT4 weight-only", "max (PTQ)", mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "max", ""),
+        ("INT4 weight-only", "max (PTQ)", int4_weight_only_cfg(), "max", ""),
     ]
     models = {}
     for fmt, calib, cfg, method, group in variants:
@@ -192,11 +204,35 @@ def run(out: str | Path = "modelopt_lite_out", *, fast: bool = False, plots: boo
     rows.append(row)
     result = DigitsDemoResult(rows, out_dir.resolve())
     if plots:
-        result.plots = _plots(model, models, out_dir)
+        try:
+            result.plots = _plots(model, models, batches, data, out_dir)
+        except ImportError as e:  # matplotlib is optional
+            result.notes.append(f"plots skipped: {e}")
     result.seconds = time.perf_counter() - t0
     return result
 
 
-def _plots(model, models, out_dir: Path) -> list[Path]:
-    """PNG plots from :mod:`modelopt_lite.analysis` (best effort: a missing matplotlib only skips them)."""
-    return []
+def _plots(model, models, batches, data, out_dir: Path) -> list[Path]:
+    """PNG plots from :mod:`modelopt_lite.analysis` (the calibration histogram of the classifier's input with the
+    amax each method picks, and per-layer SQNR of two quantized models against the float one)."""
+    from ..analysis import compare_models, plot_calibration_histogram, plot_layer_errors
+
+    seen = []
+    hook = model.fc.register_forward_hook(lambda mod, args, out: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            for b in batches:
+                model(b)
+    finally:
+        hook.remove()
+    paths = [plot_calibration_histogram(torch.cat(seen), out_dir / "digits_calibration_fc_input.png",
+                                        title="fc input (calibration batches): amax picked by each method")["path"]]
+    x = data.x_test[:256]
+    for key, stem, label in ((("INT8", "max"), "int8_max", "INT8, max calibration"),
+                             (("FP8 E4M3", "max"), "fp8", "FP8 E4M3"),
+                             (("INT4 weight-only", "max (PTQ)"), "int4_qat", "INT4 weight-only after QAT")):
+        if key in models:
+            rows = compare_models(model, models[key], x)
+            paths.append(plot_layer_errors(rows, out_dir / f"digits_layer_sqnr_{stem}.png",
+                                           title=f"Per-layer SQNR vs FP32: {label}"))
+    return paths

@@ -13,9 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-#: ORT graph rewrites the demos turn off (see :func:`ort_session`)
-ORT_DISABLED_OPTIMIZERS = ["ReluQuantRewrite"]
-
 
 @contextlib.contextmanager
 def quiet():
@@ -48,20 +45,16 @@ def cache_dir() -> Path:
 
 
 def ort_session(path, threads: int | None = None):
-    """A CPU ONNX Runtime session for ``path`` (``threads`` intra-op threads; None = ORT's default)."""
+    """A CPU ONNX Runtime session that runs ``path`` exactly as written (the export layer's
+    :func:`modelopt_lite.onnx_export.runtime.ort_session`: it turns off the ORT rewrites that break FP8 graphs or
+    saturate on signed INT8 weights)."""
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("the demo runs the exports in ONNX Runtime: pip install onnxruntime") from e
-    so = ort.SessionOptions()
-    so.log_severity_level = 3  # errors only: keep the demo's output readable
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    # ORT 1.31's "ReluQuantRewrite" rule deletes a Relu that feeds a QuantizeLinear whenever the zero point is 0,
-    # which is wrong for FP8 (E4M3 has negative values): Relu -> Q(fp8) -> DQ then passes negatives through.
-    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=ORT_DISABLED_OPTIMIZERS)
+    from ..onnx_export.runtime import ort_session as _session
+
+    return _session(str(path), threads=threads)
 
 
 def ort_run(sess, feeds: dict) -> np.ndarray:

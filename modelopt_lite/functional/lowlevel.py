@@ -57,9 +57,9 @@ def _broadcast_param(value, x: torch.Tensor, axes: tuple[int, ...] | None, axis,
         return torch.tensor(float(value), dtype=torch.float32, device=x.device)
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{what} must be a number or a tensor, got {type(value).__name__}")
-    if value.dtype == torch.float64 or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{what} must be float32 (or a lower-precision float / integer tensor), got {value.dtype}")
-    t = value.to(device=x.device, dtype=torch.float32)
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{what} must be a real floating or integer tensor, got {value.dtype}")
+    t = value.to(device=x.device, dtype=torch.float32)  # float32: the precision the kernels and exports use
     if t.numel() == 1:
         return t.reshape(())
     if axes is None:
@@ -113,9 +113,9 @@ def quantize(x, scale, zero_point=None, qmin: int = -128, qmax: int = 127, axis=
 
     Args:
         x: float32/float16/bfloat16 tensor (any layout).
-        scale: a positive finite number, a one-element tensor (per tensor), or per-axis values: 1-D of length
-            ``x.shape[axis]`` for one axis, shaped ``[x.shape[a] for a in axis]`` for a tuple of axes (a tensor
-            with x's rank and size 1 elsewhere is accepted too).
+        scale: a positive finite number, a one-element tensor (per tensor), or per-axis values (used as float32):
+            1-D of length ``x.shape[axis]`` for one axis, shaped ``[x.shape[a] for a in axis]`` for a tuple of
+            axes (a tensor with x's rank and size 1 elsewhere is accepted too).
         zero_point: None (symmetric) or integers in ``[qmin, qmax]``, shaped like ``scale``.
         qmin, qmax: the integer grid, ``qmin < qmax`` (e.g. -128/127, 0/255, -8/7).
         axis: None (per tensor), an int, or a tuple of ints (negative allowed).

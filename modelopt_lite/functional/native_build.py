@@ -19,6 +19,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,13 +36,14 @@ SOURCES = {
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
 HEADERS = {
     "cpu": ["quant_kernels.h", "quant_elem.h"],
-    "cuda": [],
+    "cuda": ["quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h"],
 }
 # Strict IEEE float math: no fast-math, no FMA contraction (results must be bit-exact with the reference).
 CFLAGS = ["-O3", "-fopenmp", "-fno-fast-math", "-ffp-contract=off"]  # the C++ standard: torch's default
 LDFLAGS = ["-fopenmp"]
 CUDA_CFLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 _MARKER = "modelopt_lite_build_ok"
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def cache_root() -> Path:
@@ -50,6 +52,22 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "modelopt_lite"
     )
     return Path(base)
+
+
+def local_deps(sources: list[Path]) -> list[Path]:
+    """The sources plus every csrc header they include (transitively, ``#include "..."``), in a stable order."""
+    seen: dict[Path, None] = {}
+    todo = list(sources)
+    while todo:
+        f = todo.pop(0)
+        if f in seen:
+            continue
+        seen[f] = None
+        for inc in _INCLUDE.findall(f.read_text(encoding="utf-8", errors="replace")):
+            dep = f.parent / inc
+            if dep.exists() and dep not in seen:
+                todo.append(dep)
+    return list(seen)
 
 
 def _digest(files: list[Path], flags: list[str]) -> str:
@@ -116,15 +134,25 @@ def _import_built(name: str, build_dir: Path):
     return mod
 
 
+def _cuda_archs() -> list[str]:
+    """What a CUDA build is compiled for (torch targets the visible GPUs, or TORCH_CUDA_ARCH_LIST): a cache key, so
+    a build cached on one GPU model is never imported on another."""
+    import torch
+
+    caps = sorted({"sm_{}{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())})
+    return caps + ["arch_list=" + os.environ.get("TORCH_CUDA_ARCH_LIST", "")]
+
+
 def build_dir_for(kind: str) -> tuple[str, Path]:
     """``(module name, build folder)`` of the native ``kind`` for this torch, Python and source version."""
     import torch
 
-    files = [CSRC / s for s in SOURCES[kind] + HEADERS[kind]]
-    missing = [str(f) for f in files if not f.exists()]
+    sources = [CSRC / s for s in SOURCES[kind]]
+    missing = [str(f) for f in sources if not f.exists()]
     if missing:
         raise FileNotFoundError(f"kernel sources missing: {missing}")
-    flags = CFLAGS + LDFLAGS + (CUDA_CFLAGS if kind == "cuda" else [])
+    files = local_deps(sources)  # a header change must rebuild too
+    flags = CFLAGS + LDFLAGS + (CUDA_CFLAGS + _cuda_archs() if kind == "cuda" else [])
     name = f"modelopt_lite_{kind}_{_digest(files, flags)}"
     tag = f"torch{torch.__version__.replace('+', '_')}_py{sys.version_info.major}{sys.version_info.minor}"
     return name, cache_root() / tag / name
@@ -140,7 +168,7 @@ def load(kind: str):
     t0 = time.perf_counter()
     try:
         mod = _import_built(name, build_dir)
-    except ImportError as e:  # a damaged library: rebuild it below
+    except (ImportError, OSError) as e:  # a damaged library: rebuild it below
         log.warning("modelopt_lite: cached native %s kernels failed to import (%s); rebuilding", kind, e)
         mod = None
     if mod is not None:
@@ -149,14 +177,14 @@ def load(kind: str):
     from torch.utils import cpp_extension
 
     build_dir.mkdir(parents=True, exist_ok=True)
-    kwargs = dict(
-        name=name,
-        sources=[str(CSRC / s) for s in SOURCES[kind]],
-        build_directory=str(build_dir),
-        extra_cflags=list(CFLAGS),
-        extra_ldflags=list(LDFLAGS),
-        verbose=False,
-    )
+    kwargs = {
+        "name": name,
+        "sources": [str(CSRC / s) for s in SOURCES[kind]],
+        "build_directory": str(build_dir),
+        "extra_cflags": list(CFLAGS),
+        "extra_ldflags": list(LDFLAGS),
+        "verbose": False,
+    }
     if kind == "cuda":
         kwargs["extra_cuda_cflags"] = list(CUDA_CFLAGS)
     with _build_lock(build_dir):

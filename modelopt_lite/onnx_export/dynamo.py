@@ -3,7 +3,7 @@
 ``torch.onnx.export(..., dynamo=True, custom_translation_table=translation_table())`` maps each
 ``torch.ops.modelopt_lite`` fake-quant op to an onnxscript call of the marker op. The marker schemas are built as
 local :class:`onnx.defs.OpSchema` objects (never registered globally), which is all onnxscript needs to trace the
-call. Non-float32 inputs are cast to float32 around the marker, as in the TorchScript path.
+call. As in the TorchScript path, the marker records x's element type (``dtype``) for the post-pass.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _marker_ops():
             inputs=[param(n, t) for n, t in inputs],
             outputs=[param("y", "T")],
             type_constraints=[("T", floats, "float input")],
-            attributes=[OpSchema.Attribute(a, OpSchema.AttrType.INT, a) for a in attrs],
+            attributes=[OpSchema.Attribute(a, OpSchema.AttrType.INT, a) for a in attrs + ("dtype",)],
         )
 
     int_in = [("x", "T"), ("scale", "tensor(float)")]
@@ -42,29 +42,21 @@ def _marker_ops():
     }
 
 
-def _float32(x, build):
-    from onnxscript import opset18 as op
-
+def _dtype(x) -> int:
     dtype = getattr(x, "dtype", None)
-    code = int(dtype) if dtype is not None else _FLOAT
-    if code == _FLOAT:
-        return build(x)
-    return op.Cast(build(op.Cast(x, to=_FLOAT)), to=code)
+    return int(dtype) if dtype is not None else _FLOAT
 
 
 def _fake_quant_int(x, scale, qmin: int, qmax: int):
-    fq = _marker_ops()[INT_MARKER]
-    return _float32(x, lambda xf: fq(xf, scale, qmin=qmin, qmax=qmax))
+    return _marker_ops()[INT_MARKER](x, scale, qmin=qmin, qmax=qmax, dtype=_dtype(x))
 
 
 def _fake_e4m3(x, scale):
-    fq = _marker_ops()[E4M3_MARKER]
-    return _float32(x, lambda xf: fq(xf, scale))
+    return _marker_ops()[E4M3_MARKER](x, scale, dtype=_dtype(x))
 
 
 def _fake_affine(x, scale, zero_point, qmin: int, qmax: int):
-    fq = _marker_ops()[AFFINE_MARKER]
-    return _float32(x, lambda xf: fq(xf, scale, zero_point, qmin=qmin, qmax=qmax))
+    return _marker_ops()[AFFINE_MARKER](x, scale, zero_point, qmin=qmin, qmax=qmax, dtype=_dtype(x))
 
 
 def translation_table() -> dict:

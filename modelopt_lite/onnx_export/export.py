@@ -25,6 +25,7 @@ from onnx import helper
 from torch import nn
 
 from . import checks, ort_layout, postprocess
+from .graph import OpsetTooLow
 from .inspect import InspectReport, inspect_onnx
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ class ExportReport:
     merged: int = 0
     notes: list[str] = field(default_factory=list)
     inspection: InspectReport | None = None
+
+    def __str__(self) -> str:
+        return self.format()
 
     def format(self) -> str:
         """A printable summary (the CLI prints it)."""
@@ -89,6 +93,7 @@ def _torch_export(model, args, path, *, opset, dynamo, input_names, output_names
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*'dynamic_axes' is not recommended when dynamo=True")
         if dynamo:
             from .dynamo import translation_table
 
@@ -111,6 +116,23 @@ def _torch_export(model, args, path, *, opset, dynamo, input_names, output_names
 
             m = version_converter.convert_version(m, opset)
         return m
+
+
+def _resolve(raw: onnx.ModelProto, opset: int, auto: bool, target: str, fp8_custom_ops: bool):
+    """Post-process; with an automatic opset, raise it (version converter) when a quantizer needs more."""
+    while True:
+        work = onnx.ModelProto()
+        work.CopyFrom(raw)
+        try:
+            proto, res = postprocess.resolve(work, opset=opset, target=target, fp8_custom_ops=fp8_custom_ops)
+            return proto, res, opset
+        except OpsetTooLow as e:
+            if not auto or e.required <= opset:
+                raise
+            from onnx import version_converter
+
+            log.info("export_onnx: raising the opset from %d to %d (%s)", opset, e.required, e)
+            raw, opset = version_converter.convert_version(raw, e.required), e.required
 
 
 def _default_names(args, input_names):
@@ -153,18 +175,19 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     args = args if isinstance(args, tuple) else (args,)
     plan = checks.plan(model, target=target, opset=opset)
+    auto = opset is None
     opset = opset if opset is not None else plan.preferred_opset
     path = os.fspath(path)
     names = _default_names(args, input_names)
     with _eval_mode(model), torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
         raw = _torch_export(model, args, os.path.join(tmp, "raw.onnx"), opset=opset, dynamo=dynamo,
                             input_names=names, output_names=output_names, dynamic_axes=dynamic_axes)
-    proto, res = postprocess.resolve(raw, opset=opset, target=target, fp8_custom_ops=fp8_custom_ops)
+    proto, res, opset = _resolve(raw, opset, auto, target, fp8_custom_ops)
     notes = plan.notes + res.notes
     if target == "onnxruntime":
         proto, layout_notes = ort_layout.apply(proto)
         notes += layout_notes
-    notes += _axis_notes(proto, target)
+    notes += _axis_notes(proto, target) + _runtime_notes(proto, target)
     if dynamo and opset < 18:
         notes.append(f"the dynamo exporter writes opset >= 18; exported at opset {max(opset, 18)}")
     _set_ir_version(proto)
@@ -181,6 +204,20 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
                         file_size=info.file_size, node_counts=info.node_counts, qdq_counts=info.qdq,
                         weights=res.weights, activations=res.activations, merged=res.merged, notes=notes,
                         inspection=info)
+
+
+def _runtime_notes(model: onnx.ModelProto, target: str) -> list[str]:
+    from . import runtime
+
+    notes = []
+    if runtime.has_fp8(model):
+        notes.append("ONNX Runtime (CPU) runs this FP8 graph exactly only with session.disable_quant_qdq=1 and the "
+                     "ReluQuantRewrite optimizer disabled (modelopt_lite.onnx_export.runtime.ort_session does both)")
+    elif target == "tensorrt" and runtime.has_signed_int8_weights(model):
+        notes.append("to check this TensorRT-style graph in ONNX Runtime on CPUs without VNNI, use "
+                     "session.disable_quant_qdq=1 (ort_session does): ORT's fused u8 x s8 kernels saturate on "
+                     "full-range int8 weights; export with target='onnxruntime' for ORT deployment")
+    return notes
 
 
 _WEIGHT_AXIS = {"Conv": 0, "ConvTranspose": 1}

@@ -18,6 +18,14 @@ _NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUni
                  "Bernoulli", "If", "Loop", "Scan", "SequenceConstruct"}
 
 
+class OpsetTooLow(ValueError):
+    """The graph needs a higher opset than requested (``required``); export_onnx retries when opset was None."""
+
+    def __init__(self, message: str, required: int):
+        super().__init__(message)
+        self.required = required
+
+
 class Graph:
     """Mutable wrapper of ``model.graph`` (main graph only; sub-graphs are left untouched)."""
 
@@ -88,6 +96,14 @@ class Graph:
         self.inits[name] = t
         return name
 
+    def shared_zero(self, np_type) -> str:
+        """One scalar zero-point initializer of ``np_type`` (value 0) shared by every per-tensor Q/DQ."""
+        key = f"zero.{np.dtype(np_type).name}"
+        if key not in self.inits:
+            self._names.add(key)
+            self.inits[key] = numpy_helper.from_array(np.zeros((), np_type), key)
+        return key
+
     def constants(self, names) -> dict[str, np.ndarray]:
         """Values of those ``names`` that depend only on initializers/constants (others are left out)."""
         prod = self.producers()
@@ -148,6 +164,33 @@ class Graph:
             self.nodes = keep
         self.inits = {k: v for k, v in self.inits.items() if k in used}
 
+    def tidy_names(self) -> None:
+        """Shorten the exporter's names: ``/a/b/Op_output_0`` -> ``a/b/Op`` (tensors) and ``/a/b/Op`` -> ``a/b/Op``
+        (nodes), where the short name is free. Graph inputs, outputs and initializers keep their names."""
+        keep = set(self.inits) | self.inputs | set(self.outputs)
+        taken = set(keep)
+        mapping = {}
+        for n in self.nodes:
+            for o in n.output:
+                if not o or o in keep or o in mapping:
+                    continue
+                short = o.lstrip("/")
+                if short.endswith("_output_0"):
+                    short = short[: -len("_output_0")]
+                if short != o and short and short not in taken and short not in self._names:
+                    mapping[o] = short
+                    taken.add(short)
+                else:
+                    taken.add(o)
+        for n in self.nodes:
+            n.name = n.name.lstrip("/")
+            for k, i in enumerate(n.input):
+                if i in mapping:
+                    n.input[k] = mapping[i]
+            for k, o in enumerate(n.output):
+                if o in mapping:
+                    n.output[k] = mapping[o]
+
     def commit(self) -> onnx.ModelProto:
         """Write nodes and initializers back into the model (topologically sorted) and return it."""
         g = self.model.graph
@@ -158,10 +201,7 @@ class Graph:
         kept_inputs = [i for i in g.input if i.name in self.inputs or i.name in self.inits]
         del g.input[:]
         g.input.extend(kept_inputs)
-        names = {o for n in g.node for o in n.output}
-        vi = [v for v in g.value_info if v.name in names]
-        del g.value_info[:]
-        g.value_info.extend(vi)
+        del g.value_info[:]  # stale after the rewrites; shape inference recomputes it
         return self.model
 
     def _toposort(self) -> list[onnx.NodeProto]:

@@ -48,6 +48,9 @@ class InspectReport:
     def num_dequantize(self) -> int:
         return sum(v for k, v in self.qdq.items() if k.split()[0] in _DQ_OPS)
 
+    def __str__(self) -> str:
+        return self.format()
+
     def format(self) -> str:
         """A printable multi-line summary."""
         lines = [f"{self.path}: opset {self.opset}, {self.file_size / 1024:.1f} KiB",
@@ -61,7 +64,7 @@ class InspectReport:
         return "\n".join(lines)
 
 
-def _dtype_name(model_inits, node, producers) -> str:
+def _dtype_name(model_inits, node) -> str:
     if node.op_type.startswith("TRT_FP8"):
         return "FLOAT8E4M3FN"
     if len(node.input) > 2 and node.input[2] in model_inits:
@@ -115,7 +118,7 @@ def inspect_onnx(path_or_model) -> InspectReport:
     compute = quantized = 0
     for n in g.node:
         if n.op_type in _Q_OPS + _DQ_OPS:
-            qdq[f"{n.op_type} {_dtype_name(inits, n, producers)} {_granularity(n, inits)}"] += 1
+            qdq[f"{n.op_type} {_dtype_name(inits, n)} {_granularity(n, inits)}"] += 1
         elif n.op_type in WEIGHTED_OPS + ELEMENTWISE_OPS and n.domain in ("", "ai.onnx"):
             if n.op_type in WEIGHTED_OPS:
                 data = list(enumerate(n.input[:2]))

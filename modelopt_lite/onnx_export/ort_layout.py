@@ -27,7 +27,7 @@ def _shift_uint8(g: Graph, name: str, cache: dict) -> str | None:
     if t is None or t.data_type != TensorProto.INT8:
         return None
     arr = numpy_helper.to_array(t).astype(np.int16) + 128
-    new = g.add_init(f"{name}_u8", arr.astype(np.uint8))
+    new = g.add_init(f"{name}.u8", arr.astype(np.uint8))
     cache[name] = new
     return new
 
@@ -39,18 +39,28 @@ def int8_to_uint8(g: Graph) -> int:
     for n in g.nodes:
         if n.domain not in ("", "ai.onnx") or n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             continue
-        if len(n.input) < 3 or not n.input[2]:
-            continue
-        zp = _shift_uint8(g, n.input[2], cache)
-        if zp is None:
-            continue
-        if n.op_type == "DequantizeLinear" and n.input[0] in g.inits:
+        has_zp = len(n.input) > 2 and bool(n.input[2])
+        if n.op_type == "DequantizeLinear" and n.input[0] in g.inits:  # a stored weight
             q = _shift_uint8(g, n.input[0], cache)
             if q is None:
                 continue
+            if has_zp:
+                zp = _shift_uint8(g, n.input[2], cache)
+                if zp is None:
+                    continue
+            else:  # zero point 0 left out: it becomes 128
+                shape = list(g.inits[n.input[1]].dims)
+                zp = g.add_init(f"{n.input[0]}.zero_point_u8", np.full(shape, 128, np.uint8))
             n.input[0] = q
-        n.input[2] = zp
-        count += 1
+            while len(n.input) < 3:
+                n.input.append("")
+            n.input[2] = zp
+            count += 1
+        elif has_zp:
+            zp = _shift_uint8(g, n.input[2], cache)
+            if zp is not None:
+                n.input[2] = zp
+                count += 1
     return count
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from . import qdq, weights
 from .graph import Graph, attr
@@ -47,7 +47,7 @@ def site_label(node: onnx.NodeProto) -> str:
     parts = [p for p in node.name.split("/") if p]
     if len(parts) > 1:
         return ".".join(parts[:-1])
-    return node.name or node.output[0]
+    return parts[0] if parts else f"{node.op_type} at {node.input[0]!r}"
 
 
 def _marker_key(node, consts):
@@ -91,24 +91,40 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
         scale = consts[n.input[1]]
         zp = consts[n.input[2]] if len(n.input) > 2 else None
         qmin, qmax = attr(n, "qmin", 0), attr(n, "qmax", 0)
+        dtype = attr(n, "dtype", TensorProto.FLOAT)
         if x in consts:
             fw = weights.fold(n.op_type, consts[x], scale, zp, qmin, qmax, label)
             final, absorbed = weights.absorb(g, fw, out)
-            node, info = weights.emit(g, fw, final, opset, label)
+            dq_out = final if dtype == TensorProto.FLOAT else g.fresh(f"{final}_float")
+            node, info = weights.emit(g, fw, dq_out, opset, label)
+            nodes = [node] + _cast(g, dq_out, final, dtype)
             gone = {id(m) for m in absorbed}
-            g.nodes = [node if m is n else m for m in g.nodes if id(m) not in gone]
+            idx = next(i for i, m in enumerate(g.nodes) if m is n)
+            g.nodes[idx:idx + 1] = nodes
+            g.nodes = [m for m in g.nodes if id(m) not in gone]
             res.weights.append(dict(info, site=label, absorbed=[m.op_type for m in absorbed]))
         else:
-            nodes, info = qdq.emit(g, n.op_type, x, out, scale, zp, qmin, qmax, opset=opset, target=target,
+            xf = x if dtype == TensorProto.FLOAT else g.fresh(f"{x}_float")
+            of = out if dtype == TensorProto.FLOAT else g.fresh(f"{out}_float")
+            nodes, info = qdq.emit(g, n.op_type, xf, of, scale, zp, qmin, qmax, opset=opset, target=target,
                                    fp8_custom_ops=fp8_custom_ops, label=label)
+            nodes = _cast(g, x, xf, TensorProto.FLOAT) + nodes + _cast(g, of, out, dtype)
             idx = next(i for i, m in enumerate(g.nodes) if m is n)
             g.nodes[idx:idx + 1] = nodes
             res.notes += info.pop("notes")
             res.activations.append(dict(info, site=label))
     g.prune()
+    g.tidy_names()
     model = g.commit()
     _fix_opsets(model, uses_trt=any(n.domain == qdq.TRT_DOMAIN for n in model.graph.node))
     return model, res
+
+
+def _cast(g: Graph, src: str, dst: str, to: int) -> list[onnx.NodeProto]:
+    """``dst = Cast(src, to)``, or nothing when src is dst (float32 models need no casts)."""
+    if src == dst:
+        return []
+    return [helper.make_node("Cast", [src], [dst], to=to, name=g.fresh(f"{dst}_Cast"))]
 
 
 def _fix_opsets(model: onnx.ModelProto, uses_trt: bool) -> None:

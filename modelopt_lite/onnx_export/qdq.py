@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .graph import Graph
+from .graph import Graph, OpsetTooLow
 from .symbolic import AFFINE_MARKER, E4M3_MARKER
 
 #: scale exported for dead activation slices: finite, positive, and large enough that x / scale rounds to 0
@@ -40,8 +40,9 @@ def container(qmin: int, qmax: int, opset: int, label: str):
         if lo <= qmin and qmax <= hi:
             if opset < min_opset:
                 bits = math.ceil(math.log2(qmax - qmin + 1))
-                raise ValueError(f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
-                                 f"QuantizeLinear (opset >= 21); opset {opset} has no ONNX representation for it")
+                raise OpsetTooLow(f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
+                                  f"QuantizeLinear (opset >= 21); opset {opset} has no ONNX representation for it",
+                                  21)
             return t, np_t, lo, hi
     raise ValueError(f"{label}: the activation grid [{qmin}, {qmax}] does not fit any ONNX quantized type")
 
@@ -62,9 +63,10 @@ def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, q
          opset: int, target: str, fp8_custom_ops: bool, label: str) -> tuple[list[onnx.NodeProto], dict]:
     """Nodes computing ``out`` from ``x``, and a description for the report (granularity, dtype, notes)."""
     scale = np.asarray(scale, dtype=np.float32)
+    base = label.replace("/", ".")
     axis, s = activation_axis(scale, label)
     if axis is not None and opset < 13:
-        raise ValueError(f"{label}: per-channel quantization (axis) needs opset >= 13, got opset {opset}")
+        raise OpsetTooLow(f"{label}: per-channel quantization (axis) needs opset >= 13, got opset {opset}", 13)
     dead = s == 0
     notes = []
     if dead.any():
@@ -74,25 +76,25 @@ def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, q
                      "so those values still dequantize to exact zeros")
     info = {"granularity": "tensor" if axis is None else "axis", "axis": axis, "notes": notes}
     attrs = {} if axis is None else {"axis": axis}
-    s_name = g.add_init(f"{out}_scale", s)
+    s_name = g.add_init(f"{base}.scale", s)
     if kind == E4M3_MARKER:
         if opset < 19 and not fp8_custom_ops:
-            raise ValueError(f"{label}: FP8 E4M3 Q/DQ needs opset >= 19, got opset {opset}")
+            raise OpsetTooLow(f"{label}: FP8 E4M3 Q/DQ needs opset >= 19, got opset {opset}", 19)
         if fp8_custom_ops:
             if axis is not None:
                 raise ValueError(f"{label}: trt::TRT_FP8QuantizeLinear supports per-tensor scales only")
-            q = g.fresh(f"{out}_fp8")
+            q = g.fresh(f"{base}.q")
             info["dtype"] = "FLOAT8E4M3FN(trt)"
             return [helper.make_node("TRT_FP8QuantizeLinear", [x, s_name], [q], domain=TRT_DOMAIN,
-                                     name=g.fresh(f"{out}_TRT_FP8QuantizeLinear")),
+                                     name=g.fresh(f"{base}.TRT_FP8QuantizeLinear")),
                     helper.make_node("TRT_FP8DequantizeLinear", [q, s_name], [out], domain=TRT_DOMAIN,
-                                     name=g.fresh(f"{out}_TRT_FP8DequantizeLinear"))], info
+                                     name=g.fresh(f"{base}.TRT_FP8DequantizeLinear"))], info
         from .weights import make_tensor
 
-        zp_name = g.add_init(f"{out}_zero_point", make_tensor("zp", np.zeros(s.shape, np.float32),
+        zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32),
                                                              TensorProto.FLOAT8E4M3FN))
         info["dtype"] = "FLOAT8E4M3FN"
-        return _pair(g, x, out, s_name, zp_name, dict(attrs, saturate=1), attrs), info
+        return _pair(g, x, out, base, s_name, zp_name, dict(attrs, saturate=1), attrs), info
     zp = np.zeros(s.shape, np.int64) if zero_point is None else np.asarray(zero_point).reshape(s.shape)
     zp = np.rint(zp).astype(np.int64)
     if kind == AFFINE_MARKER and target == "tensorrt" and np.any(zp != 0):
@@ -100,37 +102,37 @@ def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, q
                          "support; export with target='onnxruntime'")
     elem, np_t, lo, hi = container(qmin, qmax, opset, label)
     info["dtype"] = TensorProto.DataType.Name(elem)
-    zp_name = g.add_init(f"{out}_zero_point", zp.astype(np_t))
+    zp_name = g.shared_zero(np_t) if zp.ndim == 0 and zp == 0 else g.add_init(f"{base}.zp", zp.astype(np_t))
     nodes = []
     if (qmin, qmax) != (lo, hi):
-        x, clip_nodes = _clip(g, x, out, s, zp, qmin, qmax, axis, scale.ndim)
+        x, clip_nodes = _clip(g, x, base, s, zp, qmin, qmax, axis, scale.ndim)
         nodes += clip_nodes
         notes.append(f"{label}: grid [{qmin}, {qmax}] exported as {info['dtype']} Q/DQ after a Clip "
                      f"(exact: {'narrow range' if qmin == -qmax else 'sub-range grid'})")
-    return nodes + _pair(g, x, out, s_name, zp_name, attrs, attrs), info
+    return nodes + _pair(g, x, out, base, s_name, zp_name, attrs, attrs), info
 
 
-def _pair(g: Graph, x, out, s_name, zp_name, q_attrs, dq_attrs) -> list[onnx.NodeProto]:
-    q = g.fresh(f"{out}_quantized")
-    return [helper.make_node("QuantizeLinear", [x, s_name, zp_name], [q], name=g.fresh(f"{out}_QuantizeLinear"),
+def _pair(g: Graph, x, out, base, s_name, zp_name, q_attrs, dq_attrs) -> list[onnx.NodeProto]:
+    q = g.fresh(f"{base}.q")
+    return [helper.make_node("QuantizeLinear", [x, s_name, zp_name], [q], name=g.fresh(f"{base}.Q"),
                              **q_attrs),
             helper.make_node("DequantizeLinear", [q, s_name, zp_name], [out],
-                             name=g.fresh(f"{out}_DequantizeLinear"), **dq_attrs)]
+                             name=g.fresh(f"{base}.DQ"), **dq_attrs)]
 
 
-def _clip(g: Graph, x, out, s, zp, qmin, qmax, axis, rank):
+def _clip(g: Graph, x, out, s, zp, qmin, qmax, axis, rank):  # ``out``: a base for the new names
     with np.errstate(over="ignore"):
         lo = ((qmin - zp).astype(np.float32) * s).astype(np.float32)
         hi = ((qmax - zp).astype(np.float32) * s).astype(np.float32)
     dead = s == DEAD_SCALE
     lo, hi = np.where(dead, -np.inf, lo).astype(np.float32), np.where(dead, np.inf, hi).astype(np.float32)
-    clipped = g.fresh(f"{out}_clipped")
+    clipped = g.fresh(f"{out}.clipped")
     if axis is None:
-        lo_n, hi_n = g.add_init(f"{out}_clip_min", lo.reshape(())), g.add_init(f"{out}_clip_max", hi.reshape(()))
-        return clipped, [helper.make_node("Clip", [x, lo_n, hi_n], [clipped], name=g.fresh(f"{out}_Clip"))]
+        lo_n, hi_n = g.add_init(f"{out}.clip_min", lo.reshape(())), g.add_init(f"{out}.clip_max", hi.reshape(()))
+        return clipped, [helper.make_node("Clip", [x, lo_n, hi_n], [clipped], name=g.fresh(f"{out}.Clip"))]
     view = [1] * rank
     view[axis] = -1
-    lo_n, hi_n = g.add_init(f"{out}_clip_min", lo.reshape(view)), g.add_init(f"{out}_clip_max", hi.reshape(view))
-    upper = g.fresh(f"{out}_clip_upper")
-    return clipped, [helper.make_node("Min", [x, hi_n], [upper], name=g.fresh(f"{out}_Min")),
-                     helper.make_node("Max", [upper, lo_n], [clipped], name=g.fresh(f"{out}_Max"))]
+    lo_n, hi_n = g.add_init(f"{out}.clip_min", lo.reshape(view)), g.add_init(f"{out}.clip_max", hi.reshape(view))
+    upper = g.fresh(f"{out}.clip_upper")
+    return clipped, [helper.make_node("Min", [x, hi_n], [upper], name=g.fresh(f"{out}.Min")),
+                     helper.make_node("Max", [upper, lo_n], [clipped], name=g.fresh(f"{out}.Max"))]

@@ -1,17 +1,17 @@
 """TorchScript-exporter symbolics: each ``torch.ops.modelopt_lite`` fake-quant op becomes one *marker* node.
 
 A marker is a node of the private domain ``modelopt_lite`` that keeps the op's inputs (x, scale[, zero_point]) and its
-integer range as attributes. It never reaches the saved file: after export, :mod:`.postprocess` replaces every
-marker with standard ``QuantizeLinear``/``DequantizeLinear`` (activations) or integer/FP8 initializers followed by
-``DequantizeLinear`` (weights), once the scales are known constants. Markers always see float32 data: a float16 or
-bfloat16 ``x`` is cast to float32 before the marker and the result cast back (the numerics contract computes in
-float32), so casts appear only where the model is not float32.
+integer range and x's element type (``dtype``) as attributes; its output has x's type and shape. It never reaches
+the saved file: after export, :mod:`.postprocess` replaces every marker with standard
+``QuantizeLinear``/``DequantizeLinear`` (activations) or integer/FP8 initializers followed by ``DequantizeLinear``
+(weights), once the scales are known constants. For a float16/bfloat16 ``x`` the post-pass adds the casts to and
+from float32 around the Q/DQ (the numerics contract computes in float32): casts appear only where needed.
 
 Markers (domain ``modelopt_lite``, version 1):
 
-- ``FakeQuantInt(x, scale) {qmin, qmax}``  ->  ``clamp(rint(x / scale), qmin, qmax) * scale``
-- ``FakeE4M3(x, scale)``                    ->  ``e4m3(clamp(x / scale, -448, 448)) * scale``
-- ``FakeAffine(x, scale, zero_point) {qmin, qmax}``
+- ``FakeQuantInt(x, scale) {qmin, qmax, dtype}``  ->  ``clamp(rint(x / scale), qmin, qmax) * scale``
+- ``FakeE4M3(x, scale) {dtype}``                  ->  ``e4m3(clamp(x / scale, -448, 448)) * scale``
+- ``FakeAffine(x, scale, zero_point) {qmin, qmax, dtype}``
 """
 
 from __future__ import annotations
@@ -50,15 +50,13 @@ def _onnx_dtype(value) -> int:
 
 
 def _wrap(g, x, build):
-    """Call ``build(x_float32)`` and cast around it when x is not float32."""
-    dtype = _onnx_dtype(x)
-    xf = x if dtype == _FLOAT else g.op("Cast", x, to_i=_FLOAT)
-    out = build(xf)
+    """Call ``build(dtype)`` (the marker, told x's element type) and give its output x's type and shape."""
+    out = build(_onnx_dtype(x))
     try:
-        out.setType(xf.type())
+        out.setType(x.type())
     except RuntimeError:  # pragma: no cover - type unavailable
         pass
-    return out if dtype == _FLOAT else g.op("Cast", out, to_i=dtype)
+    return out
 
 
 def _const_int(g_value, what: str) -> int:
@@ -72,16 +70,17 @@ def _const_int(g_value, what: str) -> int:
 
 def _sym_fake_quant_int(g, x, scale, qmin, qmax):
     lo, hi = _const_int(qmin, "qmin"), _const_int(qmax, "qmax")
-    return _wrap(g, x, lambda xf: g.op(f"{DOMAIN}::{INT_MARKER}", xf, scale, qmin_i=lo, qmax_i=hi))
+    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{INT_MARKER}", x, scale, qmin_i=lo, qmax_i=hi, dtype_i=dt))
 
 
 def _sym_fake_e4m3(g, x, scale):
-    return _wrap(g, x, lambda xf: g.op(f"{DOMAIN}::{E4M3_MARKER}", xf, scale))
+    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{E4M3_MARKER}", x, scale, dtype_i=dt))
 
 
 def _sym_fake_affine(g, x, scale, zero_point, qmin, qmax):
     lo, hi = _const_int(qmin, "qmin"), _const_int(qmax, "qmax")
-    return _wrap(g, x, lambda xf: g.op(f"{DOMAIN}::{AFFINE_MARKER}", xf, scale, zero_point, qmin_i=lo, qmax_i=hi))
+    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{AFFINE_MARKER}", x, scale, zero_point, qmin_i=lo, qmax_i=hi,
+                                       dtype_i=dt))
 
 
 _SYMBOLICS = {

@@ -22,7 +22,7 @@ import torch
 from onnx import TensorProto, helper
 
 from ..functional import reference
-from .graph import Graph, attr
+from .graph import Graph, OpsetTooLow, attr
 from .symbolic import AFFINE_MARKER, E4M3_MARKER
 
 #: shape-only ops a folded weight absorbs (the same op is applied to codes and scales)
@@ -81,7 +81,10 @@ def fold(kind: str, x: np.ndarray, scale: np.ndarray, zero_point, qmin: int, qma
 # --- absorbing shape ops -------------------------------------------------------------------------------------------
 def _ints(g: Graph, node: onnx.NodeProto, index: int, attr_name: str | None = None):
     if len(node.input) > index and node.input[index]:
-        v = g.array(node.input[index])
+        name = node.input[index]
+        v = g.array(name)
+        if v is None:  # a shape computed from constants (e.g. the padding arithmetic of block quantization)
+            v = g.constants([name]).get(name)
         return None if v is None else [int(i) for i in np.asarray(v).reshape(-1)]
     return attr(node, attr_name) if attr_name else None
 
@@ -194,8 +197,8 @@ def storage_type(kind: str, qmin: int, qmax: int, opset: int, label: str) -> int
         if lo <= qmin and qmax <= hi and opset >= min_opset:
             return t
     bits = math.ceil(math.log2(qmax - qmin + 1))
-    raise ValueError(f"{label}: integer codes in [{qmin}, {qmax}] ({bits} bits) have no ONNX storage type at "
-                     f"opset {opset}; 16-bit (and 4-bit) codes need opset >= 21")
+    raise OpsetTooLow(f"{label}: integer codes in [{qmin}, {qmax}] ({bits} bits) have no ONNX storage type at "
+                      f"opset {opset}; 16-bit codes need opset >= 21", 21)
 
 
 def pack_4bit(values: np.ndarray) -> bytes:
@@ -228,25 +231,27 @@ def emit(g: Graph, fw: FoldedWeight, out: str, opset: int, label: str) -> tuple[
                          "ONNX DequantizeLinear cannot express (per tensor, one axis, or blocks along one axis)")
     kind, axis, block, compact = gran
     if kind != "tensor" and opset < 13:
-        raise ValueError(f"{label}: per-channel weights need opset >= 13, got opset {opset}")
+        raise OpsetTooLow(f"{label}: per-channel weights need opset >= 13, got opset {opset}", 13)
     if kind == "block" and opset < 21:
-        raise ValueError(f"{label}: block-quantized weights need opset >= 21 (DequantizeLinear block_size), "
-                         f"got opset {opset}")
+        raise OpsetTooLow(f"{label}: block-quantized weights need opset >= 21 (DequantizeLinear block_size), "
+                          f"got opset {opset}", 21)
     zp_c = compact(fw.zero_point)
     scale_c = compact(fw.scale).astype(np.float32)
     if not np.array_equal(_expand(zp_c, fw.zero_point.shape, kind, axis, block), fw.zero_point):
         raise ValueError(f"{label}: zero points do not follow the scales' granularity")
     elem = storage_type(fw.kind, fw.qmin, fw.qmax, opset, label)
-    codes = g.add_init(f"{out}_quantized", make_tensor("q", fw.codes, elem))
-    scale = g.add_init(f"{out}_scale", np.asarray(scale_c, dtype=np.float32))
-    zp = g.add_init(f"{out}_zero_point", make_tensor("zp", zp_c, elem))
+    base = label.replace("/", ".")
+    codes = g.add_init(f"{base}.q", make_tensor("q", fw.codes, elem))
+    scale = g.add_init(f"{base}.scale", np.asarray(scale_c, dtype=np.float32))
+    inputs = [codes, scale]
+    if fw.kind == E4M3_MARKER or np.any(zp_c != 0):  # an all-zero integer zero point is the default: left out
+        inputs.append(g.add_init(f"{base}.zp", make_tensor("zp", zp_c, elem)))
     attrs = {}
     if kind in ("axis", "block"):
         attrs["axis"] = axis
     if kind == "block":
         attrs["block_size"] = block
-    node = helper.make_node("DequantizeLinear", [codes, scale, zp], [out], name=g.fresh(f"{out}_DequantizeLinear"),
-                            **attrs)
+    node = helper.make_node("DequantizeLinear", inputs, [out], name=g.fresh(f"{base}.DQ"), **attrs)
     info = {"granularity": kind, "axis": axis, "block_size": block, "dtype": TensorProto.DataType.Name(elem),
             "shape": tuple(fw.codes.shape)}
     return node, info

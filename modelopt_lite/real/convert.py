@@ -214,7 +214,8 @@ def fake2real(model: nn.Module, save_dir=None, *, backend: str = "auto", strict:
 
     Args:
         model: a model quantized by :func:`modelopt_lite.quantize` (or :func:`modelopt_lite.fake_quant`) and
-            calibrated. Quantizers left collecting by :func:`modelopt_lite.fake_quant` are finished first.
+            calibrated. Quantizers left collecting by :func:`modelopt_lite.fake_quant` are finished first (on
+            ``model`` itself, even with ``inplace=False``).
         save_dir: if given, a directory where ``model_int8.safetensors`` and ``model_int8.json`` are written
             (see :func:`modelopt_lite.real.checkpoint.save_real`).
         backend: integer GEMM backend (see :mod:`modelopt_lite.real.int8_gemm`), ``"auto"`` by default.
@@ -234,10 +235,10 @@ def fake2real(model: nn.Module, save_dir=None, *, backend: str = "auto", strict:
     check_backend(backend)
     if not isinstance(model, nn.Module):
         raise TypeError(f"fake2real expects an nn.Module, got {type(model).__name__}")
+    if has_pending_calibration(model):  # finished on the caller's model (also with inplace=False)
+        finish_calibration(model)
     if not inplace:
         model = copy.deepcopy(model)
-    if has_pending_calibration(model):
-        finish_calibration(model)
     plan = list(_targets(model, strict))
     if any(n == "" for n, _, _ in plan):
         raise ValueError("fake2real: the model itself is a quantized module; wrap it in a container")

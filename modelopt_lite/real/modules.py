@@ -36,11 +36,13 @@ from .packing import dequantize_weight, unpack_int4
 _FP32_BUFFERS = ("weight_scale", "input_scale")
 
 
+_DTYPES = {str(d).replace("torch.", ""): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
+
+
 def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r}")
-    return dt
+    if str(name) not in _DTYPES:
+        raise ValueError(f"unsupported dtype name {name!r} in a real module spec; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[str(name)]
 
 
 def weight_scale_shape(spec: dict) -> tuple[int, ...]:

@@ -67,7 +67,7 @@ def seed_config(wq_params: dict, aq_params: dict, num_steps: int = 1) -> dict:
     w = {"num_bits": wn, "axis": 0 if wcw else None, "calib_method": "max" if wm == "max" else "histogram",
          "enable": True}
     qc["*weight_quantizer"] = w
-    for key, sub in qc.items():  # ConvTranspose weights: output channel is axis 1
+    for sub in qc.values():  # ConvTranspose weights keep the project's channel axis for them
         if isinstance(sub, dict) and "*weight_quantizer" in sub and isinstance(sub["*weight_quantizer"], dict):
             sub["*weight_quantizer"] = dict(w, axis=CONVTRANSPOSE_WEIGHT_AXIS if wcw else None)
     qc["*input_quantizer"] = {"num_bits": an, "axis": None, "enable": True, "num_steps": num_steps,

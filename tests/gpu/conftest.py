@@ -20,6 +20,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def cuda_module():
     """The JIT-built CUDA extension (the module the backend routes CUDA tensors to); fails loudly if it won't build."""
-    from modelopt_lite.functional import native_build
+    from modelopt_lite.functional import backend
 
-    return native_build.load("cuda")
+    mod = backend._load("cuda")
+    if mod is None:
+        pytest.fail(f"the CUDA kernels failed to build: {backend.native_error('cuda')}")
+    return mod

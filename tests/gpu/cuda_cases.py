@@ -8,7 +8,8 @@ the same places and the same bits everywhere else (the sign of zero included).
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

