@@ -48,16 +48,33 @@ def quantized(model, config, batches):
     return q.eval()
 
 
-def build_variants(model, batches, sample, tmp, threads, tag):
+def share_relu_grids(q, pairs):
+    """Give each ``(producer, consumer)`` pair one grid: the consumer's input quantizer takes the amax of the producer's
+    output quantizer (only a ReLU lies between them), so the export's ``DQ -> Relu -> Q`` runs as a uint8 Clip
+    between ORT's int8 kernels. Costs the consumer a slightly coarser grid (max|y| instead of max(relu(y)))."""
+    q = copy.deepcopy(q)
+    with torch.no_grad():
+        for a, b in pairs:
+            q.get_submodule(b).input_quantizer.amax = q.get_submodule(a).output_quantizer.amax.clone()
+    return q
+
+
+def build_variants(model, batches, sample, tmp, threads, tag, relu_pairs=()):
     """name -> (session, file size, fused int8 ops in ORT's optimized graph)."""
     out = {}
     path = os.path.join(tmp, f"{tag}_fp32.onnx")
     export_fp32(model, sample, path)
     out["FP32"] = path
     q = quantized(model, mtq.INT8_ORT_CFG, batches)
-    path = os.path.join(tmp, f"{tag}_int8_ort.onnx")
-    export_onnx(q, sample, path, target="onnxruntime", dynamic_axes={"input": {0: "batch"}})
-    out["INT8 target=onnxruntime"] = path
+    for weights in ("int8", "uint8"):
+        path = os.path.join(tmp, f"{tag}_int8_ort_{weights}.onnx")
+        export_onnx(q, sample, path, target="onnxruntime", ort_weights=weights, dynamic_axes={"input": {0: "batch"}})
+        out[f"INT8 onnxruntime, {weights} w"] = path
+    if relu_pairs:
+        path = os.path.join(tmp, f"{tag}_int8_ort_shared.onnx")
+        export_onnx(share_relu_grids(q, relu_pairs), sample, path, target="onnxruntime", ort_weights="int8",
+                    dynamic_axes={"input": {0: "batch"}})
+        out["INT8 onnxruntime, int8 w, shared ReLU grids"] = path
     q = quantized(model, mtq.INT8_DEFAULT_CFG, batches)
     path = os.path.join(tmp, f"{tag}_int8_trt.onnx")
     export_onnx(q, sample, path, target="tensorrt", dynamic_axes={"input": {0: "batch"}})
@@ -92,10 +109,10 @@ def top1(sess, x: np.ndarray, batch: int) -> np.ndarray:
 
 def table(title, sessions, ms, acc_of, acc_label):
     fp_ms, fp_acc = ms["FP32"], acc_of["FP32"]
-    lines = [title, f"{'variant':<26}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
+    lines = [title, f"{'variant':<44}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
                     f"{acc_label:>14}{'drop':>8}"]
     for name, (_, size, fused) in sessions.items():
-        lines.append(f"{name:<26}{ms[name]:>10.2f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}"
+        lines.append(f"{name:<44}{ms[name]:>10.2f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}"
                      f"{acc_of[name]:>13.2f}%{fp_acc - acc_of[name]:>+8.2f}")
     return "\n".join(lines)
 
@@ -129,7 +146,8 @@ def bench_cnn(tmp, repeats, threads, c1=16, c2=32):
     torch.manual_seed(0)
     model = train_classifier(DigitsCNN(c1, c2), data.x_train, data.y_train, epochs=15).eval()
     model = fold_batchnorm(model)
-    sessions = build_variants(model, data.calib_batches(8, 64), data.x_test[:8], tmp, threads, f"cnn{c1}")
+    sessions = build_variants(model, data.calib_batches(8, 64), data.x_test[:8], tmp, threads, f"cnn{c1}",
+                              relu_pairs=[("conv1", "conv2")])
     x = data.x_test[:64].numpy()
     ms = time_interleaved(sessions, x, repeats)
     y = data.y_test.numpy()

@@ -329,3 +329,21 @@ def test_cached_build_loads_without_compiling(native):
     assert (build_dir / native_build._MARKER).read_text() == name
     mod = native_build._import_built(name, build_dir)
     assert mod is not None and mod.kernel_impl() in ("avx2", "scalar")
+
+
+def test_large_outputs_use_the_huge_page_path_and_stay_exact(native):
+    """Outputs of >= 4 MiB come from the kernels' own 2 MiB-aligned allocation: same bits, an ordinary tensor."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1 << 20, 3, generator=gen) * 4  # 12 MiB of float32
+    s = torch.tensor(4.0 / 127)
+    g = torch.randn(x.shape, generator=gen)
+    for name, nat, ref in [("int", native.fake_quant_int(x, s, -128, 127), R.fake_quant_int(x, s, -128, 127)),
+                           ("e4m3", native.fake_e4m3(x, s), R.fake_e4m3(x, s)),
+                           ("bwd", native.int_backward(g, x, s, -128, 127, True)[0],
+                            R.int_backward(g, x, s, -128, 127, True)[0])]:
+        same(nat, ref, name)
+        assert nat.is_contiguous() and nat.data_ptr() % (2 << 20) == 0, name
+        nat.add_(1.0).mul_(2.0)  # writable; its memory is freed with the tensor (no leak to check here)
+        assert nat.untyped_storage().nbytes() == x.numel() * 4
+    small = native.fake_quant_int(x[:10], s, -128, 127)  # under 4 MiB: torch's allocator
+    same(small, R.fake_quant_int(x[:10], s, -128, 127), "small")

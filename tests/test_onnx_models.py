@@ -23,6 +23,7 @@ pytest.importorskip("onnxruntime")
 import modelopt_lite as mtq  # noqa: E402
 from modelopt_lite.examples import MLP, accuracy, load_digits_data, train_classifier, trained_digits_model  # noqa: E402
 from modelopt_lite.onnx_export import export_onnx  # noqa: E402
+from modelopt_lite.onnx_export.ort_layout import host_has_vnni  # noqa: E402
 from modelopt_lite.onnx_export.runtime import ort_session  # noqa: E402
 
 
@@ -108,11 +109,18 @@ def test_int4_weight_only_blocks(tmp_path, data):
     assert rep.file_size / fp32_size(model, data, tmp_path) <= 0.2
 
 
+@pytest.mark.parametrize("weights", ["uint8", "int8"])
 @pytest.mark.parametrize("kind,fused", [("mlp", "QGemm"), ("cnn", "QLinearConv")])
-def test_onnxruntime_layout_runs_int8_kernels(tmp_path, models, data, kind, fused):
+def test_onnxruntime_layout_runs_int8_kernels(tmp_path, models, data, kind, fused, weights):
+    if weights == "int8" and not host_has_vnni():
+        pytest.skip("ORT's u8 x s8 kernels are exact only on CPUs with VNNI or AMX")
     q = quantize(models[kind], mtq.INT8_ORT_CFG, data)
-    rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime")
-    assert all(k.split()[1] == "UINT8" for k in rep.qdq_counts)  # int8 stored as uint8 + 128: exact
+    rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime", ort_weights=weights)
+    acts = {k: v for k, v in rep.qdq_counts.items() if "per-tensor" in k}
+    wts = {k: v for k, v in rep.qdq_counts.items() if "per-channel" in k}
+    assert acts and all(k.split()[1] == "UINT8" for k in acts)  # int8 activations stored as uint8 + 128: exact
+    assert wts and all(k.split()[1] == weights.upper() for k in wts)
+    assert any(f"{weights} weights" in n for n in rep.notes)
     got = ort_logits(tmp_path / "o.onnx", data.x_test, optimized_model_path=str(tmp_path / "opt.onnx"))
     ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
     assert ops.count(fused) >= (3 if kind == "mlp" else 2)
@@ -122,6 +130,16 @@ def test_onnxruntime_layout_runs_int8_kernels(tmp_path, models, data, kind, fuse
     assert diff.max().item() <= step * 1.0001  # the graph ends in Q/DQ: never more than one output step
     assert (diff == 0).float().mean().item() >= 0.98
     assert abs(accuracy(got, y=data.y_test) - accuracy(want, y=data.y_test)) <= 100 / len(data.y_test)
+
+
+def test_ort_weights_auto_follows_the_cpu_and_bad_values_raise(tmp_path, models, data):
+    q = quantize(models["mlp"], mtq.INT8_ORT_CFG, data)
+    rep = export(q, tmp_path / "a.onnx", data, target="onnxruntime")
+    chosen = "int8" if host_has_vnni() else "uint8"
+    assert any(n.startswith(f"onnxruntime layout: {chosen} weights (auto: this CPU ") for n in rep.notes), rep.notes
+    with pytest.raises(ValueError, match=r"ort_weights must be one of \('auto', 'int8', 'uint8'\), got 'int4'"):
+        export(q, tmp_path / "b.onnx", data, target="onnxruntime", ort_weights="int4")
+    assert not (tmp_path / "b.onnx").exists()
 
 
 # --- the real MiniLM sentence encoder ------------------------------------------------------------------------------

@@ -14,7 +14,14 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>  // lighter than torch/extension.h: faster JIT build
+
+#if defined(__linux__)
+#include <sys/mman.h>
+
+#include <cstdlib>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -175,11 +182,32 @@ at::Tensor as_f32(const at::Tensor& t, const char* what) {
 
 float qf(int64_t q) { return static_cast<float>(q); }
 
+// A fresh output. Large ones (>= 4 MiB, Linux) are 2 MiB-aligned and advised as transparent huge pages: the first
+// write then faults one 2 MiB page instead of 512 4 KiB ones, which is most of the cost of a fresh output (torch's
+// own allocator does the same only under THP_MEM_ALLOC_ENABLE=1). Everything else comes from torch's allocator.
+at::Tensor empty_out(at::IntArrayRef shape, const at::TensorOptions& opts) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t kHuge = size_t{2} << 20;
+  int64_t numel = 1;
+  for (const int64_t d : shape) numel *= d;
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
+  if (opts.device().is_cpu() && bytes >= 2 * kHuge) {
+    void* p = nullptr;
+    const size_t padded = (bytes + kHuge - 1) / kHuge * kHuge;
+    if (posix_memalign(&p, kHuge, padded) == 0) {
+      madvise(p, padded, MADV_HUGEPAGE);  // advice only: a refusal leaves ordinary pages
+      return at::from_blob(p, shape, [](void* q) { std::free(q); }, opts);
+    }
+  }
+#endif
+  return at::empty(shape, opts);
+}
+
 // ---- forward ops -----------------------------------------------------------------------------------------------
 at::Tensor int_forward(const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax, bool codes) {
   check_data(x, "x");
   const at::Tensor s = as_f32(scale, "scale");
-  at::Tensor y = at::empty(at::infer_size_dimvector(x.sizes(), s.sizes()),
+  at::Tensor y = empty_out(at::infer_size_dimvector(x.sizes(), s.sizes()),
                            x.options().dtype(codes ? at::kFloat : x.scalar_type()));
   if (y.numel() == 0) return y;
   auto iter = make_iter({y}, {x, s});
@@ -201,7 +229,7 @@ at::Tensor quantize_int(const at::Tensor& x, const at::Tensor& scale, int64_t qm
 at::Tensor fake_e4m3(const at::Tensor& x, const at::Tensor& scale) {
   check_data(x, "x");
   const at::Tensor s = as_f32(scale, "scale");
-  at::Tensor y = at::empty(at::infer_size_dimvector(x.sizes(), s.sizes()), x.options());
+  at::Tensor y = empty_out(at::infer_size_dimvector(x.sizes(), s.sizes()), x.options());
   if (y.numel() == 0) return y;
   auto iter = make_iter({y}, {x, s});
   drive<3>(iter, {kOut, kIn, kBcast}, [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
@@ -216,7 +244,7 @@ at::Tensor affine_forward(const at::Tensor& x, const at::Tensor& scale, const at
   const at::Tensor s = as_f32(scale, "scale");
   const at::Tensor z = as_f32(zero_point, "zero_point");
   const auto shape = at::infer_size_dimvector(at::infer_size_dimvector(x.sizes(), s.sizes()), z.sizes());
-  at::Tensor y = at::empty(shape, x.options().dtype(codes ? at::kFloat : x.scalar_type()));
+  at::Tensor y = empty_out(shape, x.options().dtype(codes ? at::kFloat : x.scalar_type()));
   if (y.numel() == 0) return y;
   auto iter = make_iter({y}, {x, s, z});
   const float lo = qf(qmin), hi = qf(qmax);
@@ -248,9 +276,9 @@ GradPair clip_backward(const at::Tensor& grad, const at::Tensor& x, const at::Te
   check_data(x, "x");
   const at::Tensor s = as_f32(scale, "scale");
   const auto shape = at::infer_size_dimvector(at::infer_size_dimvector(grad.sizes(), x.sizes()), s.sizes());
-  at::Tensor gx = at::empty(shape, grad.options());
+  at::Tensor gx = empty_out(shape, grad.options());
   std::optional<at::Tensor> gs;
-  if (need_scale_grad) gs = at::empty(shape, x.options().dtype(at::kFloat));
+  if (need_scale_grad) gs = empty_out(shape, x.options().dtype(at::kFloat));
   if (gx.numel() == 0) return {gx, gs};
   const float lo = qf(qmin), hi = qf(qmax);
   if (need_scale_grad) {
@@ -294,7 +322,7 @@ at::Tensor affine_backward(const at::Tensor& grad, const at::Tensor& x, const at
   const at::Tensor z = as_f32(zero_point, "zero_point");
   auto shape = at::infer_size_dimvector(at::infer_size_dimvector(grad.sizes(), x.sizes()), s.sizes());
   shape = at::infer_size_dimvector(shape, z.sizes());
-  at::Tensor gx = at::empty(shape, grad.options());
+  at::Tensor gx = empty_out(shape, grad.options());
   if (gx.numel() == 0) return gx;
   auto iter = make_iter({gx}, {grad, x, s, z});
   const float lo = qf(qmin), hi = qf(qmax);
@@ -309,7 +337,7 @@ at::Tensor affine_backward(const at::Tensor& grad, const at::Tensor& x, const at
 // x (float32) rounded to float16 or bfloat16 by the kernels' own output conversion.
 at::Tensor round_float32(const at::Tensor& x, bool bfloat16) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "round_float32: x must be float32, got ", x.scalar_type());
-  at::Tensor y = at::empty(x.sizes(), x.options().dtype(bfloat16 ? at::kBFloat16 : at::kHalf));
+  at::Tensor y = empty_out(x.sizes(), x.options().dtype(bfloat16 ? at::kBFloat16 : at::kHalf));
   if (y.numel() == 0) return y;
   auto iter = make_iter({y}, {x});
   drive<2>(iter, {kOut, kIn}, [&](const Kernels&, const auto& in, const auto&, const auto& out, int64_t n) {

@@ -149,7 +149,7 @@ def _set_ir_version(model: onnx.ModelProto) -> None:
 
 def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, target: str = "tensorrt",
                 dynamic_axes=None, dynamo: bool = False, input_names=None, output_names=None,
-                fp8_custom_ops: bool = False) -> ExportReport:
+                fp8_custom_ops: bool = False, ort_weights: str = "auto") -> ExportReport:
     """Export a (fake-)quantized model to a standard Q/DQ ONNX file and return an :class:`ExportReport`.
 
     Args:
@@ -166,11 +166,15 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
         input_names, output_names: graph input/output names (default ``input``/``input_i`` and the exporter's).
         fp8_custom_ops: write FP8 activations as TensorRT's ``trt::TRT_FP8QuantizeLinear``/``DequantizeLinear``
             instead of opset-19 Q/DQ (TensorRT only; ONNX Runtime cannot run them).
+        ort_weights: with ``target="onnxruntime"``: ``"int8"`` (ORT's fast u8 x s8 kernels; exact on CPUs with
+            VNNI or AMX, saturating on older x86 CPUs), ``"uint8"`` (u8 x u8 kernels, exact everywhere, slower) or
+            ``"auto"`` (int8 when this machine's CPU has VNNI or AMX). See :mod:`.ort_layout`.
 
     Weights are stored already quantized (INT8/INT4/FP8 initializers followed by DequantizeLinear only). The model
     is left exactly as it was (mode flags restored, no buffer written).
     """
     _check_args(target, opset, dynamo, fp8_custom_ops)
+    ort_layout.resolve_weights(ort_weights)  # a bad value fails before the (slow) export
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     args = args if isinstance(args, tuple) else (args,)
@@ -185,7 +189,7 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
     proto, res, opset = _resolve(raw, opset, auto, target, fp8_custom_ops)
     notes = plan.notes + res.notes
     if target == "onnxruntime":
-        proto, layout_notes = ort_layout.apply(proto)
+        proto, layout_notes = ort_layout.apply(proto, weights=ort_weights)
         notes += layout_notes
     notes += _axis_notes(proto, target) + _runtime_notes(proto, target)
     if dynamo and opset < 18:
