@@ -6,7 +6,10 @@ Models:
   is the top-1 agreement with the FP32 model on 4096 random inputs (there is no dataset of that width);
 - the digits CNN (``DigitsCNN``, trained), batch 64; accuracy on the digits test split.
 
-Each variant is exported with ``export_onnx`` and run by ``ort_session`` (CPU provider, intra-op spinning off).
+Variants: FP32; INT8 ``INT8_ORT_CFG`` exported with ``target="onnxruntime"`` and int8 weights (ORT's u8 x s8 kernels,
+exact on CPUs with VNNI/AMX), the same with uint8 weights (u8 x u8, exact everywhere), the same after
+``modelopt_lite.share_relu_grids`` (ReLUs between quantizers run as uint8 Clips); INT8 ``INT8_DEFAULT_CFG`` in the
+TensorRT layout. Each variant is exported with ``export_onnx`` and run by ``ort_session`` (CPU provider, intra-op spinning off).
 Latencies are medians over interleaved rounds (one run of every session per round), after warm-up.
 
 Usage: ``python bench/bench_onnx.py [--repeats 30] [--threads N] [--out DIR]``
@@ -48,18 +51,7 @@ def quantized(model, config, batches):
     return q.eval()
 
 
-def share_relu_grids(q, pairs):
-    """Give each ``(producer, consumer)`` pair one grid: the consumer's input quantizer takes the amax of the producer's
-    output quantizer (only a ReLU lies between them), so the export's ``DQ -> Relu -> Q`` runs as a uint8 Clip
-    between ORT's int8 kernels. Costs the consumer a slightly coarser grid (max|y| instead of max(relu(y)))."""
-    q = copy.deepcopy(q)
-    with torch.no_grad():
-        for a, b in pairs:
-            q.get_submodule(b).input_quantizer.amax = q.get_submodule(a).output_quantizer.amax.clone()
-    return q
-
-
-def build_variants(model, batches, sample, tmp, threads, tag, relu_pairs=()):
+def build_variants(model, batches, sample, tmp, threads, tag):
     """name -> (session, file size, fused int8 ops in ORT's optimized graph)."""
     out = {}
     path = os.path.join(tmp, f"{tag}_fp32.onnx")
@@ -70,10 +62,10 @@ def build_variants(model, batches, sample, tmp, threads, tag, relu_pairs=()):
         path = os.path.join(tmp, f"{tag}_int8_ort_{weights}.onnx")
         export_onnx(q, sample, path, target="onnxruntime", ort_weights=weights, dynamic_axes={"input": {0: "batch"}})
         out[f"INT8 onnxruntime, {weights} w"] = path
-    if relu_pairs:
+    shared = copy.deepcopy(q)
+    if mtq.share_relu_grids(shared, lambda m: [m(b) for b in batches]):
         path = os.path.join(tmp, f"{tag}_int8_ort_shared.onnx")
-        export_onnx(share_relu_grids(q, relu_pairs), sample, path, target="onnxruntime", ort_weights="int8",
-                    dynamic_axes={"input": {0: "batch"}})
+        export_onnx(shared, sample, path, target="onnxruntime", ort_weights="int8", dynamic_axes={"input": {0: "batch"}})
         out["INT8 onnxruntime, int8 w, shared ReLU grids"] = path
     q = quantized(model, mtq.INT8_DEFAULT_CFG, batches)
     path = os.path.join(tmp, f"{tag}_int8_trt.onnx")
@@ -146,8 +138,7 @@ def bench_cnn(tmp, repeats, threads, c1=16, c2=32):
     torch.manual_seed(0)
     model = train_classifier(DigitsCNN(c1, c2), data.x_train, data.y_train, epochs=15).eval()
     model = fold_batchnorm(model)
-    sessions = build_variants(model, data.calib_batches(8, 64), data.x_test[:8], tmp, threads, f"cnn{c1}",
-                              relu_pairs=[("conv1", "conv2")])
+    sessions = build_variants(model, data.calib_batches(8, 64), data.x_test[:8], tmp, threads, f"cnn{c1}")
     x = data.x_test[:64].numpy()
     ms = time_interleaved(sessions, x, repeats)
     y = data.y_test.numpy()

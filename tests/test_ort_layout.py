@@ -34,7 +34,7 @@ def test_relu_between_one_grid_becomes_an_exact_uint8_clip(scale):
     model = _chain(scale, scale)
     want = ort_session(model, optimize=False).run(None, {"q": CODES})[0]
     g = ort_layout.Graph(model)
-    assert ort_layout.relu_to_clip(g) == 1
+    assert ort_layout.relu_to_clip(g) == (1, 0)
     out = g.commit()
     assert [n.op_type for n in out.graph.node] == ["Clip"]
     got = ort_session(out, optimize=False).run(None, {"q": CODES})[0]
@@ -45,7 +45,7 @@ def test_relu_between_one_grid_becomes_an_exact_uint8_clip(scale):
 @pytest.mark.parametrize("scales,zps", [((0.5, 0.25), (128, 128)), ((0.5, 0.5), (128, 0))])
 def test_relu_between_two_grids_is_left_alone(scales, zps):
     g = ort_layout.Graph(_chain(*scales, *zps))
-    assert ort_layout.relu_to_clip(g) == 0
+    assert ort_layout.relu_to_clip(g) == (0, 1)
     assert [n.op_type for n in g.commit().graph.node] == ["DequantizeLinear", "Relu", "QuantizeLinear"]
 
 

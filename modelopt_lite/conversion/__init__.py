@@ -22,6 +22,7 @@ from .model_quant import (
     set_quantizer_by_cfg,
 )
 from .registry import register, registered, unregister
+from .relu_grids import find_relu_pairs, share_relu_grids
 from .save_restore import restore, save
 from .summary import print_quant_summary, summary
 from .temporal import quant_step, set_quant_step
@@ -38,6 +39,7 @@ __all__ = [
     "calibrate",
     "calibrate_loop",
     "make_forward_loop",
+    "find_relu_pairs",
     "named_quantizers",
     "normalize_config",
     "print_quant_summary",
@@ -50,6 +52,7 @@ __all__ = [
     "save",
     "set_quant_step",
     "set_quantizer_by_cfg",
+    "share_relu_grids",
     "summary",
     "unregister",
 ]

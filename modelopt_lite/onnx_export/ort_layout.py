@@ -139,11 +139,11 @@ def split_gemm_bias(g: Graph) -> int:
     return count
 
 
-def relu_to_clip(g: Graph) -> int:
+def relu_to_clip(g: Graph) -> tuple[int, int]:
     """``DQ(q, s, z) -> Relu -> Q(s, z)`` (uint8, same grid, nothing else reading the float tensors) ->
-    ``Clip(q, min=z)``; returns the count."""
+    ``Clip(q, min=z)``; returns ``(rewritten, left alone because the two grids differ)``."""
     prod, cons = g.producers(), g.consumers()
-    count = 0
+    count = mismatched = 0
     for relu in list(g.nodes):
         if relu.op_type != "Relu" or relu.output[0] in g.outputs:
             continue
@@ -161,13 +161,14 @@ def relu_to_clip(g: Graph) -> int:
             continue
         if not (np.array_equal(grid[0], grid[1]) and grid[0].dtype == grid[1].dtype
                 and np.array_equal(grid[2], grid[3]) and grid[2].dtype == grid[3].dtype):
+            mismatched += 1
             continue
         clip = helper.make_node("Clip", [dq.input[0], dq.input[2]], [q.output[0]], name=g.fresh(f"{relu.name}_u8"))
         g.nodes[g.nodes.index(q)] = clip
         g.nodes.remove(relu)
         g.nodes.remove(dq)
         count += 1
-    return count
+    return count, mismatched
 
 
 def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProto, list[str]]:
@@ -176,7 +177,7 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
     g = Graph(model)
     n_u8 = int8_to_uint8(g, weights=chosen == "uint8")
     n_bias = split_gemm_bias(g)
-    n_clip = relu_to_clip(g)
+    n_clip, n_mismatched = relu_to_clip(g)
     g.prune()
     notes = []
     why = {"auto": " (auto: this CPU has VNNI)" if chosen == "int8" else " (auto: this CPU has no VNNI)"}.get(weights, "")
@@ -190,6 +191,10 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
         notes.append(f"onnxruntime layout: {n_u8} int8 Q/DQ node(s) stored as uint8 with zero point +128 (exact)")
     if n_bias:
         notes.append(f"onnxruntime layout: {n_bias} Gemm bias(es) added after the int8 product (exact float bias)")
+    if n_mismatched:
+        notes.append(f"onnxruntime layout: {n_mismatched} DequantizeLinear -> Relu -> QuantizeLinear "
+                     "chain(s) join two grids and stay float; modelopt_lite.share_relu_grids(model, forward_loop) "
+                     "before export runs them as uint8 Clips between the int8 kernels")
     if n_clip:
         notes.append(f"onnxruntime layout: {n_clip} DequantizeLinear -> Relu -> QuantizeLinear chain(s) on one grid "
                      "run as a uint8 Clip (exact)")
