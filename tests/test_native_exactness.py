@@ -347,3 +347,12 @@ def test_large_outputs_use_the_huge_page_path_and_stay_exact(native):
         assert nat.untyped_storage().nbytes() == x.numel() * 4
     small = native.fake_quant_int(x[:10], s, -128, 127)  # under 4 MiB: torch's allocator
     same(small, R.fake_quant_int(x[:10], s, -128, 127), "small")
+
+
+def test_building_and_loading_leave_the_environment_alone(native):
+    """ModelOpt's loader sets TORCH_CUDA_ARCH_LIST process-wide (anchors 4, ModelOpt 11); ours changes nothing."""
+    before = dict(os.environ)
+    assert backend.precompile() == {"cpu": "ok", "cuda": "ok" if torch.cuda.is_available()
+                                    else "skipped: CUDA is not available"}
+    assert native_build.load("cpu") is not None
+    assert dict(os.environ) == before
