@@ -53,6 +53,8 @@ _LAZY = {
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": "modelopt_lite.conversion.config",
     "W4A8_CFG": "modelopt_lite.conversion.config",
     "INT8_ORT_CFG": "modelopt_lite.conversion.config",
+    "INT8_SMOOTHQUANT_CFG": "modelopt_lite.conversion.config",
+    "smooth_quant": "modelopt_lite.conversion.smoothquant",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",

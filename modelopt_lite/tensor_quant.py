@@ -30,7 +30,12 @@ from .descriptor import (  # noqa: F401  (re-exported API)
 )
 from .formats import E4M3_MAX, int_range, is_e4m3
 from .functional import blocks, library, reference
-from .functional.checks import as_amax, check_amax_values, check_input, check_unsigned_input
+from .functional.checks import (
+    as_amax,
+    check_amax_values,
+    check_input,
+    check_unsigned_input,
+)
 from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
 
 _INT_DTYPES = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-(2**15), 2**15 - 1),
@@ -113,7 +118,7 @@ def scaled_e4m3(inputs, amax=None, E=4, M=3):
     return library.fake_e4m3(inputs, scale)
 
 
-def scaled_e4m3_abstract(input, amax=None):  # noqa: A002  (familiar name and signature)
+def scaled_e4m3_abstract(input, amax=None):
     """Fake (meta) implementation of :func:`scaled_e4m3`: an empty tensor with the input's shape and dtype.
 
     The registered fake impl of ``torch.ops.modelopt_lite.fake_e4m3`` is the same function.

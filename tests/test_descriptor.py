@@ -1,7 +1,11 @@
 import numpy as np
 import pytest
 
-from modelopt_lite.descriptor import QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL, QuantDescriptor, ScaledQuantDescriptor
+from modelopt_lite.descriptor import (
+    QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
+    QuantDescriptor,
+    ScaledQuantDescriptor,
+)
 
 
 def test_alias_and_defaults():

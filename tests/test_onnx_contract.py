@@ -14,10 +14,10 @@ import torch
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
-import modelopt_lite.tensor_quant as tq  # noqa: E402
-from modelopt_lite.onnx_export import qdq, weights  # noqa: E402
+import modelopt_lite.tensor_quant as tq
+from modelopt_lite.onnx_export import qdq, weights
 
 _IR = {13: 8, 17: 8, 19: 9, 21: 10}
 

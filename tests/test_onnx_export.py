@@ -12,14 +12,14 @@ from torch import nn
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import TensorProto, numpy_helper  # noqa: E402
+from onnx import TensorProto, numpy_helper
 
-import modelopt_lite as mtq  # noqa: E402
-import modelopt_lite.tensor_quant as tq  # noqa: E402
-from modelopt_lite.conversion.utils import named_quantizers  # noqa: E402
-from modelopt_lite.onnx_export import export_onnx, inspect_onnx  # noqa: E402
-from modelopt_lite.onnx_export.qdq import DEAD_SCALE  # noqa: E402
-from modelopt_lite.onnx_export.runtime import ort_session  # noqa: E402
+import modelopt_lite as mtq
+import modelopt_lite.tensor_quant as tq
+from modelopt_lite.conversion.utils import named_quantizers
+from modelopt_lite.onnx_export import export_onnx, inspect_onnx
+from modelopt_lite.onnx_export.qdq import DEAD_SCALE
+from modelopt_lite.onnx_export.runtime import ort_session
 
 EXPORTERS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
 

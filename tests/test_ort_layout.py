@@ -8,10 +8,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
-from modelopt_lite.onnx_export import ort_layout  # noqa: E402
-from modelopt_lite.onnx_export.runtime import ort_session  # noqa: E402
+from modelopt_lite.onnx_export import ort_layout
+from modelopt_lite.onnx_export.runtime import ort_session
 
 
 def _chain(scale_in: float, scale_out: float, zp_in: int = 128, zp_out: int = 128) -> onnx.ModelProto:

@@ -9,7 +9,12 @@ import torch
 from modelopt_lite.descriptor import QuantDescriptor as QD
 from modelopt_lite.functional import blocks
 from modelopt_lite.nn import TensorQuantizer
-from modelopt_lite.tensor_quant import fake_block_quant, fake_tensor_quant, scaled_e4m3, tensor_quant
+from modelopt_lite.tensor_quant import (
+    fake_block_quant,
+    fake_tensor_quant,
+    scaled_e4m3,
+    tensor_quant,
+)
 
 
 def _calibrate(q, *batches, **kw):

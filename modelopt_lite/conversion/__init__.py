@@ -9,6 +9,7 @@ from .config import (
     INT8_DEFAULT_CFG,
     INT8_HISTOGRAM_CFG,
     INT8_ORT_CFG,
+    INT8_SMOOTHQUANT_CFG,
     W4A8_CFG,
     QuantConfigError,
     normalize_config,
@@ -24,6 +25,7 @@ from .model_quant import (
 from .registry import register, registered, unregister
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .save_restore import restore, save
+from .smoothquant import smooth_quant
 from .summary import print_quant_summary, summary
 from .temporal import quant_step, set_quant_step
 from .utils import named_quantizers
@@ -34,12 +36,13 @@ __all__ = [
     "INT8_DEFAULT_CFG",
     "INT8_HISTOGRAM_CFG",
     "INT8_ORT_CFG",
+    "INT8_SMOOTHQUANT_CFG",
     "W4A8_CFG",
     "QuantConfigError",
     "calibrate",
     "calibrate_loop",
-    "make_forward_loop",
     "find_relu_pairs",
+    "make_forward_loop",
     "named_quantizers",
     "normalize_config",
     "print_quant_summary",
@@ -53,6 +56,7 @@ __all__ = [
     "set_quant_step",
     "set_quantizer_by_cfg",
     "share_relu_grids",
+    "smooth_quant",
     "summary",
     "unregister",
 ]

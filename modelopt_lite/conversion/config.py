@@ -3,7 +3,7 @@
 A config is a plain dict::
 
     {"quant_cfg": {pattern: attrs, ...}, "algorithm": "max" | "histogram" | "percentile" | "mse" | "entropy"
-                                                      | {"method": ..., **params} | None}
+                                                      | "smoothquant" | {"method": ..., **params} | None}
 
 ``quant_cfg`` keys (applied in this order: ``"default"`` first, then the others in dict order; later ones win):
 
@@ -22,7 +22,9 @@ A config is a plain dict::
 
 ``algorithm`` is the calibration method used when :func:`modelopt_lite.quantize` gets a ``forward_loop`` (see
 :func:`modelopt_lite.calibrate` for what each method does; ``"max"`` also works for quantizers configured with
-``calib_method="histogram"``, which then use their default, the 99.99th percentile). None: no calibration.
+``calib_method="histogram"``, which then use their default, the 99.99th percentile). ``"smoothquant"``
+(``alpha=``, default 0.5) first rescales every quantized Linear (see :mod:`.smoothquant`), then calibrates with
+max. None: no calibration.
 
 Presets (INT8_DEFAULT_CFG, INT8_HISTOGRAM_CFG, FP8_DEFAULT_CFG, INT4_BLOCKWISE_WEIGHT_ONLY_CFG, W4A8_CFG,
 INT8_ORT_CFG) start with ``"default": {"enable": False}`` (output quantizers and hand-made quantizers stay off
@@ -59,6 +61,8 @@ METHOD_PARAMS: dict[str | None, frozenset] = {
     "entropy": frozenset({"start_bin", "stride"}),
 }
 CALIB_METHODS = tuple(k for k in METHOD_PARAMS if k is not None)
+#: algorithms that transform the model before a max calibration (config "algorithm" only, not calibrate())
+ALGORITHM_PARAMS: dict[str, frozenset] = {"smoothquant": frozenset({"alpha"})}
 
 #: the per-channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel): the quantized modules' default
 #: (axis 0, one scale per input channel, what TensorRT's deconvolution supports; see quant_conv_transpose.py)
@@ -130,9 +134,15 @@ INT8_ORT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": 
                         **{k: {"*output_quantizer": dict(_INT8_A)}
                            for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")}}, "max")
 
+#: INT8_DEFAULT_CFG with SmoothQuant (alpha 0.8) before the max calibration: activation outliers moved into the
+#: weights, so every Linear input can stay per-tensor INT8 (all-MiniLM-L6-v2: cosine to FP32 0.986 -> 0.997).
+INT8_SMOOTHQUANT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
+                                **_int8_ct_weights()}, {"method": "smoothquant", "alpha": 0.8})
+
 PRESETS = {"INT8_DEFAULT_CFG": INT8_DEFAULT_CFG, "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
            "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG, "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
-           "W4A8_CFG": W4A8_CFG, "INT8_ORT_CFG": INT8_ORT_CFG}
+           "W4A8_CFG": W4A8_CFG, "INT8_ORT_CFG": INT8_ORT_CFG,
+           "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG}
 
 
 # --- validation ----------------------------------------------------------------------------------------------------
@@ -243,12 +253,32 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
         method = algorithm["method"]
     else:
         raise QuantConfigError(f"algorithm must be None, a method name or a dict with 'method', got {algorithm!r}")
+    if method in ALGORITHM_PARAMS:
+        unknown = sorted(set(params) - ALGORITHM_PARAMS[method])
+        if unknown:
+            raise QuantConfigError(f"algorithm {method!r} got unknown parameter(s) {unknown}; "
+                                   f"allowed: {sorted(ALGORITHM_PARAMS[method])}")
+        if "alpha" in params:
+            from .smoothquant import check_alpha
+
+            try:
+                check_alpha(params["alpha"])
+            except ValueError as e:
+                raise QuantConfigError(str(e)) from None
+        return method, copy.deepcopy(params)
+    if method not in METHOD_PARAMS:
+        raise QuantConfigError(f"unknown calibration method {method!r}; choose one of "
+                               f"{list(CALIB_METHODS) + list(ALGORITHM_PARAMS)}")
     check_method(method, params)
     return method, copy.deepcopy(params)
 
 
 def check_method(method: Any, params: dict) -> None:
     """Validate a calibration method and its parameters before any data is run (ValueError naming the problem)."""
+    if method in ALGORITHM_PARAMS:
+        raise QuantConfigError(f"{method!r} is an algorithm of quantize() (a config's 'algorithm'), not a calibration "
+                               f"method: use quantize(model, INT8_SMOOTHQUANT_CFG, forward_loop) or "
+                               f"smooth_quant(model, forward_loop) followed by calibrate(model)")
     if method not in METHOD_PARAMS:
         raise QuantConfigError(f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS)}")
     unknown = sorted(set(params) - METHOD_PARAMS[method])

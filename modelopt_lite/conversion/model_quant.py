@@ -19,9 +19,16 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from .config import QuantConfig, QuantConfigError, check_method, normalize_config
+from .config import (
+    ALGORITHM_PARAMS,
+    QuantConfig,
+    QuantConfigError,
+    check_method,
+    normalize_config,
+)
 from .registry import REGISTRY, QuantModuleRegistry
-from .state import snapshot_quantizers
+from .smoothquant import smooth_quant
+from .state import ModuleSnapshot, snapshot_quantizers
 from .utils import named_quantizers, quantizer_sites
 
 log = logging.getLogger(__name__)
@@ -151,6 +158,7 @@ def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module],
         raise TypeError(f"quantize expects an nn.Module, got {type(model).__name__}")
     before = snapshot_quantizers(q for _, q in named_quantizers(model))
     record = _Replacements()
+    weights = None  # SmoothQuant rescales weights in place: their values before, to restore on failure
     try:
         model = _convert_tree(model, registry or REGISTRY, record)
         set_quantizer_names(model)
@@ -161,9 +169,15 @@ def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module],
                               stacklevel=2)
             else:
                 method, params = cfg.algorithm
+                if method in ALGORITHM_PARAMS:  # smoothquant: rescale the Linears, then calibrate with max
+                    weights = ModuleSnapshot(m for m in model.modules() if isinstance(m, nn.Linear))
+                    smooth_quant(model, forward_loop, **params)
+                    method, params = "max", {}
                 with calibrate(model, method, **params):
                     forward_loop(model)
     except BaseException:
+        if weights is not None:
+            weights.restore()
         record.undo()
         before.restore()
         raise

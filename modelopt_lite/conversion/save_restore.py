@@ -95,6 +95,11 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
     """
     from safetensors.torch import save_file
 
+    smoothed = [n for n, q in named_quantizers(model) if q.pre_quant_scale is not None]
+    if smoothed and not include_weights:
+        raise ValueError(f"save: {len(smoothed)} quantizer(s) have a SmoothQuant pre_quant_scale (first: "
+                         f"{smoothed[0]!r}), so the model's weights were rescaled and a fresh float model cannot "
+                         "reproduce it: save with include_weights=True")
     json_path, st_path = _paths(path)
     modules = []
     for name, m in model.named_modules():

@@ -5,6 +5,18 @@ from .denoiser import DenoiserMLP, NoiseSchedule, step_batches, trained_denoiser
 from .models import MLP, DigitsCNN, DigitsMLP
 from .train import accuracy, evaluate, train_classifier, trained_digits_model
 
-__all__ = ["DigitsData", "load_digits_data", "MLP", "DigitsCNN", "DigitsMLP", "accuracy", "evaluate",
-           "train_classifier", "trained_digits_model", "DenoiserMLP", "NoiseSchedule", "step_batches",
-           "trained_denoiser"]
+__all__ = [
+           "MLP",
+           "DenoiserMLP",
+           "DigitsCNN",
+           "DigitsData",
+           "DigitsMLP",
+           "NoiseSchedule",
+           "accuracy",
+           "evaluate",
+           "load_digits_data",
+           "step_batches",
+           "train_classifier",
+           "trained_denoiser",
+           "trained_digits_model",
+]

@@ -42,6 +42,6 @@ class MLP(nn.Module):
         return self.head(self.body(torch.flatten(x, 1)))
 
 
-def DigitsMLP() -> MLP:  # noqa: N802  (a factory that reads like a class)
+def DigitsMLP() -> MLP:
     """The MLP sized for the 8x8 digits: 64 -> 128 -> 128 -> 10."""
     return MLP(64, 128, 10, depth=2)

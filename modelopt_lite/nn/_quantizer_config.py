@@ -93,8 +93,10 @@ def amax_text(amax: torch.Tensor | None, dynamic: bool) -> str:
 
 def describe(q) -> str:
     """The compact ``extra_repr`` of a quantizer, e.g. ``8b per-channel(axis=0) amax=[0.12, 3.4](32) calib=max quant``."""
+    pqs = q.pre_quant_scale
+    pqs_text = f"pre_quant_scale({pqs.numel()})" if pqs is not None else ""
     if not q.is_enabled:
-        return "disabled"
+        return "disabled" + (f", {pqs_text}" if pqs_text else "")
     d = q.quant_desc
     if is_e4m3(d.num_bits):
         fmt = "fp8 e4m3"
@@ -117,6 +119,8 @@ def describe(q) -> str:
         parts.append(f"scale_amax={_num(d.scale_amax)}")
     if d.learn_amax:
         parts.append("learn_amax")
+    if pqs_text:
+        parts.append(pqs_text)
     if not d.dynamic:
         parts.append(f"calib={d.calib_method}")
     modes = []

@@ -38,6 +38,7 @@ from ..tensor_quant import (
 from . import _quantizer_config as cfg
 from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
+from ._pre_quant_scale import PreQuantScaleState
 
 _CODE_DTYPES = ((8, False, torch.int8), (8, True, torch.uint8), (16, False, torch.int16), (16, True, torch.int32))
 
@@ -48,7 +49,7 @@ def _bool(v, what: str, label: str) -> bool:
     return v
 
 
-class TensorQuantizer(AmaxStateMixin):
+class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
 
     Args:
@@ -312,11 +313,14 @@ class TensorQuantizer(AmaxStateMixin):
         return a * self.scale_amax if self.scale_amax is not None else a
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Quantize ``x`` (a new tensor; ``x`` is never modified). See the module docstring for the modes."""
-        if self._disabled:
-            return x
+        """Quantize ``x`` (a new tensor; ``x`` is never modified). See the module docstring for the modes.
+
+        A ``pre_quant_scale`` (SmoothQuant) multiplies ``x`` first, in every mode, disabled included."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{self._label()}: expected a torch.Tensor, got {type(x).__name__}")
+        x = self._apply_pre_quant_scale(x)
+        if self._disabled:
+            return x
         self._resolve_axes(x.dim())
         self._last_rank = x.dim()
         if self._if_calib and not self.dynamic:

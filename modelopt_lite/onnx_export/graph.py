@@ -175,8 +175,7 @@ class Graph:
                 if not o or o in keep or o in mapping:
                     continue
                 short = o.lstrip("/")
-                if short.endswith("_output_0"):
-                    short = short[: -len("_output_0")]
+                short = short.removesuffix("_output_0")
                 if short != o and short and short not in taken and short not in self._names:
                     mapping[o] = short
                     taken.add(short)

@@ -58,6 +58,28 @@ def _marker_key(node, consts):
     return (node.op_type, node.input[0], attr(node, "qmin"), attr(node, "qmax"), tuple(vals))
 
 
+def _merge_pre_quant_muls(g: Graph, markers) -> int:
+    """``Mul(x, c)`` nodes feeding markers that multiply the same ``x`` by equal constants ``c`` (the
+    ``pre_quant_scale`` of layers sharing one input, e.g. q/k/v) become one, so their markers can merge too."""
+    prod = g.producers()
+    muls = {id(m): m for n in markers for m in [prod.get(n.input[0])] if m is not None and m.op_type == "Mul"}
+    consts = g.constants([m.input[1] for m in muls.values()])
+    kept: dict = {}
+    merged = 0
+    for m in muls.values():
+        c = consts.get(m.input[1])
+        if c is None:
+            continue
+        key = (m.input[0], c.dtype.str, c.shape, c.tobytes())
+        if key in kept:
+            g.nodes = [k for k in g.nodes if k is not m]
+            g.rename_uses(m.output[0], kept[key].output[0])
+            merged += 1
+        else:
+            kept[key] = m
+    return merged
+
+
 def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: bool = False):
     """Replace every marker in ``model`` (in place); returns ``(model, Resolution)``."""
     g = Graph(model)
@@ -72,7 +94,8 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
             if i not in consts:
                 raise ValueError(f"{site_label(n)}: the quantization scale is computed at run time (dynamic "
                                  "quantization of an activation); ONNX export needs a calibrated, static amax")
-    # 2. merge duplicates
+    # 2. merge duplicates (first the SmoothQuant multiplies that feed them: equal Mul(x, c) become one)
+    _merge_pre_quant_muls(g, markers)
     kept: dict = {}
     alive = []
     for n in markers:

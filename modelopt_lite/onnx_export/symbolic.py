@@ -96,7 +96,7 @@ def registered_symbolics():
 
     They are unregistered afterwards, so no exporter state outlives an :func:`export_onnx` call.
     """
-    import torch  # noqa: F401  (the ops must be loaded before export)
+    import torch
     import torch.onnx
 
     from ..functional import library  # noqa: F401  (defines torch.ops.modelopt_lite.*)

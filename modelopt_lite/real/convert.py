@@ -146,6 +146,9 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
             "bias": None if module.bias is None else str(module.bias.dtype).replace("torch.", "")}
     if module.bias is not None:
         tensors["bias"] = module.bias.detach().clone()
+    if iq is not None and iq.pre_quant_scale is not None:
+        _fail(name, "input_quantizer", "has a SmoothQuant pre_quant_scale, which real modules do not support yet; "
+              "keep this model fake-quantized (or export it to ONNX, where it becomes a Mul)")
     if iq is not None and iq.is_enabled:
         spec["input"], tensors["input_scale"] = _input_scales(name, iq)
     if kind == "QuantizedConv2d":

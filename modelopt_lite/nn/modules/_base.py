@@ -14,7 +14,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW, QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
+from ...descriptor import (
+    QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW,
+    QUANT_DESC_8BIT_PER_TENSOR,
+    ScaledQuantDescriptor,
+)
 from .._quantizer_config import as_descriptor
 from ..tensor_quantizer import TensorQuantizer
 
