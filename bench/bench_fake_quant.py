@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -24,21 +23,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+from run_all import (
+    cpu_model,  # bench/run_all.py: one machine description for every report
+)
 
 import modelopt_lite.tensor_quant as tq
 from modelopt_lite.functional import backend
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine(device: str) -> str:

@@ -30,7 +30,8 @@ SHORT_ARGS = {"bench_calib": ["--batches", "10", "--repeats", "1", "--no-loops"]
 GPU_ONLY = ("bench_cuda",)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform reports."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -60,7 +61,7 @@ def _version(mod: str) -> str:
 
 def machine_description() -> list[str]:
     """Markdown bullet lines describing this machine and the library versions."""
-    lines = [f"- CPU: {_cpu_model()}, {os.cpu_count()} logical cores; memory {_mem_gib()}",
+    lines = [f"- CPU: {cpu_model()}, {os.cpu_count()} logical cores; memory {_mem_gib()}",
              f"- OS: {platform.platform()}; Python {platform.python_version()}"]
     flags = ""
     try:
