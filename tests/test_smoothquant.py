@@ -183,8 +183,29 @@ def test_save_needs_the_weights_and_restores_exactly(tmp_path):
         assert torch.equal(fresh(x), q(x))
 
 
-def test_fake2real_refuses_a_pre_quant_scale():
+def test_fake2real_keeps_the_pre_quant_scale_and_checkpoints_it(tmp_path):
+    torch.manual_seed(5)
     q = mtq.quantize(Attention().eval(), mtq.INT8_SMOOTHQUANT_CFG, _loop(_data()))
-    with pytest.raises(ValueError, match=r"fake2real: module 'q': input_quantizer has a SmoothQuant "
-                                         r"pre_quant_scale, which real modules do not support yet"):
-        mtq.fake2real(q)
+    fake = copy.deepcopy(q)
+    real = mtq.fake2real(q, save_dir=tmp_path / "real")
+    x = torch.cat(_data(seed=6))
+    for name in ("q", "k", "v", "down"):
+        rm, fm = getattr(real, name), getattr(fake, name)
+        assert torch.equal(rm.pre_quant_scale, fm.input_quantizer.pre_quant_scale)
+        assert rm.compute == "int8"
+        xin = x if name != "down" else torch.relu(x[:, :16])
+        with torch.no_grad():
+            d = (rm(xin) - fm(xin)).abs()
+        assert bool((d <= rm.error_bound(xin)).all()), name  # integer product exact; float32 accumulation bound
+    loaded = mtq.load_real(Attention().eval(), tmp_path / "real")
+    with torch.no_grad():
+        assert torch.equal(loaded(x), real(x))
+
+
+def test_fake2real_refuses_a_pre_quant_scale_on_a_conv():
+    conv = mtq.quantize(nn.Sequential(nn.Conv2d(3, 4, 3)), mtq.INT8_DEFAULT_CFG,
+                        lambda m: m(torch.randn(2, 3, 8, 8)))
+    conv[0].input_quantizer.pre_quant_scale = torch.ones(8)
+    with pytest.raises(ValueError, match=r"fake2real: module '0': input_quantizer has a SmoothQuant pre_quant_scale, "
+                                         r"which real modules support only on an enabled Linear input"):
+        mtq.fake2real(conv)

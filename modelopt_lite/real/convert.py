@@ -98,6 +98,8 @@ def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
     steps = int(getattr(iq, "num_steps", 1))
     saved = iq.step if steps > 1 else None
     scales = []
+    pqs = iq.pre_quant_scale
+    iq.pre_quant_scale = None  # the probe checks the grid alone; restored below
     try:
         for t in range(steps):
             if steps > 1:
@@ -114,6 +116,7 @@ def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
                                        f"quantizer at step {t}; please report this ({info!r})")
             scales.append(scale)
     finally:
+        iq.pre_quant_scale = pqs
         if saved is not None:
             iq.step = saved
     spec = {"num_bits": info["num_bits"], "unsigned": info["unsigned"], "narrow_range": info["narrow_range"],
@@ -146,11 +149,15 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
             "bias": None if module.bias is None else str(module.bias.dtype).replace("torch.", "")}
     if module.bias is not None:
         tensors["bias"] = module.bias.detach().clone()
-    if iq is not None and iq.pre_quant_scale is not None:
-        _fail(name, "input_quantizer", "has a SmoothQuant pre_quant_scale, which real modules do not support yet; "
-              "keep this model fake-quantized (or export it to ONNX, where it becomes a Mul)")
+    pqs = None if iq is None else iq.pre_quant_scale
+    if pqs is not None and (kind != "QuantizedLinear" or not iq.is_enabled):
+        _fail(name, "input_quantizer", "has a SmoothQuant pre_quant_scale, which real modules support only on an "
+              "enabled Linear input; keep this model fake-quantized (or export it to ONNX, where it is a Mul)")
     if iq is not None and iq.is_enabled:
         spec["input"], tensors["input_scale"] = _input_scales(name, iq)
+    if pqs is not None:
+        spec["input"]["pre_quant_scale"] = True
+        tensors["pre_quant_scale"] = pqs.detach().clone()
     if kind == "QuantizedConv2d":
         p = module.padding
         spec["conv"] = {"stride": list(module.stride), "padding": p if isinstance(p, str) else list(p),

@@ -8,6 +8,8 @@ State (buffers, so ``state_dict`` holds the compact form):
 - ``bias``: in the original float dtype (or absent);
 - ``input_scale``: float32 ``(num_steps,)``, the activation scale per temporal step (``scale = amax / bound``; 0
   means a dead range: all codes 0). Absent for weight-only quantization.
+- ``pre_quant_scale``: float32 ``(in_features,)``, SmoothQuant's input multiplier (Linear only; absent unless the
+  fake-quant input quantizer had one): the input is multiplied by it before it is quantized.
 
 Compute paths (``module.compute``):
 
@@ -33,7 +35,7 @@ from ..functional import library
 from . import int8_gemm
 from .packing import dequantize_weight, unpack_int4
 
-_FP32_BUFFERS = ("weight_scale", "input_scale")
+_FP32_BUFFERS = ("weight_scale", "input_scale", "pre_quant_scale")
 
 
 _DTYPES = {str(d).replace("torch.", ""): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
@@ -87,6 +89,8 @@ class _RealQuantModule(nn.Module):
         self.num_steps = 1 if inp is None else int(inp["num_steps"])
         self.register_buffer("input_scale", None if inp is None else torch.ones(self.num_steps,
                                                                                 dtype=torch.float32))
+        pqs = inp is not None and inp.get("pre_quant_scale", False)
+        self.register_buffer("pre_quant_scale", torch.ones(shape[-1], dtype=torch.float32) if pqs else None)
         if inp is not None:
             _, self._qmin, self._qmax = int_range(inp["num_bits"], inp["unsigned"], inp["narrow_range"])
         self._kernel = None
@@ -127,15 +131,19 @@ class _RealQuantModule(nn.Module):
         return self.input_scale[self.step]
 
     # --- helpers ---------------------------------------------------------------------------------------------------
+    def _pre_scaled(self, x: torch.Tensor) -> torch.Tensor:
+        pqs = self.pre_quant_scale
+        return x if pqs is None else x * pqs.to(x.dtype)
+
     def input_codes(self, x: torch.Tensor) -> torch.Tensor:
         """Integer codes of x (float32, NaN where x is NaN): the exact quantizer of the fake-quant module."""
-        return library.quantize_int(x, self.current_input_scale(), self._qmin, self._qmax)
+        return library.quantize_int(self._pre_scaled(x), self.current_input_scale(), self._qmin, self._qmax)
 
     def fake_quant_input(self, x: torch.Tensor) -> torch.Tensor:
         """``codes * scale`` in x's dtype, as the fake-quant input quantizer returns it."""
         if self.spec.get("input") is None:
             return x
-        return library.fake_quant_int(x, self.current_input_scale(), self._qmin, self._qmax)
+        return library.fake_quant_int(self._pre_scaled(x), self.current_input_scale(), self._qmin, self._qmax)
 
     def _get_kernel(self, make):
         w = self.weight_codes if self.spec["weight"]["storage"] == "int8" else self.weight_packed
