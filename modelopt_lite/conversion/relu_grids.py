@@ -34,9 +34,13 @@ def find_relu_pairs(model: nn.Module, forward_loop) -> list[tuple[str, str]]:
     """``(output quantizer, input quantizer)`` names joined by only an ``nn.ReLU``, seen while ``forward_loop(model)``
     runs (in ``torch.no_grad()``); each pair once, in the order first seen."""
     quantizers = dict(named_quantizers(model))
-    produced: dict[int, str] = {}  # id(tensor) -> output quantizer name (the tensors are kept alive below)
-    alive: list[torch.Tensor] = []
+    produced: dict[int, str] = {}  # id(tensor) -> output quantizer name, within one forward of the model
+    alive: list[torch.Tensor] = []  # keeps those ids unique until the next forward starts
     pairs: dict[tuple[str, str], None] = {}
+
+    def new_forward(_m, _inp):
+        produced.clear()
+        alive.clear()
 
     def out_hook(name):
         def hook(_m, _inp, out):
@@ -58,7 +62,7 @@ def find_relu_pairs(model: nn.Module, forward_loop) -> list[tuple[str, str]]:
                 pairs[(src, name)] = None
         return hook
 
-    handles = []
+    handles = [model.register_forward_pre_hook(new_forward)]
     try:
         for name, q in quantizers.items():
             if name.endswith("output_quantizer"):

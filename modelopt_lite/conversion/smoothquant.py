@@ -58,9 +58,13 @@ def _measure(model: nn.Module, mods: dict[str, nn.Module], forward_loop):
     """Per-channel ``max|x|`` of each module's input over ``forward_loop`` (run in float, no grad), and the groups of
     modules that read the same input tensor."""
     amax: dict[str, torch.Tensor] = {}
-    seen: dict[int, list[str]] = {}  # id(input tensor) -> modules that read it, within one forward
+    seen: dict[int, list[str]] = {}  # id(input tensor) -> modules that read it, within one forward of the model
     groups: dict[str, set] = {name: {name} for name in mods}
-    alive: list[torch.Tensor] = []
+    alive: list[torch.Tensor] = []  # keeps those ids unique until the next forward starts
+
+    def new_forward(_m, _inp):
+        seen.clear()
+        alive.clear()
 
     def hook(name):
         def pre(_m, inp):
@@ -80,7 +84,8 @@ def _measure(model: nn.Module, mods: dict[str, nn.Module], forward_loop):
         return pre
 
     snaps = snapshot_quantizers(q for _, q in named_quantizers(model))
-    handles = [m.register_forward_pre_hook(hook(name)) for name, m in mods.items()]
+    handles = [model.register_forward_pre_hook(new_forward)]
+    handles += [m.register_forward_pre_hook(hook(name)) for name, m in mods.items()]
     try:
         for _, q in named_quantizers(model):
             q.disable()  # measure the float model

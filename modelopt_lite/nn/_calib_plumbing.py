@@ -63,9 +63,8 @@ def make_calibrator(desc, name: str | None = None):
         return None
     if desc.block_sizes:
         return BlockMaxCollector(desc.block_sizes, name=name)
-    from .. import (
-        calib,  # imported lazily: most quantizers never calibrate in a given process
-    )
+    # imported lazily: most quantizers never calibrate in a given process
+    from .. import calib
 
     if desc.calib_method == "histogram":
         return calib.HistogramCalibrator(num_bits=desc.num_bits, axis=desc.axis, unsigned=desc.unsigned, name=name)

@@ -13,7 +13,7 @@ import torch
 
 
 class PreQuantScaleState:
-    """``pre_quant_scale`` storage for TensorQuantizer (mixed into it; relies on ``_label()``)."""
+    """``pre_quant_scale`` storage for TensorQuantizer (mixed into it; relies on ``_label()`` and ``_device_now()``)."""
 
     @property
     def pre_quant_scale(self) -> torch.Tensor | None:

@@ -11,16 +11,18 @@
    - ``"uint8"``: weights stored as uint8 + 128 too: ORT's u8 x u8 kernels, exact on every CPU, slower.
    - ``"auto"`` (default): ``"int8"`` when this machine's CPU has VNNI (or AMX), else ``"uint8"``; the report's
      notes say which was chosen. Export with the value of the machine that will run the file.
-3. **Relu between two quantizers of one grid as a uint8 clip.** ``Q(Relu(DQ(q, s, z)), s, z) = max(q, z)`` exactly
-   (``(q - z) * s / s`` rounds back to ``q - z``), so ``DQ -> Relu -> Q`` with the same scale and zero point becomes
-   ``Clip(q, min=z)`` on the uint8 codes: three float passes become one byte pass between ORT's int8 kernels.
 2. **Bias after the int8 product.** ``Gemm(DQ(a), DQ(w), bias)`` becomes ``Gemm(DQ(a), DQ(w)) + bias``: ORT then
    fuses the Gemm into QGemm with a float output and adds the float bias exactly as torch does, instead of
    re-quantizing the bias to int32 (which moves outputs by up to half an int32 step and flips roundings of a
    following quantizer). Conv keeps its bias (QLinearConv needs ``Conv -> Q``).
+3. **Relu between two quantizers of one grid as a uint8 clip.** ``Q(Relu(DQ(q, s, z)), s, z) = max(q, z)`` exactly
+   (``(q - z) * s / s`` rounds back to ``q - z``), so ``DQ -> Relu -> Q`` with the same scale and zero point becomes
+   ``Clip(q, min=z)`` on the uint8 codes: three float passes become one byte pass between ORT's int8 kernels.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import onnx
@@ -45,6 +47,7 @@ def _shift_uint8(g: Graph, name: str, cache: dict) -> str | None:
 WEIGHT_DTYPES = ("auto", "int8", "uint8")
 
 
+@functools.cache
 def host_has_vnni() -> bool:
     """True when this machine's x86 CPU has VNNI (AVX512-VNNI or AVX-VNNI) or AMX-INT8 (Linux /proc/cpuinfo)."""
     try:
@@ -172,7 +175,7 @@ def relu_to_clip(g: Graph) -> tuple[int, int]:
 
 
 def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProto, list[str]]:
-    """Both rewrites (weights stored as ``weights``: see the module docstring); returns the model and notes."""
+    """The three rewrites (weights stored as ``weights``: see the module docstring); returns the model and notes."""
     chosen = resolve_weights(weights)
     g = Graph(model)
     n_u8 = int8_to_uint8(g, weights=chosen == "uint8")
@@ -180,7 +183,7 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
     n_clip, n_mismatched = relu_to_clip(g)
     g.prune()
     notes = []
-    why = {"auto": " (auto: this CPU has VNNI)" if chosen == "int8" else " (auto: this CPU has no VNNI)"}.get(weights, "")
+    why = f" (auto: this CPU has{'' if chosen == 'int8' else ' no'} VNNI)" if weights == "auto" else ""
     if chosen == "int8":
         notes.append(f"onnxruntime layout: int8 weights{why}: ORT's fast u8 x s8 kernels, exact on CPUs with VNNI "
                      "or AMX; on x86 CPUs without VNNI they saturate: export with ort_weights='uint8' for those")
