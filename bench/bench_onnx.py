@@ -10,7 +10,9 @@ Variants: FP32; INT8 ``INT8_ORT_CFG`` exported with ``target="onnxruntime"`` and
 exact on CPUs with VNNI/AMX), the same with uint8 weights (u8 x u8, exact everywhere), the same after
 ``modelopt_lite.share_relu_grids`` (ReLUs between quantizers run as uint8 Clips); INT8 ``INT8_DEFAULT_CFG`` in the
 TensorRT layout. Each variant is exported with ``export_onnx`` and run by ``ort_session`` (CPU provider, intra-op spinning off).
-Latencies are medians over interleaved rounds (one run of every session per round), after warm-up.
+Latencies are medians over interleaved rounds (one run of every session per round), after warm-up. The column
+``max|ORT-torch|`` compares ORT's outputs with the torch model they were exported from, on the accuracy inputs
+(``INT8_ORT_CFG`` sets ``requant="integer"``, so those rows are 0: bit-identical).
 
 Usage: ``python bench/bench_onnx.py [--repeats 30] [--threads N] [--out DIR]``
 """
@@ -56,38 +58,38 @@ def build_variants(model, batches, sample, tmp, threads, tag):
     out = {}
     path = os.path.join(tmp, f"{tag}_fp32.onnx")
     export_fp32(model, sample, path)
-    out["FP32"] = path
+    out["FP32"] = (path, model)
     q = quantized(model, mtq.INT8_ORT_CFG, batches)
     for weights in ("int8", "uint8"):
         path = os.path.join(tmp, f"{tag}_int8_ort_{weights}.onnx")
         export_onnx(q, sample, path, target="onnxruntime", ort_weights=weights, dynamic_axes={"input": {0: "batch"}})
-        out[f"INT8 onnxruntime, {weights} w"] = path
+        out[f"INT8 onnxruntime, {weights} w"] = (path, q)
     shared = copy.deepcopy(q)
     if mtq.share_relu_grids(shared, lambda m: [m(b) for b in batches]):
         path = os.path.join(tmp, f"{tag}_int8_ort_shared.onnx")
         export_onnx(shared, sample, path, target="onnxruntime", ort_weights="int8", dynamic_axes={"input": {0: "batch"}})
-        out["INT8 onnxruntime, int8 w, shared ReLU grids"] = path
+        out["INT8 onnxruntime, int8 w, shared ReLU grids"] = (path, shared)
     q = quantized(model, mtq.INT8_DEFAULT_CFG, batches)
     path = os.path.join(tmp, f"{tag}_int8_trt.onnx")
     export_onnx(q, sample, path, target="tensorrt", dynamic_axes={"input": {0: "batch"}})
-    out["INT8 target=tensorrt"] = path
+    out["INT8 target=tensorrt"] = (path, q)
     sessions = {}
-    for name, path in out.items():
+    for name, (path, module) in out.items():
         opt = path + ".opt.onnx"
         sess = ort_session(path, threads=threads, spinning=False, optimized_model_path=opt)
         fused = sum(n.op_type in FUSED for n in onnx.load(opt).graph.node)
-        sessions[name] = (sess, os.path.getsize(path), fused)
+        sessions[name] = (sess, os.path.getsize(path), fused, module)
     return sessions
 
 
 def time_interleaved(sessions, x: np.ndarray, repeats: int) -> dict[str, float]:
-    feeds = {name: {s.get_inputs()[0].name: x} for name, (s, _, _) in sessions.items()}
-    for name, (s, _, _) in sessions.items():  # warm-up
+    feeds = {name: {s.get_inputs()[0].name: x} for name, (s, *_) in sessions.items()}
+    for name, (s, *_) in sessions.items():  # warm-up
         for _ in range(3):
             s.run(None, feeds[name])
     times = {name: [] for name in sessions}
     for _ in range(repeats):
-        for name, (s, _, _) in sessions.items():
+        for name, (s, *_) in sessions.items():
             t = time.perf_counter()
             s.run(None, feeds[name])
             times[name].append(time.perf_counter() - t)
@@ -99,13 +101,24 @@ def top1(sess, x: np.ndarray, batch: int) -> np.ndarray:
     return np.concatenate([sess.run(None, {name: x[i:i + batch]})[0].argmax(1) for i in range(0, len(x), batch)])
 
 
-def table(title, sessions, ms, acc_of, acc_label):
+def max_diff(sessions, x: np.ndarray) -> dict[str, float]:
+    """max |ORT output - torch output| of every variant on ``x`` (0.0: bit-identical)."""
+    out = {}
+    for name, (sess, _, _, module) in sessions.items():
+        got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        out[name] = float(np.abs(got - want).max())
+    return out
+
+
+def table(title, sessions, ms, acc_of, acc_label, diff):
     fp_ms, fp_acc = ms["FP32"], acc_of["FP32"]
-    lines = [title, f"{'variant':<44}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
-                    f"{acc_label:>14}{'drop':>8}"]
-    for name, (_, size, fused) in sessions.items():
+    lines = [title, (f"{'variant':<44}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
+                     f"{acc_label:>14}{'drop':>8}{'max|ORT-torch|':>16}")]
+    for name, (_, size, fused, _) in sessions.items():
         lines.append(f"{name:<44}{ms[name]:>10.2f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}"
-                     f"{acc_of[name]:>13.2f}%{fp_acc - acc_of[name]:>+8.2f}")
+                     f"{acc_of[name]:>13.2f}%{fp_acc - acc_of[name]:>+8.2f}{diff[name]:>16.3g}")
     return "\n".join(lines)
 
 
@@ -119,8 +132,9 @@ def bench_mlp(tmp, repeats, threads):
     sessions = build_variants(model, calib, torch.from_numpy(x[:8]), tmp, threads, "mlp")
     ms = time_interleaved(sessions, x, repeats)
     ref = top1(sessions["FP32"][0], evalx, 1024)
-    agree = {n: 100.0 * float((top1(s, evalx, 1024) == ref).mean()) for n, (s, _, _) in sessions.items()}
-    return table("MLP(512, 512, 10, depth=3), batch 1024, input 1024x512", sessions, ms, agree, "top1 vs FP32")
+    agree = {n: 100.0 * float((top1(s, evalx, 1024) == ref).mean()) for n, (s, *_) in sessions.items()}
+    return table("MLP(512, 512, 10, depth=3), batch 1024, input 1024x512", sessions, ms, agree, "top1 vs FP32",
+                 max_diff(sessions, evalx))
 
 
 def fold_batchnorm(model: DigitsCNN) -> DigitsCNN:
@@ -142,9 +156,9 @@ def bench_cnn(tmp, repeats, threads, c1=16, c2=32):
     x = data.x_test[:64].numpy()
     ms = time_interleaved(sessions, x, repeats)
     y = data.y_test.numpy()
-    acc = {n: 100.0 * float((top1(s, data.x_test.numpy(), 64) == y).mean()) for n, (s, _, _) in sessions.items()}
+    acc = {n: 100.0 * float((top1(s, data.x_test.numpy(), 64) == y).mean()) for n, (s, *_) in sessions.items()}
     return table(f"DigitsCNN(c1={c1}, c2={c2}) (1x8x8 -> Conv{c1} -> Conv{c2}/2 -> Linear, BN folded), batch 64",
-                 sessions, ms, acc, "accuracy")
+                 sessions, ms, acc, "accuracy", max_diff(sessions, data.x_test.numpy()))
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,7 @@ _LAZY = {
     "restore": "modelopt_lite.conversion.save_restore",
     "quant_step": "modelopt_lite.conversion.temporal",
     "share_relu_grids": "modelopt_lite.conversion.relu_grids",
+    "set_requant": "modelopt_lite.conversion.requant",
     "INT8_DEFAULT_CFG": "modelopt_lite.conversion.config",
     "INT8_HISTOGRAM_CFG": "modelopt_lite.conversion.config",
     "FP8_DEFAULT_CFG": "modelopt_lite.conversion.config",

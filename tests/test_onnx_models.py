@@ -114,27 +114,40 @@ def test_int4_weight_only_blocks(tmp_path, data):
     assert rep.file_size / fp32_size(model, data, tmp_path) <= 0.2
 
 
+@pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("weights", ["uint8", "int8"])
 @pytest.mark.parametrize("kind,fused", [("mlp", "QGemm"), ("cnn", "QLinearConv")])
-def test_onnxruntime_layout_runs_int8_kernels(tmp_path, models, data, kind, fused, weights):
+def test_onnxruntime_layout_is_bit_identical_to_torch(tmp_path, models, data, kind, fused, weights, share):
+    """INT8_ORT_CFG sets requant="integer": the torch layers requantize as ORT's fused int8 kernels do, so the
+    ORT output equals the torch output bit for bit (the graph ends in Q/DQ)."""
     if weights == "int8" and not host_has_vnni():
         pytest.skip("ORT's u8 x s8 kernels are exact only on CPUs with VNNI or AMX")
     q = quantize(models[kind], mtq.INT8_ORT_CFG, data)
+    assert {n: r for n, r in mtq.set_requant(q, "integer").items()} == {n: None for n in ("conv1", "conv2", "fc")
+                                                                         if kind == "cnn"} | (
+        {"body.0": None, "body.2": None, "head": None} if kind == "mlp" else {})
+    if share:
+        mtq.share_relu_grids(q, lambda m: [m(b) for b in data.calib_batches(8, 64)])
     rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime", ort_weights=weights)
     acts = {k: v for k, v in rep.qdq_counts.items() if "per-tensor" in k}
-    wts = {k: v for k, v in rep.qdq_counts.items() if "per-channel" in k}
+    wts = {k: v for k, v in rep.qdq_counts.items() if "per-channel" in k and "INT32" not in k}
     assert acts and all(k.split()[1] == "UINT8" for k in acts)  # int8 activations stored as uint8 + 128: exact
     assert wts and all(k.split()[1] == weights.upper() for k in wts)
+    assert rep.qdq_counts["DequantizeLinear INT32 per-channel(axis=0)"] == 3  # the biases, on the int32 grid
     assert any(f"{weights} weights" in n for n in rep.notes)
     got = ort_logits(tmp_path / "o.onnx", data.x_test, optimized_model_path=str(tmp_path / "opt.onnx"))
     ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
-    assert ops.count(fused) >= (3 if kind == "mlp" else 2)
-    want = q(data.x_test).detach()
-    step = q.fc.output_quantizer.scale.item() if kind == "cnn" else q.head.output_quantizer.scale.item()
-    diff = (got - want).abs()
-    assert diff.max().item() <= step * 1.0001  # the graph ends in Q/DQ: never more than one output step
-    assert (diff == 0).float().mean().item() >= 0.98
-    assert abs(accuracy(got, y=data.y_test) - accuracy(want, y=data.y_test)) <= 100 / len(data.y_test)
+    assert ops.count(fused) >= (3 if kind == "mlp" else 2) and ops.count("QGemm") >= 1
+    with torch.no_grad():
+        want = q(data.x_test)
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(got, want)
+    # the float path (plain fake quantization) is what differs from ORT's integer kernels
+    mtq.set_requant(q, "float")
+    with torch.no_grad():
+        flt = q(data.x_test)
+    assert not torch.equal(flt, want)
+    assert accuracy(flt, y=data.y_test) == pytest.approx(accuracy(want, y=data.y_test), abs=100 / len(data.y_test))
 
 
 def test_ort_weights_auto_follows_the_cpu_and_bad_values_raise(tmp_path, models, data):

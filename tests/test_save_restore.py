@@ -55,7 +55,7 @@ def test_saved_files_content(tmp_path):
     assert doc["format"] == "modelopt_lite.quant_state" and doc["version"] == 1
     assert doc["modules"] == [{"name": "0", "float_cls": "torch.nn.modules.linear.Linear",
                                "quant_cls": "modelopt_lite.nn.modules.quant_linear.QuantLinear",
-                               "params": {"weight": [3, 4], "bias": [3]}}]
+                               "params": {"weight": [3, 4], "bias": [3]}, "requant": "float"}]
     w = doc["quantizers"]["0.weight_quantizer"]
     assert w["enabled"] and w["quant"] and not w["calib"] and w["num_steps"] == 1
     assert w["descriptor"] == {"axis": 0} and w["tensors"] == ["_amax"]

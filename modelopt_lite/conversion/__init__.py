@@ -24,6 +24,7 @@ from .model_quant import (
 )
 from .registry import register, registered, unregister
 from .relu_grids import find_relu_pairs, share_relu_grids
+from .requant import set_requant
 from .save_restore import restore, save
 from .smoothquant import smooth_quant
 from .summary import print_quant_summary, summary
@@ -55,6 +56,7 @@ __all__ = [
     "save",
     "set_quant_step",
     "set_quantizer_by_cfg",
+    "set_requant",
     "share_relu_grids",
     "smooth_quant",
     "summary",

@@ -46,6 +46,7 @@ from torch import nn
 
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
 from ..descriptor import QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL as _CT_DESC
+from ..nn.modules._integer_requant import REQUANT_MODES
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
@@ -129,10 +130,12 @@ W4A8_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_q
 #: INT8_DEFAULT_CFG plus INT8 per-tensor *output* quantizers on Conv, Linear and QuantMatMul. ONNX Runtime fuses
 #: ``DQ -> Conv/Gemm/MatMul -> Q`` into QLinearConv / QGemm / QLinearMatMul only when the op's output is quantized,
 #: so this layout runs as int8 kernels in ORT (INT8_DEFAULT_CFG, TensorRT style, leaves outputs in float).
-INT8_ORT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
-                        **_int8_ct_weights(),
-                        **{k: {"*output_quantizer": dict(_INT8_A)}
-                           for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")}}, "max")
+#: ``"requant": "integer"``: those layers compute their outputs as ORT's int8 kernels do (bit-identical to ORT).
+INT8_ORT_CFG = {**_preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
+                           **_int8_ct_weights(),
+                           **{k: {"*output_quantizer": dict(_INT8_A)}
+                              for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")}}, "max"),
+                "requant": "integer"}
 
 #: INT8_DEFAULT_CFG with SmoothQuant (alpha 0.8) before the max calibration: activation outliers moved into the
 #: weights, so every Linear input can stay per-tensor INT8 (all-MiniLM-L6-v2: cosine to FP32 0.986 -> 0.997).
@@ -181,10 +184,12 @@ def _class_matches(spec: type | str, owner_type: type, float_cls: type | None) -
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """A validated config: rules in application order and the algorithm ``(method, params)`` or None."""
+    """A validated config: rules in application order, the algorithm ``(method, params)`` or None, and the
+    ``requant`` mode of the quantized Linear/Conv layers (None: leave it)."""
 
     rules: tuple[Rule, ...]
     algorithm: tuple[str | None, dict] | None
+    requant: str | None = None
 
 
 def _check_attrs(label: str, attrs: Any) -> dict:
@@ -306,9 +311,13 @@ def normalize_config(config: Any) -> QuantConfig:
     if not isinstance(config, dict):
         raise QuantConfigError(f"config must be a dict {{'quant_cfg': ..., 'algorithm': ...}}, "
                                f"got {type(config).__name__}")
-    extra = sorted(map(str, set(config) - {"quant_cfg", "algorithm"}))
+    extra = sorted(map(str, set(config) - {"quant_cfg", "algorithm", "requant"}))
     if extra:
-        raise QuantConfigError(f"config has unknown key(s) {extra}; expected 'quant_cfg' and 'algorithm'")
+        raise QuantConfigError(f"config has unknown key(s) {extra}; expected 'quant_cfg', 'algorithm' and "
+                               "optionally 'requant'")
+    requant = config.get("requant")
+    if requant is not None and requant not in REQUANT_MODES:
+        raise QuantConfigError(f"config['requant'] must be one of {REQUANT_MODES}, got {requant!r}")
     quant_cfg = config.get("quant_cfg", {})
     if not isinstance(quant_cfg, dict):
         raise QuantConfigError(f"config['quant_cfg'] must be a dict {{pattern: attrs}}, "
@@ -335,4 +344,4 @@ def normalize_config(config: Any) -> QuantConfig:
         else:
             raise QuantConfigError(f"quant_cfg key must be a pattern string, 'default', a class or a callable, "
                                    f"got {key!r}")
-    return QuantConfig(tuple(default_rules + rules), normalize_algorithm(config.get("algorithm", "max")))
+    return QuantConfig(tuple(default_rules + rules), normalize_algorithm(config.get("algorithm", "max")), requant)

@@ -27,6 +27,7 @@ from .config import (
     normalize_config,
 )
 from .registry import REGISTRY, QuantModuleRegistry
+from .requant import set_requant
 from .smoothquant import smooth_quant
 from .state import ModuleSnapshot, snapshot_quantizers
 from .utils import named_quantizers, quantizer_sites
@@ -159,10 +160,14 @@ def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module],
     before = snapshot_quantizers(q for _, q in named_quantizers(model))
     record = _Replacements()
     weights = None  # SmoothQuant rescales weights in place: their values before, to restore on failure
+    modes: dict = {}  # requant modes before, to restore on failure
     try:
         model = _convert_tree(model, registry or REGISTRY, record)
         set_quantizer_names(model)
         set_quantizer_by_cfg(model, cfg)
+        if cfg.requant is not None:
+            modes = {m: m.requant for m in model.modules() if hasattr(m, "requant")}
+            set_requant(model, cfg.requant)
         if forward_loop is not None:
             if cfg.algorithm is None:
                 warnings.warn("quantize: config algorithm is None, so forward_loop was not run (no calibration)",
@@ -176,6 +181,8 @@ def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module],
                 with calibrate(model, method, **params):
                     forward_loop(model)
     except BaseException:
+        for m, mode in modes.items():
+            m.requant = mode
         if weights is not None:
             weights.restore()
         record.undo()

@@ -20,6 +20,7 @@ from ..descriptor import ScaledQuantDescriptor
 from .config import DESCRIPTOR_KEYS
 from .model_quant import _Replacements, set_quantizer_names
 from .registry import REGISTRY
+from .requant import check_mode
 from .state import snapshot_quantizers
 from .utils import named_quantizers
 
@@ -106,7 +107,7 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
         float_cls = REGISTRY.float_class_of(type(m))
         if float_cls is not None:
             modules.append({"name": name, "float_cls": _qualname(float_cls), "quant_cls": _qualname(type(m)),
-                            "params": _own_param_shapes(m)})
+                            "params": _own_param_shapes(m), "requant": getattr(m, "requant", "float")})
     quantizers, tensors = {}, {}
     for name, q in named_quantizers(model):
         quantizers[name] = _quantizer_record(q)
@@ -220,6 +221,11 @@ def restore(model: nn.Module, path) -> nn.Module:
         if doc.get("include_weights"):
             n = len(_WEIGHTS_PREFIX)
             model.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(_WEIGHTS_PREFIX)})
+        modes = [(model.get_submodule(r["name"]) if r["name"] else model, check_mode(r.get("requant", "float")))
+                 for r in doc["modules"]]
+        for m, mode in modes:
+            if hasattr(m, "requant"):
+                m.requant = mode
     except BaseException:
         undo.undo()
         before.restore()

@@ -160,7 +160,8 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
             blocks or 16-bit grids). Too low an opset for a quantizer raises ValueError naming it.
         target: ``"tensorrt"`` (Q/DQ on inputs and weights, zero points 0, positive scales) or ``"onnxruntime"``
             (same graph, stored so that ORT's CPU provider fuses real int8 kernels; see :mod:`.ort_layout`;
-            pair it with the ``INT8_ORT_CFG`` preset, which also quantizes Conv/Linear outputs).
+            pair it with the ``INT8_ORT_CFG`` preset, which also quantizes Conv/Linear outputs and sets
+            ``requant="integer"``, so the torch model computes what ORT's fused int8 kernels compute, bit for bit).
         dynamic_axes: as in ``torch.onnx.export``.
         dynamo: use the ``torch.export``-based exporter (custom translation table) instead of TorchScript.
         input_names, output_names: graph input/output names (default ``input``/``input_i`` and the exporter's).
@@ -190,7 +191,7 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
     notes = plan.notes + res.notes
     if target == "onnxruntime":
         proto, layout_notes = ort_layout.apply(proto, weights=ort_weights)
-        notes += layout_notes
+        notes += layout_notes + _requant_notes(model)
     notes += _axis_notes(proto, target) + _runtime_notes(proto, target)
     if dynamo and opset < 18:
         notes.append(f"the dynamo exporter writes opset >= 18; exported at opset {max(opset, 18)}")
@@ -208,6 +209,20 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
                         file_size=info.file_size, node_counts=info.node_counts, qdq_counts=info.qdq,
                         weights=res.weights, activations=res.activations, merged=res.merged, notes=notes,
                         inspection=info)
+
+
+def _requant_notes(model: nn.Module) -> list[str]:
+    """A note when quantized outputs of Linear/Conv layers run the float path in torch (ORT fuses them into int8
+    kernels that requantize in integers, so the two may differ by one step there)."""
+    from ..nn.modules._integer_requant import unfit_reason
+
+    floats = [n for n, m in model.named_modules()
+              if hasattr(m, "requant") and m.requant != "integer" and unfit_reason(m) is None]
+    if not floats:
+        return []
+    return [f"{len(floats)} quantized Linear/Conv output(s) (first: {floats[0]!r}) use requant='float' in torch, "
+            "while ORT's fused int8 kernels requantize in integers: outputs may differ by one step; "
+            "modelopt_lite.set_requant(model, 'integer') (INT8_ORT_CFG sets it) makes them bit-identical"]
 
 
 def _runtime_notes(model: onnx.ModelProto, target: str) -> list[str]:

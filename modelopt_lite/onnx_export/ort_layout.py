@@ -11,13 +11,21 @@
    - ``"uint8"``: weights stored as uint8 + 128 too: ORT's u8 x u8 kernels, exact on every CPU, slower.
    - ``"auto"`` (default): ``"int8"`` when this machine's CPU has VNNI (or AMX), else ``"uint8"``; the report's
      notes say which was chosen. Export with the value of the machine that will run the file.
-2. **Bias after the int8 product.** ``Gemm(DQ(a), DQ(w), bias)`` becomes ``Gemm(DQ(a), DQ(w)) + bias``: ORT then
-   fuses the Gemm into QGemm with a float output and adds the float bias exactly as torch does, instead of
-   re-quantizing the bias to int32 (which moves outputs by up to half an int32 step and flips roundings of a
-   following quantizer). Conv keeps its bias (QLinearConv needs ``Conv -> Q``).
+2. **Biases.** A ``Conv``/``Gemm`` of two DequantizeLinear inputs whose output goes to one QuantizeLinear (ORT
+   fuses it into ``QLinearConv``/``QGemm`` with an int8 output) gets its float bias stored as int32 on the
+   accumulator's grid, ``DQ(rint(b / float32(sx * sw)), sx * sw)``, computed exactly as the torch layer does with
+   ``requant="integer"`` (:mod:`modelopt_lite.functional.requant`): ORT's fused kernel and torch then agree bit for
+   bit. A Gemm whose output stays float becomes ``Gemm(DQ(a), DQ(w)) + bias`` (QGemm with a float output, then the
+   float bias added exactly as torch does).
 3. **Relu between two quantizers of one grid as a uint8 clip.** ``Q(Relu(DQ(q, s, z)), s, z) = max(q, z)`` exactly
    (``(q - z) * s / s`` rounds back to ``q - z``), so ``DQ -> Relu -> Q`` with the same scale and zero point becomes
-   ``Clip(q, min=z)`` on the uint8 codes: three float passes become one byte pass between ORT's int8 kernels.
+   ``Clip(q, min=z)`` on the uint8 codes: three float passes become one byte pass between ORT's int8 kernels. A
+   ``Flatten``/``Reshape`` between the Relu and the Q (a CNN's head) moves onto the codes.
+4. **Flatten in channels-last order.** ORT runs ``QLinearConv`` on NHWC tensors and transposes back to NCHW in
+   front of a ``Flatten``. When a Conv's output reaches a Flatten (through per-tensor Q/DQ/Relu/Clip) that feeds
+   only int8 Gemms, the graph flattens ``Transpose(x, [0, 2, 3, 1])`` instead and the Gemm weights' columns are
+   permuted to match: ORT cancels the two transposes. The integer products are the same, only summed in another
+   order, which integer accumulation does not see: results are unchanged, bit for bit.
 """
 
 from __future__ import annotations
@@ -118,6 +126,64 @@ def int8_to_uint8(g: Graph, weights: bool = True) -> int:
     return count
 
 
+def _per_channel_scale(g: Graph, dq, out_axis: int, channels: int) -> np.ndarray | None:
+    """The weight DQ's float32 scale as one value per output channel (None when it is not per tensor or per
+    output channel, or not a stored weight with zero point 0)."""
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in g.inits:
+        return None
+    s = g.array(dq.input[1])
+    zp = g.array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    symmetric = zp is None or (zp.dtype == np.int8 and not zp.any()) or (zp.dtype == np.uint8 and (zp == 128).all())
+    if s is None or s.dtype != np.float32 or not symmetric:  # uint8 weights are stored + 128
+        return None
+    if s.size == 1:
+        return np.full(channels, s.reshape(()), np.float32)
+    rank = len(g.inits[dq.input[0]].dims)
+    if s.ndim != 1 or s.size != channels or attr(dq, "axis", 1) % rank != out_axis:
+        return None
+    return s
+
+
+def quantize_biases(g: Graph) -> int:
+    """Float biases of ``DQ -> Conv/Gemm -> Q`` stored as int32 DQs (rewrite 2 above); returns the count."""
+    prod, cons = g.producers(), g.consumers()
+    count = 0
+    for n in list(g.nodes):
+        if n.op_type not in ("Conv", "Gemm") or len(n.input) < 3 or not n.input[2] or n.input[2] not in g.inits:
+            continue
+        users = cons.get(n.output[0], [])
+        if len(users) != 1 or users[0].op_type != "QuantizeLinear" or n.output[0] in g.outputs:
+            continue
+        bias = g.array(n.input[2])
+        a = prod.get(n.input[0])
+        if bias is None or bias.dtype != np.float32 or bias.ndim != 1 or a is None or a.op_type != "DequantizeLinear":
+            continue
+        sx = g.array(a.input[1])
+        if sx is None or sx.size != 1 or sx.dtype != np.float32:
+            continue
+        if n.op_type == "Gemm":
+            if attr(n, "alpha", 1.0) != 1.0 or attr(n, "beta", 1.0) != 1.0 or attr(n, "transA", 0):
+                continue
+            out_axis = 0 if attr(n, "transB", 0) else 1
+        else:
+            out_axis = 0
+        sw = _per_channel_scale(g, prod.get(n.input[1]), out_axis, bias.size)
+        if sw is None:
+            continue
+        scale = (sx.reshape(()) * sw).astype(np.float32)  # float32 products, as requant.bias_scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = np.rint(bias / scale)  # float32 true division, half to even, as requant.bias_codes
+        q = np.clip(q.astype(np.float64), -(2**31), 2**31 - 1).astype(np.int32)  # float64: holds 2**31 - 1
+        qname = g.add_init(f"{n.input[2]}.int32", q)
+        sname = g.add_init(f"{n.input[2]}.scale", scale)
+        out = g.fresh(f"{n.input[2]}_dq")
+        g.nodes.insert(g.nodes.index(n), helper.make_node("DequantizeLinear", [qname, sname], [out], axis=0,
+                                                          name=g.fresh(f"{n.name}_bias_dq")))
+        n.input[2] = out
+        count += 1
+    return count
+
+
 def split_gemm_bias(g: Graph) -> int:
     """``Gemm(DQ, DQ, C)`` -> ``Gemm(DQ, DQ) + C`` for a float bias C (alpha = beta = 1); returns the count."""
     prod = g.producers()
@@ -152,6 +218,10 @@ def relu_to_clip(g: Graph) -> tuple[int, int]:
             continue
         dq = prod.get(relu.input[0])
         users = cons.get(relu.output[0], [])
+        between = []  # Flatten/Reshape nodes from the Relu to the Q: they move onto the uint8 codes
+        while len(users) == 1 and users[0].op_type in ("Flatten", "Reshape") and users[0].output[0] not in g.outputs:
+            between.append(users[0])
+            users = cons.get(users[0].output[0], [])
         if dq is None or dq.op_type != "DequantizeLinear" or len(users) != 1 or users[0].op_type != "QuantizeLinear":
             continue
         q = users[0]
@@ -166,21 +236,115 @@ def relu_to_clip(g: Graph) -> tuple[int, int]:
                 and np.array_equal(grid[2], grid[3]) and grid[2].dtype == grid[3].dtype):
             mismatched += 1
             continue
-        clip = helper.make_node("Clip", [dq.input[0], dq.input[2]], [q.output[0]], name=g.fresh(f"{relu.name}_u8"))
-        g.nodes[g.nodes.index(q)] = clip
-        g.nodes.remove(relu)
+        clipped = q.output[0] if not between else g.fresh(f"{relu.output[0]}_u8")
+        clip = helper.make_node("Clip", [dq.input[0], dq.input[2]], [clipped], name=g.fresh(f"{relu.name}_u8"))
+        g.nodes[g.nodes.index(relu)] = clip
+        if between:  # Clip -> Flatten/Reshape on the codes, the last one writing what the Q wrote
+            between[0].input[0] = clipped
+            between[-1].output[0] = q.output[0]
+        g.nodes.remove(q)
         g.nodes.remove(dq)
         count += 1
     return count, mismatched
 
 
+_PASS = ("QuantizeLinear", "DequantizeLinear", "Clip", "Relu")  # per-tensor element-wise: commute with transposes
+
+
+def _passes(g: Graph, n) -> bool:
+    if n.op_type in ("Clip", "Relu"):
+        return True
+    s = g.array(n.input[1]) if n.op_type in _PASS[:2] else None
+    return s is not None and s.size == 1
+
+
+def _flatten_gemms(g: Graph, flat, cons) -> list | None:
+    """The Gemms that read ``flat``'s output as A through per-tensor element-wise nodes, each with a stored weight
+    (DQ of an initializer used nowhere else, transB=1); None when anything else reads it."""
+    gemms, frontier = [], [flat.output[0]]
+    while frontier:
+        t = frontier.pop()
+        if t in g.outputs:
+            return None
+        for u in cons.get(t, []):
+            if u.input[0] != t:
+                return None
+            if u.op_type in _PASS and _passes(g, u):
+                frontier.append(u.output[0])
+                continue
+            if u.op_type != "Gemm" or attr(u, "transA", 0) or not attr(u, "transB", 0):
+                return None
+            dq = g.producers().get(u.input[1])
+            if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in g.inits:
+                return None
+            if len(cons.get(dq.output[0], [])) != 1 or len(cons.get(dq.input[0], [])) != 1:
+                return None
+            gemms.append((u, dq))
+    return gemms
+
+
+def nhwc_flatten(g: Graph, shapes: dict[str, list]) -> int:
+    """Rewrite 4 above; returns the number of Flatten nodes rewritten."""
+    prod, cons = g.producers(), g.consumers()
+    count = 0
+    for flat in list(g.nodes):
+        if flat.op_type != "Flatten" or attr(flat, "axis", 1) != 1:
+            continue
+        dims = shapes.get(flat.input[0])
+        src = prod.get(flat.input[0])
+        while src is not None and src.op_type in _PASS and _passes(g, src):  # element-wise: same shape
+            dims = dims or shapes.get(src.input[0])
+            src = prod.get(src.input[0])
+        if src is None or src.op_type != "Conv":
+            continue
+        dims = dims or shapes.get(src.output[0])
+        if not dims or len(dims) != 4 or not all(isinstance(d, int) and d > 0 for d in dims[1:]) or dims[2] * dims[3] == 1:
+            continue
+        gemms = _flatten_gemms(g, flat, cons)
+        if not gemms:
+            continue
+        _, c, h, w = dims
+        for _, dq in gemms:
+            t = g.inits[dq.input[0]]
+            arr = numpy_helper.to_array(t)
+            if arr.ndim != 2 or arr.shape[1] != c * h * w:
+                break
+        else:
+            for _, dq in gemms:
+                arr = numpy_helper.to_array(g.inits[dq.input[0]])
+                perm = arr.reshape(arr.shape[0], c, h, w).transpose(0, 2, 3, 1).reshape(arr.shape[0], -1)
+                dq.input[0] = g.add_init(f"{dq.input[0]}.nhwc", np.ascontiguousarray(perm))
+            out = g.fresh(f"{flat.input[0]}_nhwc")
+            g.nodes.insert(g.nodes.index(flat), helper.make_node("Transpose", [flat.input[0]], [out], perm=[0, 2, 3, 1],
+                                                                 name=g.fresh(f"{flat.name}_nhwc")))
+            flat.input[0] = out
+            count += 1
+    return count
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """Static dims (ints, or None for symbolic ones) of every tensor shape inference can type."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - shapes are only an optimization hint here
+        return {}
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return out
+
+
 def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProto, list[str]]:
-    """The three rewrites (weights stored as ``weights``: see the module docstring); returns the model and notes."""
+    """The rewrites (weights stored as ``weights``: see the module docstring); returns the model and notes."""
     chosen = resolve_weights(weights)
     g = Graph(model)
     n_u8 = int8_to_uint8(g, weights=chosen == "uint8")
+    n_qbias = quantize_biases(g)
     n_bias = split_gemm_bias(g)
     n_clip, n_mismatched = relu_to_clip(g)
+    n_nhwc = nhwc_flatten(g, _shapes(model))
     g.prune()
     notes = []
     why = f" (auto: this CPU has{'' if chosen == 'int8' else ' no'} VNNI)" if weights == "auto" else ""
@@ -192,6 +356,9 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
                      "than u8 x s8 on CPUs with VNNI)")
     if n_u8:
         notes.append(f"onnxruntime layout: {n_u8} int8 Q/DQ node(s) stored as uint8 with zero point +128 (exact)")
+    if n_qbias:
+        notes.append(f"onnxruntime layout: {n_qbias} Conv/Gemm bias(es) stored as int32 on the accumulator's grid "
+                     "(the int8 kernels' integer requantization, as torch layers with requant='integer')")
     if n_bias:
         notes.append(f"onnxruntime layout: {n_bias} Gemm bias(es) added after the int8 product (exact float bias)")
     if n_mismatched:
@@ -201,4 +368,7 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
     if n_clip:
         notes.append(f"onnxruntime layout: {n_clip} DequantizeLinear -> Relu -> QuantizeLinear chain(s) on one grid "
                      "run as a uint8 Clip (exact)")
+    if n_nhwc:
+        notes.append(f"onnxruntime layout: {n_nhwc} Flatten(s) after a Conv flatten in channels-last order (ORT's "
+                     "NHWC int8 convolution needs no transpose back; exact)")
     return g.commit(), notes

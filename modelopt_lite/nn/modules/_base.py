@@ -40,6 +40,9 @@ class QuantModuleMixin:
     replaces).
     """
 
+    #: "float" (default) or "integer": how a quantized Linear/Conv computes a quantized output (see
+    #: ``_integer_requant``; set with :func:`modelopt_lite.set_requant` or a config's ``"requant"``)
+    requant: str = "float"
     default_quant_desc_input: ClassVar[ScaledQuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight: ClassVar[ScaledQuantDescriptor | None] = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
     _float_cls: ClassVar[type]

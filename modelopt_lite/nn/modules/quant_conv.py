@@ -9,6 +9,7 @@ from ...descriptor import (
     QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL,
 )
+from . import _integer_requant
 from ._base import QuantModuleMixin
 
 
@@ -25,9 +26,14 @@ class _QuantConvNd(QuantModuleMixin):
         super().__init__(*args, **kwargs)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 
-    def forward(self, input):
+    def _float_forward(self, input):
         out = self._conv_forward(self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias)
         return self.output_quantizer(out)
+
+    def forward(self, input):
+        if _integer_requant.active(self, input):
+            return _integer_requant.integer_forward(self, input, self._float_forward)
+        return self._float_forward(input)
 
 
 class QuantConv1d(_QuantConvNd, nn.Conv1d):

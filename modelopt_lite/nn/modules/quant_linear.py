@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
+from . import _integer_requant
 from ._base import QuantModuleMixin
 
 
@@ -13,7 +14,8 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
     """``nn.Linear`` with quantized input and weight.
 
     Defaults: input 8-bit per tensor, weight 8-bit per row (axis 0, one amax per output feature). The output is
-    exactly ``output_quantizer(F.linear(input_quantizer(x), weight_quantizer(self.weight), self.bias))``.
+    exactly ``output_quantizer(F.linear(input_quantizer(x), weight_quantizer(self.weight), self.bias))``, or, with
+    ``requant="integer"``, the integer requantization of an int8 kernel (see ``_integer_requant``).
     """
 
     default_quant_desc_weight = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
@@ -24,9 +26,14 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 
-    def forward(self, input):
+    def _float_forward(self, input):
         out = F.linear(self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias)
         return self.output_quantizer(out)
+
+    def forward(self, input):
+        if _integer_requant.active(self, input):
+            return _integer_requant.integer_forward(self, input, self._float_forward)
+        return self._float_forward(input)
 
 
 Linear = QuantLinear
