@@ -97,14 +97,21 @@ def bench_linear(m, k, n, dev, rounds, big_int_mm: bool):
             xh, wh, bh = x.to(dt), lin.weight.to(dt), lin.bias.to(dt)
             paths[f"{str(dt)[6:]} F.linear"] = (lambda xh=xh, wh=wh, bh=bh: F.linear(xh, wh, bh), "float")
     paths["fake-quant QuantLinear (fp32)"] = (lambda: fq(x), "reference numerics")
-    backends = ["int_mm"] if dev.type == "cuda" else (["onednn"] if int8_gemm.onednn_available() else []) + \
-        ["float_exact"] + (["int_mm"] if big_int_mm else [])
-    for be in backends:
-        real = _real(fq, be)
-        label = f"real QuantizedLinear [{be}{'/' + mode if be == 'onednn' else ''}]"
-        paths[label] = (lambda real=real: real(x), _check(fq, real, x))
+    paths.update(_real_paths(fq, x, dev, mode, big_int_mm, "QuantizedLinear"))
     for k2, v in _raw_linear_paths(x, lin.weight.detach(), dev, exact_note).items():
         paths[k2] = v
+    return paths
+
+
+def _real_paths(fq, x, dev, mode, big_int_mm: bool, cls_name: str) -> dict:
+    """``label -> (run, note)`` for each real-INT8 backend this device offers (one real module per backend)."""
+    backends = ["int_mm"] if dev.type == "cuda" else (["onednn"] if int8_gemm.onednn_available() else []) + \
+        ["float_exact"] + (["int_mm"] if big_int_mm else [])
+    paths = {}
+    for be in backends:
+        real = _real(fq, be)
+        label = f"real {cls_name} [{be}{'/' + mode if be == 'onednn' else ''}]"
+        paths[label] = (lambda real=real: real(x), _check(fq, real, x))
     return paths
 
 
@@ -131,12 +138,7 @@ def bench_conv(hw, dev, rounds, big_int_mm: bool):
             xh = x.to(dt)
             paths[f"{str(dt)[6:]} F.conv2d"] = (lambda ch=ch, xh=xh: ch(xh), "float")
     paths["fake-quant QuantConv2d (fp32)"] = (lambda: fq(x), "reference numerics")
-    backends = ["int_mm"] if dev.type == "cuda" else (["onednn"] if int8_gemm.onednn_available() else []) + \
-        ["float_exact"] + (["int_mm"] if big_int_mm else [])
-    for be in backends:
-        real = _real(fq, be)
-        label = f"real QuantizedConv2d [{be}{'/' + mode if be == 'onednn' else ''}]"
-        paths[label] = (lambda real=real: real(x), _check(fq, real, x))
+    paths.update(_real_paths(fq, x, dev, mode, big_int_mm, "QuantizedConv2d"))
     return paths
 
 

@@ -258,7 +258,7 @@ def _passes(g: Graph, n) -> bool:
     return s is not None and s.size == 1
 
 
-def _flatten_gemms(g: Graph, flat, cons) -> list | None:
+def _flatten_gemms(g: Graph, flat, prod, cons) -> list | None:
     """The Gemms that read ``flat``'s output as A through per-tensor element-wise nodes, each with a stored weight
     (DQ of an initializer used nowhere else, transB=1); None when anything else reads it."""
     gemms, frontier = [], [flat.output[0]]
@@ -274,7 +274,7 @@ def _flatten_gemms(g: Graph, flat, cons) -> list | None:
                 continue
             if u.op_type != "Gemm" or attr(u, "transA", 0) or not attr(u, "transB", 0):
                 return None
-            dq = g.producers().get(u.input[1])
+            dq = prod.get(u.input[1])
             if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in g.inits:
                 return None
             if len(cons.get(dq.output[0], [])) != 1 or len(cons.get(dq.input[0], [])) != 1:
@@ -300,7 +300,7 @@ def nhwc_flatten(g: Graph, shapes: dict[str, list]) -> int:
         dims = dims or shapes.get(src.output[0])
         if not dims or len(dims) != 4 or not all(isinstance(d, int) and d > 0 for d in dims[1:]) or dims[2] * dims[3] == 1:
             continue
-        gemms = _flatten_gemms(g, flat, cons)
+        gemms = _flatten_gemms(g, flat, prod, cons)
         if not gemms:
             continue
         _, c, h, w = dims
