@@ -1,12 +1,14 @@
 """modelopt_lite: exact, fast, descriptor-driven quantization for PyTorch (pure-Python install; kernels JIT-build)."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="modelopt_lite",
     version="0.1.0",
     description="Descriptor-driven quantization for PyTorch: exact Q/DQ numerics, calibration, QAT, ONNX export",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["modelopt_lite", "modelopt_lite.*"]),

@@ -69,7 +69,7 @@ _LAZY = {
     "analysis": ("modelopt_lite.analysis", None),
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = [*sorted(_LAZY), "__version__"]  # noqa: PLE0604 (the lazy names are strings)
 
 
 def __getattr__(name: str):

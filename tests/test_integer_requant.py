@@ -153,6 +153,17 @@ def test_training_uses_the_integer_value_and_the_float_gradients():
     assert torch.equal(xq.grad, xf.grad) and torch.equal(q[0].weight.grad, f[0].weight.grad)
 
 
+def test_training_runs_the_input_quantizer_once_per_forward():
+    q, _, x = _pair()
+    calls = []
+    q[0].input_quantizer.register_forward_hook(lambda *_: calls.append(1))
+    q.train()
+    q(x.clone().requires_grad_()).sum().backward()
+    with torch.no_grad():
+        q(x)
+    assert len(calls) == 2
+
+
 def test_requant_survives_save_and_restore(tmp_path):
     q, _, x = _pair()
     mtq.save(q, tmp_path / "s", include_weights=True)

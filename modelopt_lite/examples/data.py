@@ -34,6 +34,6 @@ def load_digits_data(test_fraction: float = 0.25, seed: int = 0) -> DigitsData:
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(d.target, dtype=torch.int64)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    n_test = int(round(len(x) * test_fraction))
+    n_test = round(len(x) * test_fraction)
     test, train = perm[:n_test], perm[n_test:]
     return DigitsData(x[train].contiguous(), y[train].contiguous(), x[test].contiguous(), y[test].contiguous())

@@ -67,7 +67,7 @@ def _load(kind: str) -> ModuleType | None:
 
         try:
             mod = native_build.load(kind)
-        except Exception as e:  # a failed build must never break quantization: fall back, loudly, once
+        except Exception as e:  # noqa: BLE001 (a failed build must never break quantization: fall back, loudly, once)
             mod = None
             _errors[kind] = f"{type(e).__name__}: {e}"
             warnings.warn(

@@ -70,10 +70,10 @@ def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
             p.notes.append(f"{name}: temporal quantizer with {q.num_steps} steps; exported with the amax of the "
                            f"current step ({getattr(q, 'step', 0)})")
     for names, what in (
-        (uncalibrated, "enabled quantizer(s) not calibrated (no amax); calibrate them or disable them before "
-                       "export"),
-        (calibrating, "quantizer(s) still in calibration mode; finish calibration (load_calib_amax, "
-                      "disable_calib) before export"),
+        (uncalibrated, ("enabled quantizer(s) not calibrated (no amax); calibrate them or disable them before "
+                        "export")),
+        (calibrating, ("quantizer(s) still in calibration mode; finish calibration (load_calib_amax, "
+                       "disable_calib) before export")),
         (real, "quantizer(s) in real-quant mode (fake_quant=False); export needs fake quantization"),
         (dynamic, "activation quantizer(s) with dynamic amax; ONNX Q/DQ export needs static, calibrated scales"),
     ):

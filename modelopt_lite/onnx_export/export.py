@@ -54,9 +54,9 @@ class ExportReport:
 
     def format(self) -> str:
         """A printable summary (the CLI prints it)."""
-        lines = [f"exported {self.path} ({self.exporter}, opset {self.opset}, target={self.target}): "
-                 f"{self.file_size / 1024:.1f} KiB, {len(self.weights)} quantized weight(s), "
-                 f"{len(self.activations)} activation Q/DQ pair(s), {self.merged} duplicate(s) merged"]
+        lines = [(f"exported {self.path} ({self.exporter}, opset {self.opset}, target={self.target}): "
+                  f"{self.file_size / 1024:.1f} KiB, {len(self.weights)} quantized weight(s), "
+                  f"{len(self.activations)} activation Q/DQ pair(s), {self.merged} duplicate(s) merged")]
         if self.inspection is not None:
             lines.append(self.inspection.format())
         if self.notes:
@@ -220,9 +220,9 @@ def _requant_notes(model: nn.Module) -> list[str]:
               if hasattr(m, "requant") and m.requant != "integer" and unfit_reason(m) is None]
     if not floats:
         return []
-    return [f"{len(floats)} quantized Linear/Conv output(s) (first: {floats[0]!r}) use requant='float' in torch, "
-            "while ORT's fused int8 kernels requantize in integers: outputs may differ by one step; "
-            "modelopt_lite.set_requant(model, 'integer') (INT8_ORT_CFG sets it) makes them bit-identical"]
+    return [(f"{len(floats)} quantized Linear/Conv output(s) (first: {floats[0]!r}) use requant='float' in torch, "
+             "while ORT's fused int8 kernels requantize in integers: outputs may differ by one step; "
+             "modelopt_lite.set_requant(model, 'integer') (INT8_ORT_CFG sets it) makes them bit-identical")]
 
 
 def _runtime_notes(model: onnx.ModelProto, target: str) -> list[str]:

@@ -64,7 +64,7 @@ def _const_int(g_value, what: str) -> int:
 
     v = symbolic_helper._maybe_get_const(g_value, "i")
     if not isinstance(v, int):
-        raise ValueError(f"modelopt_lite ONNX export: {what} must be a Python int constant, got {v!r}")
+        raise TypeError(f"modelopt_lite ONNX export: {what} must be a Python int constant, got {v!r}")
     return v
 
 

@@ -92,11 +92,13 @@ def _is_conv(module: nn.Module) -> bool:
 
 
 def integer_forward(module: nn.Module, x: torch.Tensor, float_forward) -> torch.Tensor:
-    """The integer-requantized output of ``module`` for ``x``; ``float_forward(x)`` gives the gradients."""
+    """The integer-requantized output of ``module`` for ``x``; ``float_forward(input_quantizer(x))`` (the float
+    path from the quantized input on) gives the gradients when they are needed."""
     inq, wq, outq = module.input_quantizer, module.weight_quantizer, module.output_quantizer
-    # the input quantizer runs as usual (its hooks too); its fake-quantized values divide back exactly to codes
+    # the input quantizer runs once, as usual (its hooks too); its fake-quantized values divide back exactly to codes
     sx = inq.scale
-    xc = torch.round(inq(x) / sx)
+    fx = inq(x)
+    xc = torch.round(fx / sx)
     wc, sw = wq.quantize_weight_codes(module.weight)
     so = outq.scale
     if _is_conv(module):
@@ -113,7 +115,7 @@ def integer_forward(module: nn.Module, x: torch.Tensor, float_forward) -> torch.
     codes = R.requantize(acc, R.multiplier(sx, sw, so).reshape(shape), 0, qmin, qmax)
     y = codes * so
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
-        ref = float_forward(x)  # its gradients, straight through; the output quantizer's hooks run in there
+        ref = float_forward(fx)  # its gradients, straight through; the output quantizer's hooks run in there
         return ref + (y - ref).detach()
     # y lies on the output grid, where fake quantization is the identity (|q| <= 255: (q * s) / s rounds back to
     # q in float32): running it keeps the output quantizer's forward hooks working (share_relu_grids uses them)

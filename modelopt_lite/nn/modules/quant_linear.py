@@ -26,14 +26,15 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 
-    def _float_forward(self, input):
-        out = F.linear(self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias)
+    def _float_forward(self, quantized_input):
+        """The float path from the input quantizer's output on."""
+        out = F.linear(quantized_input, self.weight_quantizer(self.weight), self.bias)
         return self.output_quantizer(out)
 
     def forward(self, input):
         if _integer_requant.active(self, input):
             return _integer_requant.integer_forward(self, input, self._float_forward)
-        return self._float_forward(input)
+        return self._float_forward(self.input_quantizer(input))
 
 
 Linear = QuantLinear
