@@ -3,9 +3,13 @@
 - :func:`export_onnx` writes a TensorRT-style (or ONNX-Runtime-fusable) Q/DQ file whose weights are stored already
   quantized, and returns an :class:`ExportReport`.
 - :func:`inspect_onnx` summarizes any Q/DQ file (counts, dtypes, granularity, ops left in float).
+- :func:`compare_with_onnxruntime` runs a model and its export side by side and shows, quantizer by quantizer,
+  where ONNX Runtime and torch start to disagree.
 """
 
+from .compare import DivergenceReport, QuantizerDiff, compare_with_onnxruntime
 from .export import ExportReport, export_onnx
 from .inspect import InspectReport, inspect_onnx
 
-__all__ = ["ExportReport", "InspectReport", "export_onnx", "inspect_onnx"]
+__all__ = ["DivergenceReport", "ExportReport", "InspectReport", "QuantizerDiff", "compare_with_onnxruntime", "export_onnx",
+           "inspect_onnx"]

@@ -32,8 +32,21 @@ class Resolution:
     notes: list[str] = field(default_factory=list)
 
 
+def _module_path(scopes: list[str]) -> str:
+    """The module path from exporter scopes: a child of a Sequential/ModuleList is scoped ``"seq.0"`` under
+    ``"seq"`` (``/blocks.0/seq/seq.2/seq.2.0``), so a scope extending the one before it replaces it."""
+    path: list[str] = []
+    for s in scopes:
+        if path and s.startswith(path[-1] + "."):
+            path[-1] = s
+        else:
+            path.append(s)
+    return ".".join(path)
+
+
 def site_label(node: onnx.NodeProto) -> str:
-    """A readable name for a marker: the quantizer's module path when the exporter recorded it."""
+    """A readable name for a marker: the quantizer's module path (``model.get_submodule`` finds it) when the
+    exporter recorded it."""
     for p in node.metadata_props:
         if p.key == "pkg.torch.onnx.name_scopes":
             try:
@@ -41,12 +54,12 @@ def site_label(node: onnx.NodeProto) -> str:
 
                 scopes = [s for s in ast.literal_eval(p.value) if s]
                 if scopes:
-                    return ".".join(scopes)
+                    return _module_path(scopes)
             except (ValueError, SyntaxError):
                 pass
     parts = [p for p in node.name.split("/") if p]
     if len(parts) > 1:
-        return ".".join(parts[:-1])
+        return _module_path(parts[:-1])
     return parts[0] if parts else f"{node.op_type} at {node.input[0]!r}"
 
 
