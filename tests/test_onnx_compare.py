@@ -40,7 +40,7 @@ def test_ort_layout_agrees_everywhere_and_names_are_module_paths(tmp_path, data)
     assert names == ["body.0.input_quantizer", "body.0.output_quantizer", "body.2.output_quantizer",
                      "head.output_quantizer"]
     assert all(q.get_submodule(n) is not None for n in names)
-    assert [a["site"] for a in rep.activations][0] == "body.0.input_quantizer"
+    assert rep.activations[0]["site"] == "body.0.input_quantizer"
     assert r.first_divergence is None and r.output_max_diff == [0.0] and r.skipped == {}
     assert r.rows[0].input_max_diff == 0.0 and r.rows[1].input_max_diff is None  # Gemm -> Q: fusable, not exposed
     assert r.rows[1].elements == len(data.x_test) * q.body[0].out_features
@@ -94,8 +94,9 @@ def test_nested_containers_export_their_module_paths(tmp_path):
     model = Outer()
     x = torch.randn(32, 8)
     mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
-    rep = export_onnx(model.eval(), x[:2], tmp_path / "n.onnx")
-    sites = sorted(a["site"] for a in rep.activations) + sorted(w["site"] for w in rep.weights)
-    assert sites[:3] == ["blocks.0.seq.0.input_quantizer", "blocks.0.seq.2.0.input_quantizer",
-                         "head.input_quantizer"]
-    assert all(model.get_submodule(s) is not None for s in sites)
+    for dynamo in (False, True):
+        rep = export_onnx(model.eval(), x[:2], tmp_path / f"n{dynamo}.onnx", dynamo=dynamo)
+        sites = sorted(a["site"] for a in rep.activations) + sorted(w["site"] for w in rep.weights)
+        assert sites[:3] == ["blocks.0.seq.0.input_quantizer", "blocks.0.seq.2.0.input_quantizer",
+                             "head.input_quantizer"], dynamo
+        assert all(model.get_submodule(s) is not None for s in sites)

@@ -52,7 +52,7 @@ def site_label(node: onnx.NodeProto) -> str:
             try:
                 import ast
 
-                scopes = [s for s in ast.literal_eval(p.value) if s]
+                scopes = [s for s in ast.literal_eval(p.value) if s][:-1]  # the last one names the op itself
                 if scopes:
                     return _module_path(scopes)
             except (ValueError, SyntaxError):
