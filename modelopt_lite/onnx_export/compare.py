@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper
+from onnx import helper
 
 from .graph import Graph, attr
 from .runtime import ort_session
 
 _FUSABLE = ("Conv", "Gemm", "MatMul")
-_INT_CODES = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8}
 
 
 @dataclass
@@ -126,14 +125,14 @@ def compare_with_onnxruntime(model: torch.nn.Module, onnx_path, args, **session_
         expose_input = ((source is None or source.op_type not in _FUSABLE)
                         and getattr(seen[name][2], "pre_quant_scale", None) is None)
         if zp.dtype in (np.int8, np.uint8):
-            plan.append((name, n.output[0], n.input[0] if expose_input else None, scale, zp, attr(n, "axis", 1), "codes"))
-            continue
-        dqs = [c for c in cons.get(n.output[0], []) if c.op_type == "DequantizeLinear"]
-        if not dqs:
-            report.skipped[name] = "FP8 codes with no DequantizeLinear reading them"
-            continue
-        plan.append((name, dqs[0].output[0], n.input[0] if expose_input else None, scale, zp, attr(n, "axis", 1),
-                     "values"))
+            value, kind = n.output[0], "codes"
+        else:  # FP8 codes: compare what the DequantizeLinear reading them computes
+            dqs = [c for c in cons.get(n.output[0], []) if c.op_type == "DequantizeLinear"]
+            if not dqs:
+                report.skipped[name] = "FP8 codes with no DequantizeLinear reading them"
+                continue
+            value, kind = dqs[0].output[0], "values"
+        plan.append((name, value, n.input[0] if expose_input else None, scale, zp, attr(n, "axis", 1), kind))
     graph_outputs = [o.name for o in model_proto.graph.output]
     have = set(graph_outputs)
     for _, value, inp, *_ in plan:
