@@ -92,8 +92,10 @@ def main():
     xs = [torch.randn(256, 1024) for _ in range(args.batches)]
     nb = len(xs)
     mo_cls, mo_err = load_modelopt()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {nb} batches of (256, 1024) N(0,1); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {nb} batches of (256, 1024) N(0,1); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
 
     def run(make):
         def go():
@@ -101,11 +103,14 @@ def main():
             for x in xs:
                 cal.collect(x)
             return cal
+
         return go
 
-    makers = {"ours HistogramCalibrator (int64, pow2 grid)": lambda: HistogramCalibrator(8),
-              "torch.histc path (float32 counts, inline copy)": HistcStyle,
-              "ours MaxCalibrator": lambda: MaxCalibrator(8)}
+    makers = {
+        "ours HistogramCalibrator (int64, pow2 grid)": lambda: HistogramCalibrator(8),
+        "torch.histc path (float32 counts, inline copy)": HistcStyle,
+        "ours MaxCalibrator": lambda: MaxCalibrator(8),
+    }
     if mo_cls is not None:
         makers["nvidia-modelopt HistogramCalibrator"] = lambda: mo_cls(8, None, False)
     best = dict.fromkeys(makers, float("inf"))
@@ -126,8 +131,10 @@ def main():
     ref_counts = torch.round(hs.hist).to(torch.int64)
     ref_width = float(hs.edges[1] - hs.edges[0])
     occupied = int(torch.nonzero(counts).max()) + 1
-    print(f"\nbin width: ours 2**{int(math.log2(width))} = {width:.6g} ({occupied} occupied bins); "
-          f"histc path {ref_width:.6g} ({hs.hist.numel()} bins); ratio {width / ref_width:.3f}")
+    print(
+        f"\nbin width: ours 2**{int(math.log2(width))} = {width:.6g} ({occupied} occupied bins); "
+        f"histc path {ref_width:.6g} ({hs.hist.numel()} bins); ratio {width / ref_width:.3f}"
+    )
 
     a = torch.cat([x.flatten() for x in xs]).abs().double()
     n = a.numel()
@@ -137,17 +144,23 @@ def main():
     lo, hi = (float(torch.kthvalue(a, math.floor(pos) + j).values) for j in (1, 2))
     frac = pos - math.floor(pos)
     q_lin = lo + frac * (hi - lo)
-    print(f"ground truth 99.99th percentile of |x|: {q_inv:.6f} (inverted CDF), {q_lin:.6f} (linear); "
-          f"max |x| {float(a.max()):.6f}")
+    print(
+        f"ground truth 99.99th percentile of |x|: {q_inv:.6f} (inverted CDF), {q_lin:.6f} (linear); "
+        f"max |x| {float(a.max()):.6f}"
+    )
 
-    print("\n| method | ours amax | ours ms | ours CPU ms | loop ref on our hist | equal | loop s | loop on histc hist "
-          "| diff (our bins) | modelopt amax | modelopt ms |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| method | ours amax | ours ms | ours CPU ms | loop ref on our hist | equal | loop s | loop on histc hist "
+        "| diff (our bins) | modelopt amax | modelopt ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     for method, kw in METHODS:
         t_ours, amax = best_of(lambda m=method, k=kw: ours.compute_amax(m, **k), max(args.repeats, 5), key=method)
         amax = float(amax)
-        loop = {"percentile": lambda c, w: percentile_loop(c, w, 99.99),
-                "mse": lambda c, w: mse_loop(c, w, 128, 1, 8, False),
-                "entropy": lambda c, w: entropy_loop(c, w, 128, 1, 8, False)}[method]
+        loop = {
+            "percentile": lambda c, w: percentile_loop(c, w, 99.99),
+            "mse": lambda c, w: mse_loop(c, w, 128, 1, 8, False),
+            "entropy": lambda c, w: entropy_loop(c, w, 128, 1, 8, False),
+        }[method]
         if args.no_loops:
             ref = ref_h = float("nan")
             t_loop = float("nan")
@@ -159,9 +172,11 @@ def main():
             mo = cals["nvidia-modelopt HistogramCalibrator"]
             t_mo, v = best_of(lambda m=method, k=kw, c=mo: c.compute_amax(m, **k), 1)
             mo_amax, mo_ms = f"{float(v):.4f}", f"{t_mo * 1e3:.1f}"
-        print(f"| {method} | {amax:.4f} | {t_ours * 1e3:.2f} | {CPU_TIME[method] * 1e3:.2f} | {ref:.4f} | "
-              f"{amax == ref} | {t_loop:.2f} | "
-              f"{ref_h:.4f} | {abs(amax - ref_h) / width:.2f} | {mo_amax} | {mo_ms} |")
+        print(
+            f"| {method} | {amax:.4f} | {t_ours * 1e3:.2f} | {CPU_TIME[method] * 1e3:.2f} | {ref:.4f} | "
+            f"{amax == ref} | {t_loop:.2f} | "
+            f"{ref_h:.4f} | {abs(amax - ref_h) / width:.2f} | {mo_amax} | {mo_ms} |"
+        )
 
 
 if __name__ == "__main__":

@@ -108,27 +108,48 @@ def build_cases(mod, x, args, device):
     def peers_int(xx, ss, axis, zp):
         out = []
         if axis is None:
-            out.append(("torch.fake_quantize_per_tensor_affine",
-                        _try(lambda: torch.fake_quantize_per_tensor_affine(xx, sf, 0, -128, 127))))
+            out.append(
+                (
+                    "torch.fake_quantize_per_tensor_affine",
+                    _try(lambda: torch.fake_quantize_per_tensor_affine(xx, sf, 0, -128, 127)),
+                )
+            )
         else:
-            out.append(("torch.fake_quantize_per_channel_affine",
-                        _try(lambda: torch.fake_quantize_per_channel_affine(xx, ss.flatten(), zp, axis, -128, 127))))
+            out.append(
+                (
+                    "torch.fake_quantize_per_channel_affine",
+                    _try(lambda: torch.fake_quantize_per_channel_affine(xx, ss.flatten(), zp, axis, -128, 127)),
+                )
+            )
         out.append(("naive eager chain", _try(lambda: naive_int(xx, ss, -128, 127))))
         if compiled_int is not None:
             out.append(("torch.compile(naive chain)", _try(lambda: compiled_int(xx, ss, -128, 127))))
         if mtq is not None:
             a = ss * 127
-            out.append(("nvidia-modelopt fake_tensor_quant",
-                        _try(lambda: mtq.fake_tensor_quant(xx, a, num_bits=8, unsigned=False, narrow_range=False))))
+            out.append(
+                (
+                    "nvidia-modelopt fake_tensor_quant",
+                    _try(lambda: mtq.fake_tensor_quant(xx, a, num_bits=8, unsigned=False, narrow_range=False)),
+                )
+            )
         return out
 
     cases = [
-        ("int8 per-tensor", rw, [("modelopt_lite", lambda: mod.fake_quant_int(x, s, -128, 127))]
-         + peers_int(x, s, None, None)),
-        ("int8 per-channel axis 0", rw, [("modelopt_lite", lambda: mod.fake_quant_int(x2, s_row, -128, 127))]
-         + peers_int(x2, s_row, 0, zp_row)),
-        ("int8 per-channel last axis", rw, [("modelopt_lite", lambda: mod.fake_quant_int(x2, s_col, -128, 127))]
-         + peers_int(x2, s_col, 1, zp_col)),
+        (
+            "int8 per-tensor",
+            rw,
+            [("modelopt_lite", lambda: mod.fake_quant_int(x, s, -128, 127))] + peers_int(x, s, None, None),
+        ),
+        (
+            "int8 per-channel axis 0",
+            rw,
+            [("modelopt_lite", lambda: mod.fake_quant_int(x2, s_row, -128, 127))] + peers_int(x2, s_row, 0, zp_row),
+        ),
+        (
+            "int8 per-channel last axis",
+            rw,
+            [("modelopt_lite", lambda: mod.fake_quant_int(x2, s_col, -128, 127))] + peers_int(x2, s_col, 1, zp_col),
+        ),
     ]
     e4 = [("modelopt_lite", lambda: mod.fake_e4m3(x, s_e4)), ("naive eager chain", _try(lambda: naive_e4m3(x, s_e4)))]
     if compiled_e4 is not None:
@@ -136,26 +157,49 @@ def build_cases(mod, x, args, device):
     if mtq is not None:
         e4.append(("nvidia-modelopt scaled_e4m3", _try(lambda: mtq.scaled_e4m3(x, amax, None, 4, 3))))
     cases.append(("E4M3 per-tensor", rw, e4))
-    blk = [("modelopt_lite (static block scales)", lambda: mod.fake_quant_int(xb, s_blk, -8, 7)),
-           ("naive eager chain", _try(lambda: naive_int(xb, s_blk, -8, 7)))]
+    blk = [
+        ("modelopt_lite (static block scales)", lambda: mod.fake_quant_int(xb, s_blk, -8, 7)),
+        ("naive eager chain", _try(lambda: naive_int(xb, s_blk, -8, 7))),
+    ]
     if args.public:
         tq = importlib.import_module("modelopt_lite.tensor_quant")
 
-        blk.append(("modelopt_lite public fake_block_quant (dynamic amax)",
-                    _try(lambda: tq.fake_block_quant(x2, {-1: 128}, None, 4))))
+        blk.append(
+            (
+                "modelopt_lite public fake_block_quant (dynamic amax)",
+                _try(lambda: tq.fake_block_quant(x2, {-1: 128}, None, 4)),
+            )
+        )
     if compiled_int is not None:
         blk.append(("torch.compile(naive chain)", _try(lambda: compiled_int(xb, s_blk, -8, 7))))
     cases.append(("int4 blocks of 128", rw, blk))
     g = torch.ones_like(x)
-    cases.append(("int8 backward (grad_x only)", 3 * n * es,
-                  [("modelopt_lite", lambda: mod.int_backward(g, x, s, -128, 127, False))]))
-    cases.append(("int8 backward + scale term", 3 * n * es + 4 * n,
-                  [("modelopt_lite", lambda: mod.int_backward(g, x, s, -128, 127, True))]))
+    cases.append(
+        (
+            "int8 backward (grad_x only)",
+            3 * n * es,
+            [("modelopt_lite", lambda: mod.int_backward(g, x, s, -128, 127, False))],
+        )
+    )
+    cases.append(
+        (
+            "int8 backward + scale term",
+            3 * n * es + 4 * n,
+            [("modelopt_lite", lambda: mod.int_backward(g, x, s, -128, 127, True))],
+        )
+    )
     if hasattr(mod, "histogram_rows"):
         xa = x.abs()
-        cases.append(("histogram 2048 bins of |x| (int64)", n * es,
-                      [("modelopt_lite", lambda: mod.histogram(xa, 2048, float(amax))),
-                       ("torch.histc (float counts)", _try(lambda: torch.histc(xa.float(), 2048, 0, float(amax))))]))
+        cases.append(
+            (
+                "histogram 2048 bins of |x| (int64)",
+                n * es,
+                [
+                    ("modelopt_lite", lambda: mod.histogram(xa, 2048, float(amax))),
+                    ("torch.histc (float counts)", _try(lambda: torch.histc(xa.float(), 2048, 0, float(amax)))),
+                ],
+            )
+        )
     return cases
 
 

@@ -59,8 +59,8 @@ def cases(x: torch.Tensor, include_compile: bool):
     dev = x.device
     c0 = x.shape[0]
     amax = torch.tensor(3.0, device=dev)
-    amax_c0 = (torch.rand([c0] + [1] * (x.dim() - 1), device=dev) * 2 + 1)
-    amax_last = (torch.rand([1] * (x.dim() - 1) + [x.shape[-1]], device=dev) * 2 + 1)
+    amax_c0 = torch.rand([c0] + [1] * (x.dim() - 1), device=dev) * 2 + 1
+    amax_last = torch.rand([1] * (x.dim() - 1) + [x.shape[-1]], device=dev) * 2 + 1
     blocks = {-1: 128}
     amax_blk = tq.blocks.block_amax(x, blocks)
     s, s_c0 = 3.0 / 127, (amax_c0 / 127).flatten()
@@ -71,20 +71,32 @@ def cases(x: torch.Tensor, include_compile: bool):
         ("x.clone()", lambda: x.clone(), "fresh output"),
         ("y.copy_(x), preallocated y", lambda: y.copy_(x), "bandwidth floor"),
         ("modelopt_lite per-tensor int8", lambda: tq.fake_tensor_quant(x, amax, 8), ""),
-        ("modelopt_lite per-tensor uint8 (x >= 0)", lambda: tq.fake_tensor_quant(x_pos, amax, 8, True),
-         "+ min check pass"),
+        (
+            "modelopt_lite per-tensor uint8 (x >= 0)",
+            lambda: tq.fake_tensor_quant(x_pos, amax, 8, True),
+            "+ min check pass",
+        ),
         ("modelopt_lite per-channel axis 0", lambda: tq.fake_tensor_quant(x, amax_c0, 8), f"{c0} channels"),
         ("modelopt_lite per-channel last axis", lambda: tq.fake_tensor_quant(x, amax_last, 8), f"{x.shape[-1]} ch."),
         ("modelopt_lite E4M3 per-tensor", lambda: tq.scaled_e4m3(x, amax), ""),
         ("modelopt_lite int4 block 128 (static)", lambda: tq.fake_block_quant(x, blocks, amax_blk, 4), ""),
         ("modelopt_lite int4 block 128 (dynamic)", lambda: tq.fake_block_quant(x, blocks, None, 4), "+ amax pass"),
-        ("torch.fake_quantize_per_tensor_affine", lambda: torch.fake_quantize_per_tensor_affine(x, s, 0, -128, 127),
-         "multiplies by 1/s"),
-        ("torch.fake_quantize_per_channel_affine", lambda: torch.fake_quantize_per_channel_affine(
-            x, s_c0, zp_c0, 0, -128, 127), "axis 0"),
+        (
+            "torch.fake_quantize_per_tensor_affine",
+            lambda: torch.fake_quantize_per_tensor_affine(x, s, 0, -128, 127),
+            "multiplies by 1/s",
+        ),
+        (
+            "torch.fake_quantize_per_channel_affine",
+            lambda: torch.fake_quantize_per_channel_affine(x, s_c0, zp_c0, 0, -128, 127),
+            "axis 0",
+        ),
         ("naive clamp(round(x/s))*s", lambda: torch.clamp(torch.round(x / s), -128, 127) * s, "4 passes"),
-        ("naive E4M3 (x/s).to(fp8).float()*s", lambda: (x / s).to(torch.float8_e4m3fn).to(x.dtype) * s,
-         "not saturating"),
+        (
+            "naive E4M3 (x/s).to(fp8).float()*s",
+            lambda: (x / s).to(torch.float8_e4m3fn).to(x.dtype) * s,
+            "not saturating",
+        ),
     ]
     if include_compile:
         naive = torch.compile(lambda t: torch.clamp(torch.round(t / s), -128, 127) * s)
@@ -162,7 +174,9 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
     default = ["256x1024x1024", "16384x16384"] if args.device == "cuda" else ["64x1024x1024", "4096x4096"]
-    shapes = [parse_shape(s) for s in (args.shapes.split(",") if args.shapes else default[-1:] if args.quick else default)]
+    shapes = [
+        parse_shape(s) for s in (args.shapes.split(",") if args.shapes else default[-1:] if args.quick else default)
+    ]
     rounds = args.rounds or (3 if args.quick else 9)
     if backend._load("cuda" if args.device == "cuda" else "cpu") is not None:
         backend.set_backend("native")

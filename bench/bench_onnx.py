@@ -35,7 +35,7 @@ import torch
 import modelopt_lite as mtq
 from modelopt_lite.examples import MLP, DigitsCNN, load_digits_data, train_classifier
 from modelopt_lite.onnx_export import export_onnx
-from modelopt_lite.onnx_export.runtime import ort_session
+from modelopt_lite.onnx_export.ort_runner import ort_session
 
 FUSED = ("QGemm", "QLinearConv", "QLinearMatMul", "MatMulIntegerToFloat")
 
@@ -43,8 +43,14 @@ FUSED = ("QGemm", "QLinearConv", "QLinearMatMul", "MatMulIntegerToFloat")
 def export_fp32(model, sample, path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(copy.deepcopy(model).eval(), (sample,), path, dynamo=False, input_names=["input"],
-                          dynamic_axes={"input": {0: "batch"}})
+        torch.onnx.export(
+            copy.deepcopy(model).eval(),
+            (sample,),
+            path,
+            dynamo=False,
+            input_names=["input"],
+            dynamic_axes={"input": {0: "batch"}},
+        )
 
 
 def quantized(model, config, batches):
@@ -67,7 +73,9 @@ def build_variants(model, batches, sample, tmp, threads, tag):
     shared = copy.deepcopy(q)
     if mtq.share_relu_grids(shared, lambda m: [m(b) for b in batches]):
         path = os.path.join(tmp, f"{tag}_int8_ort_shared.onnx")
-        export_onnx(shared, sample, path, target="onnxruntime", ort_weights="int8", dynamic_axes={"input": {0: "batch"}})
+        export_onnx(
+            shared, sample, path, target="onnxruntime", ort_weights="int8", dynamic_axes={"input": {0: "batch"}}
+        )
         out["INT8 onnxruntime, int8 w, shared ReLU grids"] = (path, shared)
     q = quantized(model, mtq.INT8_DEFAULT_CFG, batches)
     path = os.path.join(tmp, f"{tag}_int8_trt.onnx")
@@ -98,7 +106,7 @@ def time_interleaved(sessions, x: np.ndarray, repeats: int) -> dict[str, float]:
 
 def top1(sess, x: np.ndarray, batch: int) -> np.ndarray:
     name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i:i + batch]})[0].argmax(1) for i in range(0, len(x), batch)])
+    return np.concatenate([sess.run(None, {name: x[i : i + batch]})[0].argmax(1) for i in range(0, len(x), batch)])
 
 
 def max_diff(sessions, x: np.ndarray) -> dict[str, float]:
@@ -114,11 +122,18 @@ def max_diff(sessions, x: np.ndarray) -> dict[str, float]:
 
 def table(title, sessions, ms, acc_of, acc_label, diff):
     fp_ms, fp_acc = ms["FP32"], acc_of["FP32"]
-    lines = [title, (f"{'variant':<44}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
-                     f"{acc_label:>14}{'drop':>8}{'max|ORT-torch|':>16}")]
+    lines = [
+        title,
+        (
+            f"{'variant':<44}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
+            f"{acc_label:>14}{'drop':>8}{'max|ORT-torch|':>16}"
+        ),
+    ]
     for name, (_, size, fused, _) in sessions.items():
-        lines.append(f"{name:<44}{ms[name]:>10.2f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}"
-                     f"{acc_of[name]:>13.2f}%{fp_acc - acc_of[name]:>+8.2f}{diff[name]:>16.3g}")
+        lines.append(
+            f"{name:<44}{ms[name]:>10.2f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}"
+            f"{acc_of[name]:>13.2f}%{fp_acc - acc_of[name]:>+8.2f}{diff[name]:>16.3g}"
+        )
     return "\n".join(lines)
 
 
@@ -133,8 +148,14 @@ def bench_mlp(tmp, repeats, threads):
     ms = time_interleaved(sessions, x, repeats)
     ref = top1(sessions["FP32"][0], evalx, 1024)
     agree = {n: 100.0 * float((top1(s, evalx, 1024) == ref).mean()) for n, (s, *_) in sessions.items()}
-    return table("MLP(512, 512, 10, depth=3), batch 1024, input 1024x512", sessions, ms, agree, "top1 vs FP32",
-                 max_diff(sessions, evalx))
+    return table(
+        "MLP(512, 512, 10, depth=3), batch 1024, input 1024x512",
+        sessions,
+        ms,
+        agree,
+        "top1 vs FP32",
+        max_diff(sessions, evalx),
+    )
 
 
 def fold_batchnorm(model: DigitsCNN) -> DigitsCNN:
@@ -157,8 +178,14 @@ def bench_cnn(tmp, repeats, threads, c1=16, c2=32):
     ms = time_interleaved(sessions, x, repeats)
     y = data.y_test.numpy()
     acc = {n: 100.0 * float((top1(s, data.x_test.numpy(), 64) == y).mean()) for n, (s, *_) in sessions.items()}
-    return table(f"DigitsCNN(c1={c1}, c2={c2}) (1x8x8 -> Conv{c1} -> Conv{c2}/2 -> Linear, BN folded), batch 64",
-                 sessions, ms, acc, "accuracy", max_diff(sessions, data.x_test.numpy()))
+    return table(
+        f"DigitsCNN(c1={c1}, c2={c2}) (1x8x8 -> Conv{c1} -> Conv{c2}/2 -> Linear, BN folded), batch 64",
+        sessions,
+        ms,
+        acc,
+        "accuracy",
+        max_diff(sessions, data.x_test.numpy()),
+    )
 
 
 def main(argv=None) -> int:
@@ -169,8 +196,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import onnxruntime
 
-    print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, "
-          f"threads={args.threads or 'default'}, spinning off, medians of {args.repeats} interleaved rounds")
+    print(
+        f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, "
+        f"threads={args.threads or 'default'}, spinning off, medians of {args.repeats} interleaved rounds"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.out or tmp
         os.makedirs(folder, exist_ok=True)

@@ -69,18 +69,23 @@ def _raw_linear_paths(x, w, dev, exact_note):
     if hasattr(torch.ops.quantized, "linear_prepack"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            wt = torch._make_per_channel_quantized_tensor(wq, torch.ones(w.shape[0], dtype=torch.double),
-                                                          torch.zeros(w.shape[0], dtype=torch.int64), 0)
+            wt = torch._make_per_channel_quantized_tensor(
+                wq, torch.ones(w.shape[0], dtype=torch.double), torch.zeros(w.shape[0], dtype=torch.int64), 0
+            )
             packed = torch.ops.quantized.linear_prepack(wt, None)
             xq = torch._make_per_tensor_quantized_tensor((q + 128).to(torch.uint8), 1.0, 128)
         out["raw quantized.linear (fbgemm, u8 out)"] = (
-            lambda: torch.ops.quantized.linear(xq, packed, 1000.0, 0), exact_note)
+            lambda: torch.ops.quantized.linear(xq, packed, 1000.0, 0),
+            exact_note,
+        )
     if int8_gemm.onednn_available():
         pk = torch.ops.onednn.qlinear_prepack(wq, None)
         u = (q + 128).to(torch.uint8)
         ones, zp = torch.ones(w.shape[0]), torch.zeros(w.shape[0], dtype=torch.int64)
         out["raw onednn qlinear, 1 call (fp32 out)"] = (
-            lambda: int8_gemm._onednn_linear_call(u, 128, 1.0, pk, ones, zp, None), exact_note)
+            lambda: int8_gemm._onednn_linear_call(u, 128, 1.0, pk, ones, zp, None),
+            exact_note,
+        )
     return out
 
 
@@ -105,8 +110,11 @@ def bench_linear(m, k, n, dev, rounds, big_int_mm: bool):
 
 def _real_paths(fq, x, dev, mode, big_int_mm: bool, cls_name: str) -> dict:
     """``label -> (run, note)`` for each real-INT8 backend this device offers (one real module per backend)."""
-    backends = ["int_mm"] if dev.type == "cuda" else (["onednn"] if int8_gemm.onednn_available() else []) + \
-        ["float_exact"] + (["int_mm"] if big_int_mm else [])
+    backends = (
+        ["int_mm"]
+        if dev.type == "cuda"
+        else (["onednn"] if int8_gemm.onednn_available() else []) + ["float_exact"] + (["int_mm"] if big_int_mm else [])
+    )
     paths = {}
     for be in backends:
         real = _real(fq, be)
@@ -163,18 +171,24 @@ def main(argv=None):
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
     rounds = a.rounds or (3 if a.quick else (15 if dev.type == "cuda" else 7))
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads, " \
+    name = (
+        torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else f"CPU ({torch.get_num_threads()} threads, "
         f"{torch.backends.cpu.get_cpu_capability()}, oneDNN int8 mode: {int8_gemm.onednn_mode()})"
+    )
     print(f"# bench_real_int8: torch {torch.__version__}, {name}, {rounds} rounds")
     lin_shapes = [(512, 960, 960)] + ([] if a.quick else [(512, 4096, 4096)])
     for m, k, n in lin_shapes:
         small = k * n <= 960 * 960
-        _report(f"Linear batch {m}, {k} -> {n}", bench_linear(m, k, n, dev, rounds,
-                                                               a.int_mm_cpu or (small and dev.type == "cpu")),
-                rounds, dev)
+        _report(
+            f"Linear batch {m}, {k} -> {n}",
+            bench_linear(m, k, n, dev, rounds, a.int_mm_cpu or (small and dev.type == "cpu")),
+            rounds,
+            dev,
+        )
     for hw in [14] + ([] if a.quick else [28]):
-        _report(f"Conv2d batch 1, 512 -> 512, 3x3, {hw}x{hw}", bench_conv(hw, dev, rounds, a.int_mm_cpu), rounds,
-                dev)
+        _report(f"Conv2d batch 1, 512 -> 512, 3x3, {hw}x{hw}", bench_conv(hw, dev, rounds, a.int_mm_cpu), rounds, dev)
 
 
 if __name__ == "__main__":

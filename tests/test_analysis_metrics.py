@@ -90,8 +90,13 @@ def test_int8_quantizer_per_channel_and_groups():
     assert ax1.get_quantization_params()["scale"].shape == (1, 6)
     g = Int8Quantizer(group_size=4).calibrate(t)  # groups of 4 along the last dim; the last group is partial
     assert g.get_quantization_params()["scale"].shape == (4, 2)
-    fq = fake_block_quant(t, {-1: 4}, t.new_tensor([[t[i, :4].abs().max(), t[i, 4:].abs().max()] for i in
-                                                    range(4)]), num_bits=8, narrow_range=True)
+    fq = fake_block_quant(
+        t,
+        {-1: 4},
+        t.new_tensor([[t[i, :4].abs().max(), t[i, 4:].abs().max()] for i in range(4)]),
+        num_bits=8,
+        narrow_range=True,
+    )
     assert torch.equal(g.dequantize(g.quantize(t)), fq)
     ga = Int8Quantizer(symmetric=False, group_size=3).calibrate(t)
     assert ga.get_quantization_params()["zero_point"].shape == (4, 2, 1)

@@ -42,8 +42,9 @@ def _run(cal, batches, calls):
 
 
 def _worker(rank, port, outdir):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
     try:
         torch.set_num_threads(1)
         shard = _shards()[rank]

@@ -243,8 +243,10 @@ def test_compute_amax_does_not_change_state_and_reset():
 
 def test_repr():
     cal = HistogramCalibrator(8, name="q")
-    assert repr(cal) == ("HistogramCalibrator(name='q', num_bits=8, axis=None, unsigned=False, num_bins=2048, "
-                         "skip_zeros=False, skip_nonfinite=False, collected=0)")
+    assert repr(cal) == (
+        "HistogramCalibrator(name='q', num_bits=8, axis=None, unsigned=False, num_bins=2048, "
+        "skip_zeros=False, skip_nonfinite=False, collected=0)"
+    )
     cal.collect(torch.arange(100.0))
     assert repr(cal).endswith("collected=100, bin_width=2**-4)")
 
@@ -314,8 +316,13 @@ def test_error_integral_is_the_fake_quant_error(num_bits, unsigned):
     pts = 4096
     for amax in (1.0, 3.3, 0.07):
         scale = torch.tensor(amax, dtype=torch.float32) / torch.tensor(bound, dtype=torch.float32)
-        for lo, w in ((0.0, 0.02), (0.013, 0.004), (0.5 * amax, 0.01 * amax), (0.97 * amax, 0.2 * amax),
-                      (1.5 * amax, 0.05)):
+        for lo, w in (
+            (0.0, 0.02),
+            (0.013, 0.004),
+            (0.5 * amax, 0.01 * amax),
+            (0.97 * amax, 0.2 * amax),
+            (1.5 * amax, 0.05),
+        ):
             x = (lo + (torch.arange(pts, dtype=torch.float64) + 0.5) * w / pts).float()
             if num_bits == (4, 3):
                 fq = reference.fake_e4m3(x, scale)
@@ -324,8 +331,11 @@ def test_error_integral_is_the_fake_quant_error(num_bits, unsigned):
                 fq = reference.fake_quant_int(x, scale, qmin, qmax)
             sampled = float(((fq.double() - x.double()) ** 2).mean())
             s = float(scale)
-            exact = float((g(torch.tensor((lo + w) / s, dtype=torch.float64)) - g(torch.tensor(lo / s,
-                          dtype=torch.float64))) * s**3 / w)
+            exact = float(
+                (g(torch.tensor((lo + w) / s, dtype=torch.float64)) - g(torch.tensor(lo / s, dtype=torch.float64)))
+                * s**3
+                / w
+            )
             assert exact == pytest.approx(sampled, rel=2e-3, abs=1e-12), (amax, lo, w)
 
 

@@ -30,7 +30,9 @@ def test_running_max_over_batches_and_no_mutation():
     assert torch.equal(cal.compute_amax("max"), cal.compute_amax())  # idempotent
 
 
-@pytest.mark.parametrize("axis,keep", [(0, (0,)), (-4, (0,)), (1, (1,)), ((0, 2), (0, 2)), ((2, 0), (0, 2)), (-1, (3,))])
+@pytest.mark.parametrize(
+    "axis,keep", [(0, (0,)), (-4, (0,)), (1, (1,)), ((0, 2), (0, 2)), ((2, 0), (0, 2)), (-1, (3,))]
+)
 def test_per_axis_keepdims(axis, keep):
     torch.manual_seed(3)
     x = torch.randn(3, 4, 5, 6)

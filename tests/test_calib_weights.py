@@ -97,8 +97,9 @@ def test_with_real_tensor_quantizer():
 
     def build():
         torch.manual_seed(3)
-        return nn.Sequential(quant_nn.QuantConv2d(3, 4, 3), quant_nn.QuantLinear(6, 5),
-                             quant_nn.QuantConvTranspose2d(2, 3, 3))
+        return nn.Sequential(
+            quant_nn.QuantConv2d(3, 4, 3), quant_nn.QuantLinear(6, 5), quant_nn.QuantConvTranspose2d(2, 3, 3)
+        )
 
     ref, test = build(), build()
     for mod in ref:  # the quantizer's own max calibration path

@@ -51,8 +51,17 @@ def _state(model):
         for cal in _calibrators(q):
             counts = getattr(cal, "counts", None)
             stats.append(counts.clone() if counts is not None else cal.compute_amax())
-        out[n] = (q.is_enabled, q.is_quant_enabled, q.is_calib_enabled, q.quant_desc, q.num_steps, q.step,
-                  q._amax.detach().clone() if q.has_amax else None, type(q._amax).__name__, stats)
+        out[n] = (
+            q.is_enabled,
+            q.is_quant_enabled,
+            q.is_calib_enabled,
+            q.quant_desc,
+            q.num_steps,
+            q.step,
+            q._amax.detach().clone() if q.has_amax else None,
+            type(q._amax).__name__,
+            stats,
+        )
     return out
 
 
@@ -97,8 +106,14 @@ def test_modes_inside_the_block_and_amax_after():
 
 def test_quantizer_without_data_keeps_state_and_is_named_in_a_warning():
     model = _model()
-    with pytest.warns(UserWarning, match=r"calibrate: 2 quantizer\(s\) saw no data and were left as they were: "
-                                         r"unused.input_quantizer, unused.weight_quantizer$"), mtq.calibrate(model):
+    with (
+        pytest.warns(
+            UserWarning,
+            match=r"calibrate: 2 quantizer\(s\) saw no data and were left as they were: "
+            r"unused.input_quantizer, unused.weight_quantizer$",
+        ),
+        mtq.calibrate(model),
+    ):
         model(_x(0))
     assert not model.unused.input_quantizer.has_amax and model.unused.input_quantizer.is_quant_enabled
     assert not model.unused.input_quantizer.is_calib_enabled
@@ -146,8 +161,10 @@ def test_bad_method_or_parameter_raises_before_anything_runs():
     before = _state(model)
     with pytest.raises(ValueError, match="unknown calibration method 'minmax'"), mtq.calibrate(model, "minmax"):
         pytest.fail("the block must not run")
-    with pytest.raises(ValueError, match=r"method 'percentile' got unknown parameter\(s\) \['start_bin'\]"), \
-            mtq.calibrate(model, "percentile", start_bin=3):
+    with (
+        pytest.raises(ValueError, match=r"method 'percentile' got unknown parameter\(s\) \['start_bin'\]"),
+        mtq.calibrate(model, "percentile", start_bin=3),
+    ):
         pytest.fail("the block must not run")
     _assert_same_state(before, _state(model))
 
@@ -170,8 +187,9 @@ def test_histogram_calibrators_work_with_algorithm_max():
     assert torch.equal(model.conv.weight_quantizer.amax, w.abs().amax((1, 2, 3), keepdim=True))  # weights: max
 
 
-@pytest.mark.parametrize("method, kwargs", [("percentile", {"percentile": 99.0}), ("mse", {}),
-                                            ("entropy", {"start_bin": 64})])
+@pytest.mark.parametrize(
+    "method, kwargs", [("percentile", {"percentile": 99.0}), ("mse", {}), ("entropy", {"start_bin": 64})]
+)
 def test_histogram_methods_switch_per_tensor_quantizers_only(method, kwargs):
     model = _model()
     batches = [_x(i) for i in range(2)]
@@ -187,14 +205,19 @@ def test_histogram_methods_switch_per_tensor_quantizers_only(method, kwargs):
     assert q.quant_desc.calib_method == "histogram"
     assert torch.equal(q.amax, ref.compute_amax(method, **kwargs))
     assert model.conv.weight_quantizer.quant_desc.calib_method == "max"
-    assert torch.equal(model.conv.weight_quantizer.amax,
-                       model.conv.weight.detach().abs().amax((1, 2, 3), keepdim=True))
+    assert torch.equal(model.conv.weight_quantizer.amax, model.conv.weight.detach().abs().amax((1, 2, 3), keepdim=True))
 
 
 def test_dynamic_and_fixed_amax_quantizers_are_not_calibrated():
-    cfg = {"quant_cfg": {"default": {"enable": False}, "conv.input_quantizer": {"enable": True, "dynamic": True},
-                         "fc.input_quantizer": {"enable": True, "amax": 2.5},
-                         "fc.weight_quantizer": {"enable": True, "axis": 0}}, "algorithm": "max"}
+    cfg = {
+        "quant_cfg": {
+            "default": {"enable": False},
+            "conv.input_quantizer": {"enable": True, "dynamic": True},
+            "fc.input_quantizer": {"enable": True, "amax": 2.5},
+            "fc.weight_quantizer": {"enable": True, "axis": 0},
+        },
+        "algorithm": "max",
+    }
     model = _model(cfg)
     with mtq.calibrate(model):
         assert model.conv.input_quantizer.is_quant_enabled and not model.conv.input_quantizer.is_calib_enabled
@@ -218,8 +241,9 @@ def test_calibrate_loop_batches_modes_and_progress(capsys):
             return a
 
     m = Rec().train()
-    n = calibrate_loop(m, [torch.zeros(2), (torch.zeros(3), torch.zeros(1)), {"a": torch.zeros(4), "b": None}],
-                       progress=False)
+    n = calibrate_loop(
+        m, [torch.zeros(2), (torch.zeros(3), torch.zeros(1)), {"a": torch.zeros(4), "b": None}], progress=False
+    )
     assert n == 3 and [s[:2] for s in seen] == [(False, False)] * 3
     assert [s[2] for s in seen] == [(2,), (3,), (4,)] and seen[1][3] == (1,)
     assert m.training and m.drop.training  # restored

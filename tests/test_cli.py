@@ -42,8 +42,14 @@ def test_no_subcommand_is_a_usage_error(capsys):
 
 
 def test_python_dash_m_runs_the_same_cli():
-    r = subprocess.run([sys.executable, "-m", "modelopt_lite", "--version"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "modelopt_lite", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"modelopt-lite {modelopt_lite.__version__}"
 
@@ -63,8 +69,10 @@ def test_demo_out_must_be_a_folder_and_missing_extras_are_named(capsys, monkeypa
     (tmp_path / "f").write_text("x")
     code, _, err = _run(capsys, "demo", "--out", str(tmp_path / "f"))
     assert code == 1
-    assert err.strip() == f"modelopt-lite demo: error: --out {tmp_path / 'f'} is a file; give a folder for the " \
-                          "ONNX files and plots"
+    assert (
+        err.strip() == f"modelopt-lite demo: error: --out {tmp_path / 'f'} is a file; give a folder for the "
+        "ONNX files and plots"
+    )
     from modelopt_lite import demo
 
     def missing(model, **kwargs):
@@ -90,8 +98,14 @@ def test_demo_fast_prints_one_table_and_the_output_folder(capsys, monkeypatch, t
     monkeypatch.setattr(digits, "run", spy)
     code, out, err = _run(capsys, "demo", "--fast", "--no-progress", "--out", "somewhere", "--cache-dir", "cache")
     assert code == 0, err
-    assert seen == {"out": "somewhere", "fast": True, "plots": False, "progress": False, "threads": None,
-                    "cache_dir": "cache"}
+    assert seen == {
+        "out": "somewhere",
+        "fast": True,
+        "plots": False,
+        "progress": False,
+        "threads": None,
+        "cache_dir": "cache",
+    }
     result = fast_digits_result(tmp_path_factory.getbasetemp() / "fast_demo")
     lines = out.strip().splitlines()
     table = [ln for ln in lines if ln.startswith("|")]
@@ -110,8 +124,15 @@ def test_demo_defaults_reach_the_demo(capsys, monkeypatch):
     monkeypatch.setattr(demo, "run_demo", lambda model, **kw: seen.update(kw, model=model) or "TABLE")
     code, out, _ = _run(capsys, "demo", "--model", "minilm", "--threads", "2", "--no-plots")
     assert code == 0 and out == "TABLE\n"
-    assert seen == {"model": "minilm", "out": "modelopt_lite_out", "fast": False, "plots": False, "progress": True,
-                    "threads": 2, "cache_dir": None}
+    assert seen == {
+        "model": "minilm",
+        "out": "modelopt_lite_out",
+        "fast": False,
+        "plots": False,
+        "progress": True,
+        "threads": 2,
+        "cache_dir": None,
+    }
 
 
 # --- quantize -------------------------------------------------------------------------------------------------------
@@ -127,19 +148,44 @@ def files(tmp_path_factory):
     torch.save([x[:48], x[48:]], d / "calib.pt")
     np.save(d / "wrong_shape.npy", np.zeros((10, 3), np.float32))
     (d / "bad.json").write_text("{not json", encoding="utf-8")
-    (d / "cfg.json").write_text(json.dumps({
-        "quant_cfg": {"default": {"enable": False},
-                      "*weight_quantizer": {"num_bits": 8, "axis": 0, "enable": True},
-                      "*input_quantizer": {"num_bits": 8, "calib_method": "histogram", "enable": True}},
-        "algorithm": "max"}), encoding="utf-8")
+    (d / "cfg.json").write_text(
+        json.dumps(
+            {
+                "quant_cfg": {
+                    "default": {"enable": False},
+                    "*weight_quantizer": {"num_bits": 8, "axis": 0, "enable": True},
+                    "*input_quantizer": {"num_bits": 8, "calib_method": "histogram", "enable": True},
+                },
+                "algorithm": "max",
+            }
+        ),
+        encoding="utf-8",
+    )
     (d / "typo.json").write_text(json.dumps({"quant_cfg": {"*weight_quantizer": {"num_bitz": 8}}}), encoding="utf-8")
     return d
 
 
-def _quantize(capsys, files, *extra, model="modelopt_lite.examples:DigitsCNN", calib="calib.npy",
-              config="INT8_DEFAULT_CFG", export="q.onnx"):
-    argv = ["quantize", "--model", model, "--calib", str(files / calib), "--config", config,
-            "--export", str(files / export), *extra]
+def _quantize(
+    capsys,
+    files,
+    *extra,
+    model="modelopt_lite.examples:DigitsCNN",
+    calib="calib.npy",
+    config="INT8_DEFAULT_CFG",
+    export="q.onnx",
+):
+    argv = [
+        "quantize",
+        "--model",
+        model,
+        "--calib",
+        str(files / calib),
+        "--config",
+        config,
+        "--export",
+        str(files / export),
+        *extra,
+    ]
     return _run(capsys, *argv)
 
 
@@ -148,8 +194,9 @@ def test_quantize_preset_then_inspect(capsys, files):
     assert code == 0, err
     path = files / "q.onnx"
     assert path.is_file() and path.stat().st_size > 0
-    assert out.strip().splitlines()[-1] == (f"wrote {path} ({path.stat().st_size} bytes; input 'input', "
-                                            "output 'output', dynamic batch)")
+    assert out.strip().splitlines()[-1] == (
+        f"wrote {path} ({path.stat().st_size} bytes; input 'input', output 'output', dynamic batch)"
+    )
     assert "96 samples in 2 batches" in out
     import onnx
 
@@ -162,31 +209,46 @@ def test_quantize_preset_then_inspect(capsys, files):
 
 
 def test_quantize_json_config_with_method_and_pt_batches(capsys, files):
-    code, out, err = _quantize(capsys, files, "--method", "percentile", "--summary", calib="calib.pt",
-                               config=str(files / "cfg.json"), export="j.onnx")
+    code, out, err = _quantize(
+        capsys,
+        files,
+        "--method",
+        "percentile",
+        "--summary",
+        calib="calib.pt",
+        config=str(files / "cfg.json"),
+        export="j.onnx",
+    )
     assert code == 0, err
     assert "conv1.weight_quantizer" in out and "9 quantizers: 6 enabled, 6 calibrated" in out
     assert "(calibration: percentile, 96 samples in 2 batches)" in out
     assert (files / "j.onnx").is_file()
 
 
-@pytest.mark.parametrize(("kwargs", "extra", "message"), [
-    ({"model": "DigitsCNN"}, (), "--model must look like MODULE:FACTORY"),
-    ({"model": "no_such_module_xyz:f"}, (), "--model: cannot import module 'no_such_module_xyz'"),
-    ({"model": "modelopt_lite.examples:Nope"}, (), "--model: module 'modelopt_lite.examples' has no attribute 'Nope'"),
-    ({"model": "modelopt_lite:__version__"}, (), "--model: modelopt_lite:__version__ is not callable"),
-    ({"model": "modelopt_lite.examples:load_digits_data"}, (), "returned DigitsData, not a torch.nn.Module"),
-    ({}, ("--state-dict", "missing.pt"), "--state-dict: no such file: missing.pt"),
-    ({"calib": "nope.npy"}, (), "--calib: no such file:"),
-    ({"calib": "bad.json"}, (), "must be a .npy or .pt file"),
-    ({"config": "INT9_CFG"}, (), "--config: unknown preset 'INT9_CFG'; use one of INT8_DEFAULT_CFG"),
-    ({"config": "{d}/bad.json"}, (), "is not valid JSON"),
-    ({"config": "{d}/missing.json"}, (), "--config: no such file:"),
-    ({"config": "{d}/typo.json"}, (), "num_bitz"),
-    ({"export": "q.txt"}, (), "--export must name an .onnx file"),
-    ({"calib": "wrong_shape.npy"}, (), "quantizing with INT8_DEFAULT_CFG failed: RuntimeError"),
-    ({}, ("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "extra", "message"),
+    [
+        ({"model": "DigitsCNN"}, (), "--model must look like MODULE:FACTORY"),
+        ({"model": "no_such_module_xyz:f"}, (), "--model: cannot import module 'no_such_module_xyz'"),
+        (
+            {"model": "modelopt_lite.examples:Nope"},
+            (),
+            "--model: module 'modelopt_lite.examples' has no attribute 'Nope'",
+        ),
+        ({"model": "modelopt_lite:__version__"}, (), "--model: modelopt_lite:__version__ is not callable"),
+        ({"model": "modelopt_lite.examples:load_digits_data"}, (), "returned DigitsData, not a torch.nn.Module"),
+        ({}, ("--state-dict", "missing.pt"), "--state-dict: no such file: missing.pt"),
+        ({"calib": "nope.npy"}, (), "--calib: no such file:"),
+        ({"calib": "bad.json"}, (), "must be a .npy or .pt file"),
+        ({"config": "INT9_CFG"}, (), "--config: unknown preset 'INT9_CFG'; use one of INT8_DEFAULT_CFG"),
+        ({"config": "{d}/bad.json"}, (), "is not valid JSON"),
+        ({"config": "{d}/missing.json"}, (), "--config: no such file:"),
+        ({"config": "{d}/typo.json"}, (), "num_bitz"),
+        ({"export": "q.txt"}, (), "--export must name an .onnx file"),
+        ({"calib": "wrong_shape.npy"}, (), "quantizing with INT8_DEFAULT_CFG failed: RuntimeError"),
+        ({}, ("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
+    ],
+)
 def test_quantize_errors_say_what_to_fix(capsys, files, kwargs, extra, message):
     kwargs = {k: v.format(d=files) for k, v in kwargs.items()}
     code, out, err = _quantize(capsys, files, *extra, **kwargs)
@@ -214,8 +276,10 @@ def test_quantize_missing_required_option_is_a_usage_error(capsys):
 def test_inspect_errors(capsys, tmp_path):
     code, _, err = _run(capsys, "inspect", str(tmp_path / "none.onnx"))
     assert code == 1
-    assert err.strip() == f"modelopt-lite inspect: error: inspect: no such file: {tmp_path / 'none.onnx'} " \
-                          "(give the path of an .onnx file)"
+    assert (
+        err.strip() == f"modelopt-lite inspect: error: inspect: no such file: {tmp_path / 'none.onnx'} "
+        "(give the path of an .onnx file)"
+    )
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00not an onnx model")
     code, _, err = _run(capsys, "inspect", str(junk))
@@ -223,10 +287,13 @@ def test_inspect_errors(capsys, tmp_path):
     assert f"could not read {junk} as an ONNX model" in err
 
 
-@pytest.mark.parametrize(("status", "code"), [
-    ({"cpu": "ok", "cuda": "skipped: CUDA is not available"}, 0),
-    ({"cpu": "failed: CalledProcessError: no compiler", "cuda": "skipped: CUDA is not available"}, 1),
-])
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        ({"cpu": "ok", "cuda": "skipped: CUDA is not available"}, 0),
+        ({"cpu": "failed: CalledProcessError: no compiler", "cuda": "skipped: CUDA is not available"}, 1),
+    ],
+)
 def test_precompile_prints_each_kind(capsys, monkeypatch, status, code):
     monkeypatch.setattr(modelopt_lite, "precompile", lambda: dict(status))
     got, out, _ = _run(capsys, "precompile")

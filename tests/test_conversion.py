@@ -46,32 +46,46 @@ def test_preset_contents():
     assert "*output_quantizer" not in C.INT8_DEFAULT_CFG["quant_cfg"]
 
 
-@pytest.mark.parametrize("config, message", [
-    ([], r"config must be a dict"),
-    ({"quant_cfg": {}, "algo": "max"}, r"config has unknown key\(s\) \['algo'\]"),
-    ({"quant_cfg": []}, r"config\['quant_cfg'\] must be a dict"),
-    ({"quant_cfg": {"*weight_quantizer": 8}}, r"quant_cfg\['\*weight_quantizer'\]: attributes must be a dict, got int"),
-    ({"quant_cfg": {"*weight_quantizer": [{"num_bits": 4}, {"num_bits": 8}]}}, r"sequential quantizers"),
-    ({"quant_cfg": {"*weight_quantizer": {"num_bit": 8}}},
-     r"quant_cfg\['\*weight_quantizer'\]: unknown quantizer attribute 'num_bit'"),
-    ({"quant_cfg": {"nn.Conv2d": {"*input_quantizer": {"axes": 0}}}},
-     r"quant_cfg\['nn.Conv2d'\]\['\*input_quantizer'\]: unknown quantizer attribute 'axes'"),
-    ({"quant_cfg": {"default": {"enable": 1}}}, r"quant_cfg\['default'\]: 'enable' must be a bool, got 1"),
-    ({"quant_cfg": {"*x": {"num_steps": 0}}}, r"'num_steps' must be an int >= 1, got 0"),
-    ({"quant_cfg": {"nn.Conv9d": {"*": {"enable": False}}}}, r"torch.nn has no module class 'Conv9d'"),
-    ({"quant_cfg": {"nn.Conv2d": {}}}, r"a class key needs a non-empty dict"),
-    ({"quant_cfg": {nn.Conv2d: {"enable": False}}}, r"quant_cfg\[Conv2d\]\['enable'\]: attributes must be a dict"),
-    ({"quant_cfg": {5: {"enable": False}}}, r"quant_cfg key must be a pattern string"),
-    ({"quant_cfg": {"": {"enable": False}}}, r"empty pattern"),
-    ({"quant_cfg": {}, "algorithm": "minmax"}, r"unknown calibration method 'minmax'"),
-    ({"quant_cfg": {}, "algorithm": {"percentile": 99}}, r"algorithm dict needs a 'method' key"),
-    ({"quant_cfg": {}, "algorithm": {"method": "max", "percentile": 99}},
-     r"method 'max' got unknown parameter\(s\) \['percentile'\]; allowed: none"),
-    ({"quant_cfg": {}, "algorithm": {"method": "percentile", "percentile": 150}},
-     r"percentile must be a number in \(0, 100\], got 150"),
-    ({"quant_cfg": {}, "algorithm": {"method": "entropy", "stride": 0}}, r"stride must be an int >= 1, got 0"),
-    ({"quant_cfg": {}, "algorithm": 3}, r"algorithm must be None, a method name or a dict"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ([], r"config must be a dict"),
+        ({"quant_cfg": {}, "algo": "max"}, r"config has unknown key\(s\) \['algo'\]"),
+        ({"quant_cfg": []}, r"config\['quant_cfg'\] must be a dict"),
+        (
+            {"quant_cfg": {"*weight_quantizer": 8}},
+            r"quant_cfg\['\*weight_quantizer'\]: attributes must be a dict, got int",
+        ),
+        ({"quant_cfg": {"*weight_quantizer": [{"num_bits": 4}, {"num_bits": 8}]}}, r"sequential quantizers"),
+        (
+            {"quant_cfg": {"*weight_quantizer": {"num_bit": 8}}},
+            r"quant_cfg\['\*weight_quantizer'\]: unknown quantizer attribute 'num_bit'",
+        ),
+        (
+            {"quant_cfg": {"nn.Conv2d": {"*input_quantizer": {"axes": 0}}}},
+            r"quant_cfg\['nn.Conv2d'\]\['\*input_quantizer'\]: unknown quantizer attribute 'axes'",
+        ),
+        ({"quant_cfg": {"default": {"enable": 1}}}, r"quant_cfg\['default'\]: 'enable' must be a bool, got 1"),
+        ({"quant_cfg": {"*x": {"num_steps": 0}}}, r"'num_steps' must be an int >= 1, got 0"),
+        ({"quant_cfg": {"nn.Conv9d": {"*": {"enable": False}}}}, r"torch.nn has no module class 'Conv9d'"),
+        ({"quant_cfg": {"nn.Conv2d": {}}}, r"a class key needs a non-empty dict"),
+        ({"quant_cfg": {nn.Conv2d: {"enable": False}}}, r"quant_cfg\[Conv2d\]\['enable'\]: attributes must be a dict"),
+        ({"quant_cfg": {5: {"enable": False}}}, r"quant_cfg key must be a pattern string"),
+        ({"quant_cfg": {"": {"enable": False}}}, r"empty pattern"),
+        ({"quant_cfg": {}, "algorithm": "minmax"}, r"unknown calibration method 'minmax'"),
+        ({"quant_cfg": {}, "algorithm": {"percentile": 99}}, r"algorithm dict needs a 'method' key"),
+        (
+            {"quant_cfg": {}, "algorithm": {"method": "max", "percentile": 99}},
+            r"method 'max' got unknown parameter\(s\) \['percentile'\]; allowed: none",
+        ),
+        (
+            {"quant_cfg": {}, "algorithm": {"method": "percentile", "percentile": 150}},
+            r"percentile must be a number in \(0, 100\], got 150",
+        ),
+        ({"quant_cfg": {}, "algorithm": {"method": "entropy", "stride": 0}}, r"stride must be an int >= 1, got 0"),
+        ({"quant_cfg": {}, "algorithm": 3}, r"algorithm must be None, a method name or a dict"),
+    ],
+)
 def test_malformed_config_raises_value_error_saying_what(config, message):
     with pytest.raises(ValueError, match=message):
         normalize_config(config)
@@ -83,8 +97,10 @@ def test_unknown_attribute_is_also_a_type_error():
 
 
 def test_normalize_never_mutates_and_completes_granularity():
-    cfg = {"quant_cfg": {"*w": {"num_bits": 4, "block_sizes": {-1: 64}}, "*a": {"axis": 1}},
-           "algorithm": {"method": "entropy", "start_bin": 64}}
+    cfg = {
+        "quant_cfg": {"*w": {"num_bits": 4, "block_sizes": {-1: 64}}, "*a": {"axis": 1}},
+        "algorithm": {"method": "entropy", "start_bin": 64},
+    }
     before = copy.deepcopy(cfg)
     n = normalize_config(cfg)
     assert cfg == before
@@ -98,12 +114,16 @@ def test_normalize_never_mutates_and_completes_granularity():
 
 
 def test_rule_matching():
-    rules = normalize_config({"quant_cfg": {
-        "*fc*": {"enable": False},
-        "nn.Conv2d": {"*input_quantizer": {"num_bits": 4}},
-        "Block": {"*": {"num_bits": 6}},
-        (lambda name: name.endswith("x")): {"num_bits": 3},
-    }}).rules
+    rules = normalize_config(
+        {
+            "quant_cfg": {
+                "*fc*": {"enable": False},
+                "nn.Conv2d": {"*input_quantizer": {"num_bits": 4}},
+                "Block": {"*": {"num_bits": 6}},
+                (lambda name: name.endswith("x")): {"num_bits": 3},
+            }
+        }
+    ).rules
     fc, conv_in, block, fn = rules
 
     class Block(nn.Module):
@@ -221,15 +241,18 @@ def test_presets_are_never_mutated():
 
 
 def test_class_keys_callable_keys_and_later_patterns_win():
-    cfg = {"quant_cfg": {
-        "default": {"enable": False},
-        "*input_quantizer": {"num_bits": 8, "enable": True},
-        "nn.Conv2d": {"*input_quantizer": {"num_bits": 6}, "weight_quantizer": {"num_bits": 5, "enable": True}},
-        "*fc.input_quantizer": {"num_bits": 4},
-        "*nothing_matches_this*": {"num_bits": 2},
-        (lambda name: name.startswith("lm_head.")): {"enable": True, "num_bits": 3},
-        "*lm_head.weight*": {"enable": False},
-    }, "algorithm": None}
+    cfg = {
+        "quant_cfg": {
+            "default": {"enable": False},
+            "*input_quantizer": {"num_bits": 8, "enable": True},
+            "nn.Conv2d": {"*input_quantizer": {"num_bits": 6}, "weight_quantizer": {"num_bits": 5, "enable": True}},
+            "*fc.input_quantizer": {"num_bits": 4},
+            "*nothing_matches_this*": {"num_bits": 2},
+            (lambda name: name.startswith("lm_head.")): {"enable": True, "num_bits": 3},
+            "*lm_head.weight*": {"enable": False},
+        },
+        "algorithm": None,
+    }
     model = mtq.quantize(_net(), cfg)
     f = _flags(model)
     assert f["conv.input_quantizer"][0] and f["conv.input_quantizer"][1].num_bits == 6
@@ -254,8 +277,14 @@ def test_class_key_by_class_object_and_by_user_class_name():
         def forward(self, x):
             return self.proj(self.mm(x, x.transpose(-1, -2)))
 
-    cfg = {"quant_cfg": {"default": {"enable": False}, nn.Linear: {"*weight_quantizer": {"enable": True}},
-                         "MatMul": {"other_input_quantizer": {"enable": True, "num_bits": 7}}}, "algorithm": None}
+    cfg = {
+        "quant_cfg": {
+            "default": {"enable": False},
+            nn.Linear: {"*weight_quantizer": {"enable": True}},
+            "MatMul": {"other_input_quantizer": {"enable": True, "num_bits": 7}},
+        },
+        "algorithm": None,
+    }
     model = mtq.quantize(Attn(), cfg)
     assert type(model.mm) is QuantMatMul
     f = _flags(model)
@@ -268,10 +297,13 @@ def test_bad_attribute_value_names_quantizer_and_patterns_and_leaves_model_uncha
     model = _net()
     ref = copy.deepcopy(model)
     cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 8}, "nn.Linear": {"*weight_quantizer": {"num_bits": 99}}}}
-    with pytest.raises(ValueError, match=r"quantizer 'lm_head.weight_quantizer': the attributes from "
-                                         r"quant_cfg\['\*weight_quantizer'\] \+ "
-                                         r"quant_cfg\['nn.Linear'\]\['\*weight_quantizer'\] \(merged: "
-                                         r"\{'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99"):
+    with pytest.raises(
+        ValueError,
+        match=r"quantizer 'lm_head.weight_quantizer': the attributes from "
+        r"quant_cfg\['\*weight_quantizer'\] \+ "
+        r"quant_cfg\['nn.Linear'\]\['\*weight_quantizer'\] \(merged: "
+        r"\{'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99",
+    ):
         mtq.quantize(model, cfg)
     assert [type(m) for m in model.modules()] == [type(m) for m in ref.modules()]  # conversion undone
     assert type(model.fc) is nn.Linear
@@ -338,8 +370,11 @@ def test_summary_rows_and_table(digits_model):
     data = torch.rand(64, 1, 8, 8)
     mtq.quantize(model, C.INT8_DEFAULT_CFG, lambda m: m(data))
     rows = mtq.summary(model)
-    assert [r["name"] for r in rows][:3] == ["body.0.input_quantizer", "body.0.weight_quantizer",
-                                               "body.0.output_quantizer"]
+    assert [r["name"] for r in rows][:3] == [
+        "body.0.input_quantizer",
+        "body.0.weight_quantizer",
+        "body.0.output_quantizer",
+    ]
     r0, r1, r2 = rows[:3]
     assert (r0["format"], r0["granularity"], r0["calibrated"], r0["enabled"]) == ("int8", "per-tensor", True, True)
     assert r0["amax_max"] == pytest.approx(float(data.abs().max()))
@@ -366,6 +401,9 @@ def test_algorithm_none_skips_the_forward_loop_with_a_warning_and_bare_quant_cfg
         model = mtq.quantize(_net(), {"quant_cfg": {}, "algorithm": None}, calls.append)
     assert calls == [] and not model.fc.input_quantizer.has_amax
     applied = set_quantizer_by_cfg(model, {"*fc.*": {"num_bits": 5}})
-    assert applied == {"fc.input_quantizer": ["'*fc.*'"], "fc.weight_quantizer": ["'*fc.*'"],
-                       "fc.output_quantizer": ["'*fc.*'"]}
+    assert applied == {
+        "fc.input_quantizer": ["'*fc.*'"],
+        "fc.weight_quantizer": ["'*fc.*'"],
+        "fc.output_quantizer": ["'*fc.*'"],
+    }
     assert model.fc.weight_quantizer.num_bits == 5 and mtq.calibrate_loop is not None

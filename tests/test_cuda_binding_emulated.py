@@ -19,11 +19,15 @@ import torch
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parent / "modelopt_lite" / "csrc"
 SOURCES = [CSRC / "quant_cuda_binding.cpp", HERE / "cuda_host" / "emulated_kernels.cpp"]
-DEPS = SOURCES + [CSRC / n for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh",
-                                     "quant_kernels_api.h")]
+DEPS = SOURCES + [
+    CSRC / n
+    for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h")
+]
 
-pytestmark = pytest.mark.skipif(os.environ.get("MODELOPT_LITE_TEST_EMULATED") != "1",
-                                reason="opt-in (about 1 min to build): set MODELOPT_LITE_TEST_EMULATED=1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("MODELOPT_LITE_TEST_EMULATED") != "1",
+    reason="opt-in (about 1 min to build): set MODELOPT_LITE_TEST_EMULATED=1",
+)
 
 
 def _cuda_include():
@@ -53,14 +57,23 @@ def emulated():
     name = f"modelopt_lite_cuda_emulated_{digest}"
     build = cache_root() / f"torch{torch.__version__.replace('+', '_')}" / name
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], build_directory=str(build),
-                              extra_cflags=["-O2", "-std=c++17", "-DMODELOPT_LITE_EMULATE_ON_HOST", f"-I{inc}"],
-                              verbose=False)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(s) for s in SOURCES],
+        build_directory=str(build),
+        extra_cflags=["-O2", "-std=c++17", "-DMODELOPT_LITE_EMULATE_ON_HOST", f"-I{inc}"],
+        verbose=False,
+    )
 
 
 cases = _load_cases()
-GROUPS = {"int": cases.int_checks, "e4m3": cases.e4m3_checks, "affine": cases.affine_checks,
-          "edge": cases.edge_checks, "binding": cases.binding_checks}
+GROUPS = {
+    "int": cases.int_checks,
+    "e4m3": cases.e4m3_checks,
+    "affine": cases.affine_checks,
+    "edge": cases.edge_checks,
+    "binding": cases.binding_checks,
+}
 
 
 @pytest.mark.parametrize("group", list(GROUPS))

@@ -25,8 +25,14 @@ from modelopt_lite.functional import reference as ref
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parent / "modelopt_lite" / "csrc"
-SOURCES = [HERE / "cuda_host" / "host_harness.cpp", CSRC / "quant_kernels.cu", CSRC / "quant_kernels.cuh",
-           CSRC / "quant_index.cuh", CSRC / "quant_math.cuh", CSRC / "quant_kernels_api.h"]
+SOURCES = [
+    HERE / "cuda_host" / "host_harness.cpp",
+    CSRC / "quant_kernels.cu",
+    CSRC / "quant_kernels.cuh",
+    CSRC / "quant_index.cuh",
+    CSRC / "quant_math.cuh",
+    CSRC / "quant_kernels_api.h",
+]
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 BITS_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 FWD = {"fake_int": 0, "quantize_int": 1, "fake_e4m3": 2, "fake_affine": 3, "quantize_affine": 4}
@@ -49,8 +55,9 @@ class Harness:
         return str(path)
 
     def run(self, lines: list[str]) -> list[str]:
-        proc = subprocess.run([str(self.exe)], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                              timeout=120, check=True)
+        proc = subprocess.run(
+            [str(self.exe)], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120, check=True
+        )
         out = proc.stdout.splitlines()
         assert len(out) == len(lines), out
         return out
@@ -65,8 +72,13 @@ def harness(tmp_path_factory):
     exe = Path(tempfile.gettempdir()) / f"modelopt_lite_host_harness_{os.getuid()}_{digest}"
     if not exe.exists():
         tmp = exe.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([nvcc, "-std=c++17", "-O2", str(SOURCES[0]), "-o", str(tmp)], capture_output=True,
-                              text=True, timeout=600, check=False)
+        proc = subprocess.run(
+            [nvcc, "-std=c++17", "-O2", str(SOURCES[0]), "-o", str(tmp)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "warning" not in proc.stderr.lower(), proc.stderr
         os.replace(tmp, exe)
@@ -75,8 +87,13 @@ def harness(tmp_path_factory):
 
 def read(path: str, dtype: torch.dtype, shape) -> torch.Tensor:
     view = BITS_VIEW.get(dtype, dtype)
-    np_dtype = {torch.int32: np.int32, torch.int16: np.int16, torch.float32: np.float32, torch.int64: np.int64,
-                torch.uint64: np.uint64}[view]
+    np_dtype = {
+        torch.int32: np.int32,
+        torch.int16: np.int16,
+        torch.float32: np.float32,
+        torch.int64: np.int64,
+        torch.uint64: np.uint64,
+    }[view]
     t = torch.from_numpy(np.fromfile(path, dtype=np_dtype).copy()).reshape(shape)
     return t.view(dtype) if view != dtype else t
 
@@ -90,8 +107,10 @@ def assert_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     bad = (got.contiguous().view(view) != want.contiguous().view(view)) & ~wn
     if bad.any():
         i = bad.flatten().nonzero()[0].item()
-        raise AssertionError(f"{what}: {int(bad.sum())} elements differ, first at {i}: "
-                             f"got {got.flatten()[i].item()!r} want {want.flatten()[i].item()!r}")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} elements differ, first at {i}: "
+            f"got {got.flatten()[i].item()!r} want {want.flatten()[i].item()!r}"
+        )
 
 
 # --- element math ---------------------------------------------------------------------------------------------------
@@ -105,17 +124,35 @@ def edge_inputs(qmin: int, qmax: int, bound: int, seed: int):
     k = torch.randint(qmin - 3, qmax + 3, (n,), generator=g).float()
     x = torch.empty(n)
     kind = torch.randint(0, 6, (n,), generator=g)
-    x = torch.where(kind == 0, (k + 0.5) * s, x)                      # exact ties for power-of-two scales
-    x = torch.where(kind == 1, k * s, x)                              # grid points and range ends
+    x = torch.where(kind == 0, (k + 0.5) * s, x)  # exact ties for power-of-two scales
+    x = torch.where(kind == 1, k * s, x)  # grid points and range ends
     x = torch.where(kind == 2, torch.randn(n, generator=g) * s * (qmax - qmin), x)
     x = torch.where(kind == 3, torch.nextafter(k * s, torch.full_like(s, math.inf)), x)
     x = torch.where(kind == 4, (torch.randint(-1000, 1000, (n,), generator=g) + 0.5) / 8 * s, x)  # E4M3 ties
     x = torch.where(kind == 5, torch.randn(n, generator=g) * 1e4 * s, x)  # far beyond the range
-    s[:64] = 0.0                                                       # dead slices
-    s[64:80] = 2.0**-24 / bound * 1.0000001                           # smallest live scales
+    s[:64] = 0.0  # dead slices
+    s[64:80] = 2.0**-24 / bound * 1.0000001  # smallest live scales
     s[80:96] = float(np.float32(1e30))
-    x[96:112] = torch.tensor([math.nan, -math.nan, math.inf, -math.inf, -0.0, 0.0, 1e-45, -1e-45, 3.4e38,
-                              -3.4e38, 1e-38, -1e-38, 65504.0, 65520.0, -65520.0, 0.5])
+    x[96:112] = torch.tensor(
+        [
+            math.nan,
+            -math.nan,
+            math.inf,
+            -math.inf,
+            -0.0,
+            0.0,
+            1e-45,
+            -1e-45,
+            3.4e38,
+            -3.4e38,
+            1e-38,
+            -1e-38,
+            65504.0,
+            65520.0,
+            -65520.0,
+            0.5,
+        ]
+    )
     x[0:8] = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0, 1.0, -1.0, 1e30])
     zp = torch.randint(qmin, qmax + 1, (n,), generator=g).float()
     grad = torch.randn(n, generator=g)
@@ -128,8 +165,9 @@ def test_element_math_matches_reference(harness, bits, unsigned, narrow):
     bound, qmin, qmax = int_range(bits, unsigned, narrow)
     x, s, zp, g = edge_inputs(qmin, qmax, bound, seed=bits * 4 + 2 * unsigned + narrow)
     out = harness.file()
-    cmd = (f"elem {x.numel()} {qmin} {qmax} {harness.file(x)} {harness.file(s)} {harness.file(zp)} "
-           f"{harness.file(g)} {out}")
+    cmd = (
+        f"elem {x.numel()} {qmin} {qmax} {harness.file(x)} {harness.file(s)} {harness.file(zp)} {harness.file(g)} {out}"
+    )
     (res,) = harness.run([cmd])
     assert res == "ok 0"
     cols = read(out, torch.float32, (x.numel(), 12))
@@ -153,14 +191,21 @@ def test_e4m3_every_code_and_every_midpoint(harness):
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     finite = codes[torch.isfinite(codes)].unique()
     mids = (finite[1:].double() + finite[:-1].double()) / 2
-    near = torch.cat([mids.float(), torch.nextafter(mids.float(), torch.tensor(math.inf)),
-                      torch.nextafter(mids.float(), torch.tensor(-math.inf))])
+    near = torch.cat(
+        [
+            mids.float(),
+            torch.nextafter(mids.float(), torch.tensor(math.inf)),
+            torch.nextafter(mids.float(), torch.tensor(-math.inf)),
+        ]
+    )
     sat = torch.tensor([448.0, 449.0, 463.99, 464.0, 464.01, 480.0, 1e6, math.inf, -464.0, -1e6, -math.inf])
     x = torch.cat([finite, near, sat, -near]).float()
     s = torch.ones_like(x)
     out = harness.file()
-    cmd = (f"elem {x.numel()} -128 127 {harness.file(x)} {harness.file(s)} {harness.file(torch.zeros_like(x))} "
-           f"{harness.file(torch.ones_like(x))} {out}")
+    cmd = (
+        f"elem {x.numel()} -128 127 {harness.file(x)} {harness.file(s)} {harness.file(torch.zeros_like(x))} "
+        f"{harness.file(torch.ones_like(x))} {out}"
+    )
     assert harness.run([cmd]) == ["ok 0"]
     cols = read(out, torch.float32, (x.numel(), 12))
     assert_bits(cols[:, 2], ref.fake_e4m3(x, s), "fake_e4m3 codes/midpoints")
@@ -183,12 +228,12 @@ def bcast(x_shape, s_shape):
 LAYOUTS = [  # (x shape, scale shape, expected layout kind)
     ((37,), (1,), 0),
     ((3, 5, 7), (), 0),
-    ((8, 33), (8, 1), 1),            # axis 0
-    ((6, 5, 9), (1, 1, 9), 1),       # last axis: inner = 1
-    ((4, 6, 10), (1, 6, 1), 1),      # middle axis
-    ((4, 6, 10), (4, 6, 1), 1),      # contiguous tuple (0, 1)
-    ((4, 6, 10), (4, 1, 10), 2),     # tuple (0, 2): general
-    ((5, 3, 16), (5, 3, 1), 1),      # 1-D blocks of 16 on the last axis (blocks.to_blocks view)
+    ((8, 33), (8, 1), 1),  # axis 0
+    ((6, 5, 9), (1, 1, 9), 1),  # last axis: inner = 1
+    ((4, 6, 10), (1, 6, 1), 1),  # middle axis
+    ((4, 6, 10), (4, 6, 1), 1),  # contiguous tuple (0, 1)
+    ((4, 6, 10), (4, 1, 10), 2),  # tuple (0, 2): general
+    ((5, 3, 16), (5, 3, 1), 1),  # 1-D blocks of 16 on the last axis (blocks.to_blocks view)
     ((3, 4, 2, 8), (3, 1, 2, 1), 2),  # 2-D blocks 4 x 8
     ((2, 3, 4, 5, 6), (2, 1, 4, 1, 6), 2),
     ((1, 7, 1, 13), (1, 7, 1, 1), 1),
@@ -196,21 +241,23 @@ LAYOUTS = [  # (x shape, scale shape, expected layout kind)
 
 
 def _ref_forward(op, x, s, zp, qmin, qmax):
-    return {"fake_int": lambda: ref.fake_quant_int(x, s, qmin, qmax),
-            "quantize_int": lambda: ref.quantize_int(x, s, qmin, qmax),
-            "fake_e4m3": lambda: ref.fake_e4m3(x, s),
-            "fake_affine": lambda: ref.fake_affine(x, s, zp, qmin, qmax),
-            "quantize_affine": lambda: ref.quantize_affine(x, s, zp, qmin, qmax)}[op]()
+    return {
+        "fake_int": lambda: ref.fake_quant_int(x, s, qmin, qmax),
+        "quantize_int": lambda: ref.quantize_int(x, s, qmin, qmax),
+        "fake_e4m3": lambda: ref.fake_e4m3(x, s),
+        "fake_affine": lambda: ref.fake_affine(x, s, zp, qmin, qmax),
+        "quantize_affine": lambda: ref.quantize_affine(x, s, zp, qmin, qmax),
+    }[op]()
 
 
 def _case_tensors(x_shape, s_shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(x_shape, generator=g) * 3).to(dtype)
-    x.view(-1)[:: 11] = (torch.randint(-40, 40, x.view(-1)[::11].shape, generator=g) + 0.5).to(dtype) / 4
+    x.view(-1)[::11] = (torch.randint(-40, 40, x.view(-1)[::11].shape, generator=g) + 0.5).to(dtype) / 4
     if x.numel() > 3:
         x.view(-1)[3] = math.nan
     s = (torch.rand(s_shape, generator=g) * 0.05 + 0.01).float()
-    s.view(-1)[:: 4] = 2.0 ** torch.randint(-4, 0, s.view(-1)[::4].shape, generator=g).float()
+    s.view(-1)[::4] = 2.0 ** torch.randint(-4, 0, s.view(-1)[::4].shape, generator=g).float()
     if s.numel() > 2:
         s.view(-1)[1] = 0.0  # a dead slice
     zp = torch.randint(-8, 8, s_shape, generator=g).float()
@@ -221,13 +268,15 @@ def _case_tensors(x_shape, s_shape, dtype, seed):
 @pytest.mark.parametrize("misalign", [0, 1])
 def test_forward_launcher_layouts(harness, dtype, misalign):
     lines, checks = [], []
-    for li, (xs, ss, kind) in enumerate(LAYOUTS):
+    for li, (xs, ss, _kind) in enumerate(LAYOUTS):
         x, s, zp = _case_tensors(xs, ss, dtype, seed=li)
         for op, op_code in FWD.items():
             qmin, qmax = (-128, 127) if "affine" in op else (-8, 7)
             out = harness.file()
-            lines.append(f"fwd {op_code} {DTYPES[dtype]} {qmin} {qmax} {misalign} {bcast(xs, ss)} {harness.file(x)} "
-                         f"{harness.file(s)} {harness.file(zp)} {out}")
+            lines.append(
+                f"fwd {op_code} {DTYPES[dtype]} {qmin} {qmax} {misalign} {bcast(xs, ss)} {harness.file(x)} "
+                f"{harness.file(s)} {harness.file(zp)} {out}"
+            )
             want = _ref_forward(op, x, s, zp, qmin, qmax)
             checks.append((out, want, f"{op} {xs} scale {ss} {dtype} misalign={misalign}"))
     for res, (out, want, what) in zip(harness.run(lines), checks):
@@ -239,15 +288,17 @@ def test_forward_launcher_layouts(harness, dtype, misalign):
 @pytest.mark.parametrize("misalign", [0, 1])
 def test_backward_launcher_layouts(harness, dtype, misalign):
     lines, checks = [], []
-    for li, (xs, ss, kind) in enumerate(LAYOUTS):
+    for li, (xs, ss, _kind) in enumerate(LAYOUTS):
         x, s, zp = _case_tensors(xs, ss, dtype, seed=100 + li)
         grad = torch.randn(xs, generator=torch.Generator().manual_seed(li)).to(dtype)
         qmin, qmax = -8, 7
         for op, op_code in BWD.items():
             need = op != "affine"
             gx, term = harness.file(), harness.file()
-            lines.append(f"bwd {op_code} {DTYPES[dtype]} {qmin} {qmax} {misalign} {int(need)} {bcast(xs, ss)} "
-                         f"{harness.file(grad)} {harness.file(x)} {harness.file(s)} {harness.file(zp)} {gx} {term}")
+            lines.append(
+                f"bwd {op_code} {DTYPES[dtype]} {qmin} {qmax} {misalign} {int(need)} {bcast(xs, ss)} "
+                f"{harness.file(grad)} {harness.file(x)} {harness.file(s)} {harness.file(zp)} {gx} {term}"
+            )
             if op == "int":
                 want = ref.int_backward(grad, x, s, qmin, qmax, True)
             elif op == "e4m3":
@@ -273,14 +324,18 @@ def test_long_vectors_and_tails(harness):
                 xs, ss = (c, n // c), (c, 1)
                 x, s, zp = _case_tensors(xs, ss, dtype, seed=n * 10 + c)
                 out = harness.file()
-                lines.append(f"fwd 0 {code} -128 127 0 {bcast(xs, ss)} {harness.file(x)} {harness.file(s)} "
-                             f"{harness.file(zp)} {out}")
+                lines.append(
+                    f"fwd 0 {code} -128 127 0 {bcast(xs, ss)} {harness.file(x)} {harness.file(s)} "
+                    f"{harness.file(zp)} {out}"
+                )
                 checks.append((out, ref.fake_quant_int(x, s, -128, 127), f"n={n} c={c} {dtype}"))
                 xs2, ss2 = (n // c, c), (1, c)
                 x2, s2, zp2 = _case_tensors(xs2, ss2, dtype, seed=n * 10 + c + 1)
                 out2 = harness.file()
-                lines.append(f"fwd 2 {code} -128 127 0 {bcast(xs2, ss2)} {harness.file(x2)} "
-                             f"{harness.file(s2)} {harness.file(zp2)} {out2}")
+                lines.append(
+                    f"fwd 2 {code} -128 127 0 {bcast(xs2, ss2)} {harness.file(x2)} "
+                    f"{harness.file(s2)} {harness.file(zp2)} {out2}"
+                )
                 checks.append((out2, ref.fake_e4m3(x2, s2), f"e4m3 n={n} last-axis c={c} {dtype}"))
     for res, (out, want, what) in zip(harness.run(lines), checks):
         assert res == "ok 0", (res, what)
@@ -290,36 +345,45 @@ def test_long_vectors_and_tails(harness):
 def test_launcher_rejects_bad_arguments(harness):
     x = harness.file(torch.zeros(4))
     s = harness.file(torch.ones(1))
-    res = harness.run([
-        f"fwd 0 0 5 4 0 1 4 0 {x} {s} {s} {harness.file()}",   # qmin > qmax
-        f"fwd 0 7 -8 7 0 1 4 0 {x} {s} {s} {harness.file()}",  # bad dtype
-        f"fwd 3 0 -8 7 0 1 4 0 {x} {s} {harness.file()} {harness.file()}",  # affine without a zero point
-        f"fwd 0 0 -8 7 0 1 0 0 {x} {s} {s} {harness.file()}",  # 0 elements: success, nothing written
-        f"hist 0 1 4 0 0 {x} {harness.file()} {harness.file()}",   # no bins
-        f"hist 5 1 4 8 0 {x} {harness.file()} {harness.file()}",   # bad dtype
-    ])
+    res = harness.run(
+        [
+            f"fwd 0 0 5 4 0 1 4 0 {x} {s} {s} {harness.file()}",  # qmin > qmax
+            f"fwd 0 7 -8 7 0 1 4 0 {x} {s} {s} {harness.file()}",  # bad dtype
+            f"fwd 3 0 -8 7 0 1 4 0 {x} {s} {harness.file()} {harness.file()}",  # affine without a zero point
+            f"fwd 0 0 -8 7 0 1 0 0 {x} {s} {s} {harness.file()}",  # 0 elements: success, nothing written
+            f"hist 0 1 4 0 0 {x} {harness.file()} {harness.file()}",  # no bins
+            f"hist 5 1 4 8 0 {x} {harness.file()} {harness.file()}",  # bad dtype
+        ]
+    )
     assert res == ["ok 1", "ok 1", "ok 1", "ok 0", "ok 1", "ok 1"]  # 1 = cudaErrorInvalidValue
 
 
 # --- layout planner, fast division, histogram -----------------------------------------------------------------------
 def test_layout_planner(harness):
-    res = harness.run([f"plan {bcast(xs, ss)}" for xs, ss, _ in LAYOUTS] + [
-        "plan 9 2 2 2 2 2 2 2 2 2 256 0 64 0 16 0 4 0 1",  # 9 alternating dims: too many for the general path
-    ])
+    res = harness.run(
+        [f"plan {bcast(xs, ss)}" for xs, ss, _ in LAYOUTS]
+        + [
+            "plan 9 2 2 2 2 2 2 2 2 2 256 0 64 0 16 0 4 0 1",  # 9 alternating dims: too many for the general path
+        ]
+    )
     for (xs, ss, kind), line in zip(LAYOUTS, res):
         assert int(line.split()[1]) == kind, (xs, ss, line)
         assert int(line.split()[5]) == kind
-    assert res[2].split()[3:5] == ["8", "33"]      # axis 0: C = 8, inner = 33
-    assert res[3].split()[3:5] == ["9", "1"]       # last axis: inner = 1
-    assert res[5].split()[3:5] == ["24", "10"]     # (0, 1) merged into one channel dim
+    assert res[2].split()[3:5] == ["8", "33"]  # axis 0: C = 8, inner = 33
+    assert res[3].split()[3:5] == ["9", "1"]  # last axis: inner = 1
+    assert res[5].split()[3:5] == ["24", "10"]  # (0, 1) merged into one channel dim
     assert res[-1].split()[1] == "-1" and res[-1].split()[5] == "-1"
 
 
 def test_fast_divmod(harness):
     g = np.random.default_rng(0)
-    nums = np.concatenate([g.integers(0, 2**63, 2000, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
-                           g.integers(0, 2**40, 2000, dtype=np.uint64),
-                           np.array([0, 1, 2, 2**32 - 1, 2**32, 2**63, 2**64 - 1, 2**64 - 2], dtype=np.uint64)])
+    nums = np.concatenate(
+        [
+            g.integers(0, 2**63, 2000, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
+            g.integers(0, 2**40, 2000, dtype=np.uint64),
+            np.array([0, 1, 2, 2**32 - 1, 2**32, 2**63, 2**64 - 1, 2**64 - 2], dtype=np.uint64),
+        ]
+    )
     lines, checks = [], []
     for d in (1, 2, 3, 5, 7, 10, 33, 127, 1000, 2**31 - 1, 2**32, 2**32 + 1, 3**30, 2**63 - 25, 2**63, 2**64 - 1):
         cases = np.concatenate([nums, (np.arange(1, 50, dtype=np.uint64) * np.uint64(d % 2**57))])
@@ -358,15 +422,16 @@ def test_histogram_grid(harness, dtype):
     for nbins in (1, 7, 2048, 20000):
         from_max = torch.tensor([4.0, 2.0**-6, 300.0], dtype=torch.float64)
         exps = torch.ceil(torch.log2(from_max / nbins)).long()  # nbins * 2**e >= max
-        exps[1] = -160 if nbins == 7 else exps[1]               # very small widths (E_MIN)
+        exps[1] = -160 if nbins == 7 else exps[1]  # very small widths (E_MIN)
         out = harness.file()
         lines.append(f"hist {HIST_DTYPES[dtype]} {rows} {cols} {nbins} 0 {harness.file(x)} {harness.file(exps)} {out}")
         checks.append((out, hist_reference(x, exps, nbins), nbins, exps))
         out1 = harness.file()  # one exponent for every row
-        lines.append(f"hist {HIST_DTYPES[dtype]} {rows} {cols} {nbins} {int(exps[0])} {harness.file(x)} "
-                     f"{harness.file()} {out1}")
+        lines.append(
+            f"hist {HIST_DTYPES[dtype]} {rows} {cols} {nbins} {int(exps[0])} {harness.file(x)} {harness.file()} {out1}"
+        )
         checks.append((out1, hist_reference(x, exps[:1].expand(rows), nbins), nbins, exps[:1].expand(rows)))
-    for res, (out, want, nbins, exps) in zip(harness.run(lines), checks):
+    for res, (out, want, nbins, _exps) in zip(harness.run(lines), checks):
         assert res == "ok 0"
         got = read(out, torch.int64, (rows, nbins))
         assert torch.equal(got, want), nbins

@@ -108,8 +108,12 @@ def test_minilm_demo_targets_torch_side(tmp_path):
     from modelopt_lite.demo import minilm
 
     r = minilm.run(tmp_path, fast=True, progress=False, export=False, sensitivity=False)
-    assert [(row.fmt, row.group) for row in r.rows] == [("FP32", ""), ("INT8 W8A8", ""), ("INT8 W8A8", "W8A8"),
-                                                         ("FP8 E4M3", "FP8")]
+    assert [(row.fmt, row.group) for row in r.rows] == [
+        ("FP32", ""),
+        ("INT8 W8A8", ""),
+        ("INT8 W8A8", "W8A8"),
+        ("FP8 E4M3", "FP8"),
+    ]
     assert r.rows[0].cos_mean == pytest.approx(1.0) and r.rows[0].top1_acc == 100.0  # unambiguous pairs in FP32
     assert [c for c, ok in r.target_checks() if not ok] == []
     assert len(r.target_checks()) == 3

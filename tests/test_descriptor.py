@@ -11,7 +11,14 @@ from modelopt_lite.descriptor import (
 def test_alias_and_defaults():
     assert QuantDescriptor is ScaledQuantDescriptor
     d = QuantDescriptor()
-    assert (d.num_bits, d.axis, d.unsigned, d.narrow_range, d.fake_quant, d.dynamic) == (8, None, False, False, True, False)
+    assert (d.num_bits, d.axis, d.unsigned, d.narrow_range, d.fake_quant, d.dynamic) == (
+        8,
+        None,
+        False,
+        False,
+        True,
+        False,
+    )
     assert d.dict() == {}
 
 

@@ -21,8 +21,7 @@ def _acc(model, data):
 def test_int8_ptq_is_within_half_a_point_of_fp32(digits_model, digits_data, kind):
     model = digits_model(kind)
     fp32 = _acc(model, digits_data)
-    q = mtq.quantize(copy.deepcopy(model), mtq.INT8_DEFAULT_CFG,
-                     make_forward_loop(digits_data.calib_batches(16, 64)))
+    q = mtq.quantize(copy.deepcopy(model), mtq.INT8_DEFAULT_CFG, make_forward_loop(digits_data.calib_batches(16, 64)))
     int8 = _acc(q, digits_data)
     assert fp32 > (98.0 if kind == "cnn" else 96.0)
     assert int8 >= fp32 - 0.5, (kind, fp32, int8)
@@ -67,8 +66,10 @@ def test_every_calibration_method_and_fp8(digits_model, digits_data, kind):
     assert _acc(fp8, digits_data) >= fp32 - 1.0
 
 
-@pytest.mark.parametrize("cfg_name, tol", [("INT8_HISTOGRAM_CFG", 1.0), ("INT8_ORT_CFG", 1.0),
-                                           ("INT4_BLOCKWISE_WEIGHT_ONLY_CFG", 2.0), ("W4A8_CFG", 2.0)])
+@pytest.mark.parametrize(
+    "cfg_name, tol",
+    [("INT8_HISTOGRAM_CFG", 1.0), ("INT8_ORT_CFG", 1.0), ("INT4_BLOCKWISE_WEIGHT_ONLY_CFG", 2.0), ("W4A8_CFG", 2.0)],
+)
 def test_other_presets_on_the_cnn(digits_model, digits_data, cfg_name, tol):
     model = digits_model("cnn")
     fp32 = _acc(model, digits_data)

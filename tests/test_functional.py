@@ -87,8 +87,13 @@ def test_affine_values(bk):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision_return_dtype(bk, dtype):
     x = torch.randn(4, 8).to(dtype)
-    for y in (tq.fake_tensor_quant(x, 2.0), tq.scaled_e4m3(x, 2.0), tq.fake_affine_tensor_quant(x, -1.0, 1.0),
-              tq.fake_block_quant(x, {-1: 4}), quantize(x, 0.1)):
+    for y in (
+        tq.fake_tensor_quant(x, 2.0),
+        tq.scaled_e4m3(x, 2.0),
+        tq.fake_affine_tensor_quant(x, -1.0, 1.0),
+        tq.fake_block_quant(x, {-1: 4}),
+        quantize(x, 0.1),
+    ):
         assert y.dtype == dtype and y.shape == x.shape
     assert tq.tensor_quant(x, 2.0)[0].dtype == torch.float32
 
@@ -134,8 +139,12 @@ _floats = st.floats(-1e3, 1e3, width=32, allow_nan=False)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(_floats, min_size=1, max_size=40), st.floats(2.0**-10, 1024.0, width=32), st.sampled_from([2, 4, 8, 16]),
-       st.booleans())
+@given(
+    st.lists(_floats, min_size=1, max_size=40),
+    st.floats(2.0**-10, 1024.0, width=32),
+    st.sampled_from([2, 4, 8, 16]),
+    st.booleans(),
+)
 def test_properties(values, amax, bits, narrow):
     x = torch.tensor(values, dtype=torch.float32)
     y = tq.fake_tensor_quant(x, amax, bits, narrow_range=narrow)
@@ -218,13 +227,19 @@ def test_qat_learned_amax_beats_fixed_amax(bk):
 # --- low-level quantize / dequantize ---------------------------------------------------------------------------------
 def test_lowlevel_symmetric_and_asymmetric(bk):
     x = t(0.0, 1.0, 2.5, -1.0, 200.0)
-    assert torch.equal(quantize(x, 0.5, qmin=-8, qmax=7, mode="hardware"), torch.tensor([0, 2, 5, -2, 7], dtype=torch.int8))
+    assert torch.equal(
+        quantize(x, 0.5, qmin=-8, qmax=7, mode="hardware"), torch.tensor([0, 2, 5, -2, 7], dtype=torch.int8)
+    )
     q = quantize(x, 0.5, zero_point=10, qmin=0, qmax=255, mode="hardware")
     assert q.dtype == torch.uint8 and q.tolist() == [10, 12, 15, 8, 255]
     assert torch.equal(quantize(x, 0.5, zero_point=10, qmin=0, qmax=255), t(0.0, 1.0, 2.5, -1.0, 122.5))
     assert torch.equal(dequantize(q, 0.5, zero_point=10), t(0.0, 1.0, 2.5, -1.0, 122.5))
     assert [code_dtype(*r) for r in ((-128, 127), (0, 255), (0, 1000), (-40000, 40000))] == [
-        torch.int8, torch.uint8, torch.int16, torch.int32]
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+    ]
 
 
 @pytest.mark.parametrize("axis", [0, -1, (0, 2), (2, 0)])

@@ -19,7 +19,7 @@ pytest.importorskip("onnxruntime")
 
 from modelopt_lite.onnx_export import export_onnx
 from modelopt_lite.onnx_export.ort_layout import host_has_vnni
-from modelopt_lite.onnx_export.runtime import ort_session
+from modelopt_lite.onnx_export.ort_runner import ort_session
 
 WEIGHTS = "int8" if host_has_vnni() else "uint8"  # int8 weights are exact in ORT only with VNNI/AMX
 
@@ -31,8 +31,16 @@ def _calibrated(model, x, config=None):
 
 
 def _ort(q, x, path, **kw):
-    rep = export_onnx(q, x[:2], path, target="onnxruntime", ort_weights=WEIGHTS, input_names=["input"],
-                      dynamic_axes={"input": {0: "batch"}}, **kw)
+    rep = export_onnx(
+        q,
+        x[:2],
+        path,
+        target="onnxruntime",
+        ort_weights=WEIGHTS,
+        input_names=["input"],
+        dynamic_axes={"input": {0: "batch"}},
+        **kw,
+    )
     sess = ort_session(path, optimized_model_path=str(path) + ".opt")
     ops = [n.op_type for n in onnx.load(str(path) + ".opt").graph.node]
     return torch.from_numpy(sess.run(None, {"input": x.numpy()})[0]), rep, ops
@@ -41,8 +49,10 @@ def _ort(q, x, path, **kw):
 def test_reference_formula_by_hand():
     sx, sw, sy = torch.tensor(0.5), torch.tensor([0.25, 1.0]), torch.tensor(2.0)
     assert torch.equal(R.bias_scale(sx, sw), torch.tensor([0.125, 0.5]))
-    assert torch.equal(R.bias_codes(torch.tensor([0.1875, -0.75]), R.bias_scale(sx, sw)),  # 1.5 -> 2, -1.5 -> -2
-                       torch.tensor([2.0, -2.0], dtype=torch.float64))
+    assert torch.equal(
+        R.bias_codes(torch.tensor([0.1875, -0.75]), R.bias_scale(sx, sw)),  # 1.5 -> 2, -1.5 -> -2
+        torch.tensor([2.0, -2.0], dtype=torch.float64),
+    )
     m = R.multiplier(sx, sw, sy)
     assert torch.equal(m, torch.tensor([0.0625, 0.25]))
     acc = torch.tensor([[40.0, 10.0], [-24.0, 1000.0]], dtype=torch.float64)  # 2.5 -> 2, 2.5 -> 2, -1.5 -> -2, 250
@@ -68,12 +78,20 @@ def test_random_linear_layers_match_onnxruntime_bit_for_bit(tmp_path, seed):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("conv_kw", [{"kernel_size": 3, "padding": 1}, {"kernel_size": 3, "stride": 2, "padding": 1},
-                                     {"kernel_size": 1}, {"kernel_size": 3, "padding": 1, "groups": 2}])
+@pytest.mark.parametrize(
+    "conv_kw",
+    [
+        {"kernel_size": 3, "padding": 1},
+        {"kernel_size": 3, "stride": 2, "padding": 1},
+        {"kernel_size": 1},
+        {"kernel_size": 3, "padding": 1, "groups": 2},
+    ],
+)
 def test_random_conv_layers_match_onnxruntime_bit_for_bit(tmp_path, conv_kw):
     torch.manual_seed(3)
-    model = nn.Sequential(nn.Conv2d(4, 8, **conv_kw), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(),
-                          nn.Flatten(), nn.LazyLinear(5))
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, **conv_kw), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)
+    )
     x = torch.randn(48, 4, 9, 7)
     model(x)  # materialize the lazy head
     q = _calibrated(model, x)
@@ -85,7 +103,7 @@ def test_random_conv_layers_match_onnxruntime_bit_for_bit(tmp_path, conv_kw):
     if WEIGHTS == "int8":  # ORT's NHWC int8 conv: no transpose back in front of the channels-last Flatten
         assert any("flatten in channels-last order" in n for n in rep.notes), rep.notes
         second = ops.index("QLinearConv", ops.index("QLinearConv") + 1)
-        assert "Transpose" not in ops[second:ops.index("QGemm")], ops
+        assert "Transpose" not in ops[second : ops.index("QGemm")], ops
 
 
 def test_flatten_rewrite_keeps_float_flatten_models_exact_and_shared_grids_clip(tmp_path):
@@ -102,16 +120,20 @@ def test_flatten_rewrite_keeps_float_flatten_models_exact_and_shared_grids_clip(
 
 
 def test_set_requant_reports_layers_that_keep_the_float_path():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"),
-                          nn.Linear(4, 4))
+    model = nn.Sequential(
+        nn.Linear(4, 4), nn.Linear(4, 4), nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"), nn.Linear(4, 4)
+    )
     q = copy.deepcopy(model)
     mtq.quantize(q, mtq.INT8_ORT_CFG)
     q[1].output_quantizer.disable()
     q[3].output_quantizer.set_from_attribute_config({"narrow_range": True})
     assert all(m.requant == "integer" for m in (q[0], q[1], q[2], q[3]))
     assert mtq.set_requant(q, "integer") == {
-        "0": None, "1": "output_quantizer is disabled", "2": "padding_mode='reflect' (only 'zeros')",
-        "3": "output_quantizer is narrow-range (the int8 kernels saturate to the full range)"}
+        "0": None,
+        "1": "output_quantizer is disabled",
+        "2": "padding_mode='reflect' (only 'zeros')",
+        "3": "output_quantizer is narrow-range (the int8 kernels saturate to the full range)",
+    }
     assert mtq.set_requant(q, "float") == {} and q[0].requant == "float"
     with pytest.raises(ValueError, match=r"requant must be one of \('float', 'integer'\), got 'int'"):
         mtq.set_requant(q, "int")

@@ -189,8 +189,11 @@ def test_e4m3_saturation_value(native):
 @pytest.mark.parametrize("bits", BITS)
 def test_affine_public_api(bits, dtype, native):
     gen = torch.Generator().manual_seed(bits)
-    for lo, hi in ((torch.tensor(-1.5), torch.tensor(3.0)), (torch.tensor(0.5), torch.tensor(2.0)),
-                   (torch.tensor([-1.0, 0.0, -2.0, -0.3]).view(4, 1, 1), torch.tensor([2.0, 0.0, -1.0, 5.0]).view(4, 1, 1))):
+    for lo, hi in (
+        (torch.tensor(-1.5), torch.tensor(3.0)),
+        (torch.tensor(0.5), torch.tensor(2.0)),
+        (torch.tensor([-1.0, 0.0, -2.0, -0.3]).view(4, 1, 1), torch.tensor([2.0, 0.0, -1.0, 5.0]).view(4, 1, 1)),
+    ):
         x = (torch.randn(SHAPE, generator=gen) * 3).to(dtype)
         x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -0.0]).to(dtype)
         g = torch.randn(SHAPE, generator=gen).to(dtype)
@@ -288,7 +291,9 @@ def test_conversions_sample(native, impl):
     """float32 -> float16/bfloat16 rounding of the kernels on a sample of all bit patterns (ties, overflow)."""
     bits = torch.randint(-(2**31), 2**31 - 1, (200_000,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
     x = bits.to(torch.int32).view(torch.float32)
-    x = torch.cat([x, torch.tensor([65504.0, 65520.0, 65519.996, 2.0**-24 * 1.5, 2.0**-25, 1 + 2.0**-8, 1 + 3 * 2.0**-8])])
+    x = torch.cat(
+        [x, torch.tensor([65504.0, 65520.0, 65519.996, 2.0**-24 * 1.5, 2.0**-25, 1 + 2.0**-8, 1 + 3 * 2.0**-8])]
+    )
     for bf16, dt in ((False, torch.float16), (True, torch.bfloat16)):
         same(native.round_float32(x, bf16).float(), x.to(dt).float(), str(dt))
 
@@ -337,10 +342,11 @@ def test_large_outputs_use_the_huge_page_path_and_stay_exact(native):
     x = torch.randn(1 << 20, 3, generator=gen) * 4  # 12 MiB of float32
     s = torch.tensor(4.0 / 127)
     g = torch.randn(x.shape, generator=gen)
-    for name, nat, ref in [("int", native.fake_quant_int(x, s, -128, 127), R.fake_quant_int(x, s, -128, 127)),
-                           ("e4m3", native.fake_e4m3(x, s), R.fake_e4m3(x, s)),
-                           ("bwd", native.int_backward(g, x, s, -128, 127, True)[0],
-                            R.int_backward(g, x, s, -128, 127, True)[0])]:
+    for name, nat, ref in [
+        ("int", native.fake_quant_int(x, s, -128, 127), R.fake_quant_int(x, s, -128, 127)),
+        ("e4m3", native.fake_e4m3(x, s), R.fake_e4m3(x, s)),
+        ("bwd", native.int_backward(g, x, s, -128, 127, True)[0], R.int_backward(g, x, s, -128, 127, True)[0]),
+    ]:
         same(nat, ref, name)
         assert nat.is_contiguous() and nat.data_ptr() % (2 << 20) == 0, name
         nat.add_(1.0).mul_(2.0)  # writable; its memory is freed with the tensor (no leak to check here)
@@ -352,7 +358,9 @@ def test_large_outputs_use_the_huge_page_path_and_stay_exact(native):
 def test_building_and_loading_leave_the_environment_alone(native):
     """ModelOpt's loader sets TORCH_CUDA_ARCH_LIST process-wide (anchors 4, ModelOpt 11); ours changes nothing."""
     before = dict(os.environ)
-    assert backend.precompile() == {"cpu": "ok", "cuda": "ok" if torch.cuda.is_available()
-                                    else "skipped: CUDA is not available"}
+    assert backend.precompile() == {
+        "cpu": "ok",
+        "cuda": "ok" if torch.cuda.is_available() else "skipped: CUDA is not available",
+    }
     assert native_build.load("cpu") is not None
     assert dict(os.environ) == before

@@ -28,8 +28,9 @@ def _exported(kind, config, target, data, path):
     q = copy.deepcopy(trained_digits_model(kind, data=data))
     mtq.quantize(q, config, lambda m: [m(b) for b in data.calib_batches(8, 64)])
     q.eval()
-    rep = export_onnx(q, data.x_test[:4], path, target=target, input_names=["input"],
-                      dynamic_axes={"input": {0: "batch"}})
+    rep = export_onnx(
+        q, data.x_test[:4], path, target=target, input_names=["input"], dynamic_axes={"input": {0: "batch"}}
+    )
     return q, rep
 
 
@@ -37,8 +38,12 @@ def test_ort_layout_agrees_everywhere_and_names_are_module_paths(tmp_path, data)
     q, rep = _exported("mlp", mtq.INT8_ORT_CFG, "onnxruntime", data, tmp_path / "m.onnx")
     r = compare_with_onnxruntime(q, tmp_path / "m.onnx", data.x_test)
     names = [row.name for row in r.rows]
-    assert names == ["body.0.input_quantizer", "body.0.output_quantizer", "body.2.output_quantizer",
-                     "head.output_quantizer"]
+    assert names == [
+        "body.0.input_quantizer",
+        "body.0.output_quantizer",
+        "body.2.output_quantizer",
+        "head.output_quantizer",
+    ]
     assert all(q.get_submodule(n) is not None for n in names)
     assert rep.activations[0]["site"] == "body.0.input_quantizer"
     assert r.first_divergence is None and r.output_max_diff == [0.0] and r.skipped == {}
@@ -75,8 +80,9 @@ def test_nested_containers_export_their_module_paths(tmp_path):
     class Inner(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.seq = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
-                                           torch.nn.Sequential(torch.nn.Linear(8, 8)))
+            self.seq = torch.nn.Sequential(
+                torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(8, 8))
+            )
 
         def forward(self, x):
             return self.seq(x)
@@ -97,6 +103,9 @@ def test_nested_containers_export_their_module_paths(tmp_path):
     for dynamo in (False, True):
         rep = export_onnx(model.eval(), x[:2], tmp_path / f"n{dynamo}.onnx", dynamo=dynamo)
         sites = sorted(a["site"] for a in rep.activations) + sorted(w["site"] for w in rep.weights)
-        assert sites[:3] == ["blocks.0.seq.0.input_quantizer", "blocks.0.seq.2.0.input_quantizer",
-                             "head.input_quantizer"], dynamo
+        assert sites[:3] == [
+            "blocks.0.seq.0.input_quantizer",
+            "blocks.0.seq.2.0.input_quantizer",
+            "head.input_quantizer",
+        ], dynamo
         assert all(model.get_submodule(s) is not None for s in sites)

@@ -23,8 +23,13 @@ _IR = {13: 8, 17: 8, 19: 9, 21: 10}
 
 
 def run_graph(nodes, inits, x: np.ndarray, opset: int, out_type=TensorProto.FLOAT) -> np.ndarray:
-    graph = helper.make_graph(nodes, "contract", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", out_type, x.shape)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "contract",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", out_type, x.shape)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = _IR[opset]
     onnx.checker.check_model(model, full_check=True)
@@ -41,11 +46,16 @@ def qdq_graph(scale, zp, axis=None, q_attrs=None, clip=None):
     nodes = []
     src = "x"
     if clip is not None:
-        inits += [numpy_helper.from_array(np.float32(clip[0]), "lo"), numpy_helper.from_array(np.float32(clip[1]), "hi")]
+        inits += [
+            numpy_helper.from_array(np.float32(clip[0]), "lo"),
+            numpy_helper.from_array(np.float32(clip[1]), "hi"),
+        ]
         nodes.append(helper.make_node("Clip", ["x", "lo", "hi"], ["xc"]))
         src = "xc"
-    nodes += [helper.make_node("QuantizeLinear", [src, "s", "zp"], ["q"], **attrs, **(q_attrs or {})),
-              helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], **attrs)]
+    nodes += [
+        helper.make_node("QuantizeLinear", [src, "s", "zp"], ["q"], **attrs, **(q_attrs or {})),
+        helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], **attrs),
+    ]
     return nodes, inits
 
 
@@ -58,14 +68,21 @@ def hard_inputs(scale: float, n: int = 20000, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     k = torch.arange(-140, 141, dtype=torch.float32)
     ties = (k + 0.5) * scale
-    return torch.cat([torch.randn(n, generator=g) * 60 * scale, ties, k * scale, torch.tensor([0.0, -0.0]),
-                      torch.tensor([1e6, -1e6]) * scale, torch.rand(2000, generator=g) * 1e-3 * scale])
+    return torch.cat(
+        [
+            torch.randn(n, generator=g) * 60 * scale,
+            ties,
+            k * scale,
+            torch.tensor([0.0, -0.0]),
+            torch.tensor([1e6, -1e6]) * scale,
+            torch.rand(2000, generator=g) * 1e-3 * scale,
+        ]
+    )
 
 
 def assert_bits_equal(ort_out: np.ndarray, torch_out: torch.Tensor):
     assert ort_out.dtype == np.float32
-    assert torch.equal(torch.from_numpy(ort_out), torch_out), (
-        f"max diff {np.abs(ort_out - torch_out.numpy()).max()}")
+    assert torch.equal(torch.from_numpy(ort_out), torch_out), f"max diff {np.abs(ort_out - torch_out.numpy()).max()}"
 
 
 # --- INT8 ----------------------------------------------------------------------------------------------------------
@@ -83,7 +100,9 @@ def test_int8_true_division_not_reciprocal():
     scale = np.float32(0.0137) / np.float32(127)
     ties = ((np.arange(-130, 130).astype(np.float32) + np.float32(0.5)) * scale).astype(np.float32)
     near = np.concatenate([ties.view(np.int32) + d for d in range(-3, 4)]).view(np.float32)  # ulps around ties
-    x = torch.cat([torch.from_numpy(near), torch.randn(20000, generator=torch.Generator().manual_seed(1)) * 50 * float(scale)])
+    x = torch.cat(
+        [torch.from_numpy(near), torch.randn(20000, generator=torch.Generator().manual_seed(1)) * 50 * float(scale)]
+    )
     by_mul = torch.clamp(torch.round(x * (1 / torch.tensor(scale))), -128, 127) * torch.tensor(scale)
     ref = tq.fake_tensor_quant(x, torch.tensor(0.0137), 8, narrow_range=False)
     assert not torch.equal(by_mul, ref)  # the check below can fail
@@ -169,7 +188,9 @@ def test_dead_scale_exports_positive_and_gives_zeros():
     assert qdq.DEAD_SCALE > 0 and np.isfinite(qdq.DEAD_SCALE)
     assert torch.equal(torch.from_numpy(out), ref)  # int8: every finite |x| < 2**125 gives code 0
     x = x[x.abs() < 2.0**115]  # E4M3 keeps 2**-9 as its smallest step: code 0 for |x| < 2**116
-    e4m3_nodes, e4m3_inits = qdq_graph(qdq.DEAD_SCALE, weights.make_tensor("zp", np.float32(0), TensorProto.FLOAT8E4M3FN))
+    e4m3_nodes, e4m3_inits = qdq_graph(
+        qdq.DEAD_SCALE, weights.make_tensor("zp", np.float32(0), TensorProto.FLOAT8E4M3FN)
+    )
     assert torch.equal(torch.from_numpy(run_graph(e4m3_nodes, e4m3_inits, x.numpy(), 19)), torch.zeros_like(x))
 
 
@@ -178,8 +199,9 @@ def test_int16_grid_at_opset21():
     scale = np.float32(amax) / np.float32(2**11 - 1)
     x = hard_inputs(float(scale), seed=5) * 20
     ref = tq.fake_tensor_quant(x, torch.tensor(amax), 12, narrow_range=False)
-    nodes, inits = qdq_graph(scale, zp_tensor(0, np.int16), clip=(np.float32(-(2**11)) * scale,
-                                                                    np.float32(2**11 - 1) * scale))
+    nodes, inits = qdq_graph(
+        scale, zp_tensor(0, np.int16), clip=(np.float32(-(2**11)) * scale, np.float32(2**11 - 1) * scale)
+    )
     assert_bits_equal(run_graph(nodes, inits, x.numpy(), 21), ref)
     ref16 = tq.fake_tensor_quant(x, torch.tensor(amax), 16, narrow_range=False)
     s16 = np.float32(amax) / np.float32(2**15 - 1)
@@ -195,8 +217,15 @@ def e4m3_inputs(scale: float) -> torch.Tensor:
     mids = (codes[:-1] + codes[1:]) / 2  # ties between neighbouring codes (after sorting)
     srt = torch.sort(codes).values
     ties = (srt[:-1] + srt[1:]) / 2
-    v = torch.cat([codes, mids, ties, torch.randn(20000, generator=g) * 100, torch.tensor([500.0, -1e4, 449.0, 464.0,
-                                                                                          2.0**-10, -(2.0**-10)])])
+    v = torch.cat(
+        [
+            codes,
+            mids,
+            ties,
+            torch.randn(20000, generator=g) * 100,
+            torch.tensor([500.0, -1e4, 449.0, 464.0, 2.0**-10, -(2.0**-10)]),
+        ]
+    )
     return v * scale
 
 
@@ -225,8 +254,10 @@ def test_e4m3_per_channel():
 def dq_graph(codes_tensor, scale, zp_tensor_, **attrs):
     inits = [codes_tensor, numpy_helper.from_array(np.asarray(scale, np.float32), "s"), zp_tensor_]
     codes_tensor.name, zp_tensor_.name = "w", "zp"
-    nodes = [helper.make_node("DequantizeLinear", ["w", "s", "zp"], ["wd"], **attrs),
-             helper.make_node("Add", ["x", "wd"], ["y"])]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s", "zp"], ["wd"], **attrs),
+        helper.make_node("Add", ["x", "wd"], ["y"]),
+    ]
     return nodes, inits
 
 

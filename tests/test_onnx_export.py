@@ -18,8 +18,8 @@ import modelopt_lite as mtq
 import modelopt_lite.tensor_quant as tq
 from modelopt_lite.conversion.utils import named_quantizers
 from modelopt_lite.onnx_export import export_onnx, inspect_onnx
+from modelopt_lite.onnx_export.ort_runner import ort_session
 from modelopt_lite.onnx_export.qdq import DEAD_SCALE
-from modelopt_lite.onnx_export.runtime import ort_session
 
 EXPORTERS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
 
@@ -109,8 +109,11 @@ def test_activation_qdq_forms_bit_exact(tmp_path, dynamo):
 def test_e4m3_and_affine_bit_exact(tmp_path):
     class M(nn.Module):
         def forward(self, x):
-            return (tq.scaled_e4m3(x, torch.tensor(3.0)), tq.scaled_e4m3(x, torch.tensor([[[1.0], [4.0], [448.0]]])),
-                    tq.fake_affine_tensor_quant(x, -0.7, 2.2, 8))
+            return (
+                tq.scaled_e4m3(x, torch.tensor(3.0)),
+                tq.scaled_e4m3(x, torch.tensor([[[1.0], [4.0], [448.0]]])),
+                tq.fake_affine_tensor_quant(x, -0.7, 2.2, 8),
+            )
 
     m, x = M(), act_input(1) * 3
     rep = export_onnx(m, x, tmp_path / "f.onnx", target="onnxruntime")
@@ -134,11 +137,15 @@ def test_fp8_custom_trt_ops(tmp_path):
 
     rep = export_onnx(M(), torch.randn(2, 8), tmp_path / "t.onnx", fp8_custom_ops=True)
     model = onnx.load(str(tmp_path / "t.onnx"))
-    assert [(n.domain, n.op_type) for n in model.graph.node] == [("trt", "TRT_FP8QuantizeLinear"),
-                                                                 ("trt", "TRT_FP8DequantizeLinear")]
+    assert [(n.domain, n.op_type) for n in model.graph.node] == [
+        ("trt", "TRT_FP8QuantizeLinear"),
+        ("trt", "TRT_FP8DequantizeLinear"),
+    ]
     assert {o.domain for o in model.opset_import} >= {"trt"}
-    assert rep.qdq_counts == {"TRT_FP8QuantizeLinear FLOAT8E4M3FN per-tensor": 1,
-                              "TRT_FP8DequantizeLinear FLOAT8E4M3FN per-tensor": 1}
+    assert rep.qdq_counts == {
+        "TRT_FP8QuantizeLinear FLOAT8E4M3FN per-tensor": 1,
+        "TRT_FP8DequantizeLinear FLOAT8E4M3FN per-tensor": 1,
+    }
     with pytest.raises(ValueError, match="target='tensorrt'"):
         export_onnx(M(), torch.randn(2, 8), tmp_path / "u.onnx", fp8_custom_ops=True, target="onnxruntime")
 
@@ -177,8 +184,11 @@ def test_weights_folded_into_int8_initializers(tmp_path, dynamo):
     assert all(v.min() >= -127 for v in int8.values())  # narrow range kept in the codes
     lin_codes = next(v for v in int8.values() if v.shape == (16, 32))
     assert not lin_codes[5].any()
-    dq_scales = [numpy_helper.to_array(init[n.input[1]]) for n in nodes(tmp_path / "w.onnx")
-                 if n.op_type == "DequantizeLinear" and n.input[0] in int8]
+    dq_scales = [
+        numpy_helper.to_array(init[n.input[1]])
+        for n in nodes(tmp_path / "w.onnx")
+        if n.op_type == "DequantizeLinear" and n.input[0] in int8
+    ]
     assert all((s > 0).all() for s in dq_scales) and any(s.shape == (16,) and s[5] == 1.0 for s in dq_scales)
     assert rep.qdq_counts["DequantizeLinear INT8 per-channel(axis=0)"] == 2
     y, z = run(tmp_path / "w.onnx", x, img)
@@ -270,8 +280,15 @@ def test_fp16_model_casts_only_around_qdq(tmp_path):
 def test_dynamic_batch(tmp_path, dynamo):
     x = torch.randn(8, 12)
     m = quantized(TwoHeads(), cfg(INT8_W, INT8_A), x)
-    export_onnx(m, x, tmp_path / "d.onnx", dynamo=dynamo, input_names=["x"], output_names=["ya", "yb"],
-                dynamic_axes={"x": {0: "batch"}, "ya": {0: "batch"}, "yb": {0: "batch"}})
+    export_onnx(
+        m,
+        x,
+        tmp_path / "d.onnx",
+        dynamo=dynamo,
+        input_names=["x"],
+        output_names=["ya", "yb"],
+        dynamic_axes={"x": {0: "batch"}, "ya": {0: "batch"}, "yb": {0: "batch"}},
+    )
     big = torch.randn(37, 12)
     ya, yb = run(tmp_path / "d.onnx", big)
     assert ya.shape == (37, 6) and yb.shape == (37, 4)
@@ -290,8 +307,7 @@ def test_model_left_exactly_as_it_was(tmp_path):
     assert m.training and m.a.training and not m.b.training
     after = m.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    assert flags == [(q.is_enabled, q.is_quant_enabled, q.is_calib_enabled)
-                     for _, q in named_quantizers(m)]
+    assert flags == [(q.is_enabled, q.is_quant_enabled, q.is_calib_enabled) for _, q in named_quantizers(m)]
 
 
 # --- bad cases -----------------------------------------------------------------------------------------------------
@@ -326,11 +342,14 @@ def test_activation_bits_without_onnx_type_named(tmp_path):
     assert rep.opset == 21 and rep.qdq_counts["QuantizeLinear INT16 per-tensor"] == 1
 
 
-@pytest.mark.parametrize("config,opset,needed", [
-    (cfg(INT8_W, INT8_A), 12, "per-channel quantization (axis) needs opset >= 13"),
-    (cfg({"num_bits": (4, 3), "axis": None}, {"num_bits": (4, 3), "axis": None}), 17, "FP8 E4M3 needs opset >= 19"),
-    (cfg({"num_bits": 4, "block_sizes": {-1: 8}, "axis": None}), 19, "block-quantized weights need opset >= 21"),
-])
+@pytest.mark.parametrize(
+    "config,opset,needed",
+    [
+        (cfg(INT8_W, INT8_A), 12, "per-channel quantization (axis) needs opset >= 13"),
+        (cfg({"num_bits": (4, 3), "axis": None}, {"num_bits": (4, 3), "axis": None}), 17, "FP8 E4M3 needs opset >= 19"),
+        (cfg({"num_bits": 4, "block_sizes": {-1: 8}, "axis": None}), 19, "block-quantized weights need opset >= 21"),
+    ],
+)
 def test_opset_too_low(tmp_path, config, opset, needed):
     x = torch.randn(8, 12)
     m = quantized(TwoHeads(), config, x)

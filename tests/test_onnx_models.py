@@ -29,7 +29,7 @@ from modelopt_lite.examples import (
 )
 from modelopt_lite.onnx_export import export_onnx
 from modelopt_lite.onnx_export.ort_layout import host_has_vnni
-from modelopt_lite.onnx_export.runtime import ort_session
+from modelopt_lite.onnx_export.ort_runner import ort_session
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,10 @@ def test_int4_weight_only_blocks(tmp_path, data):
     q = quantize(model, mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, data)
     rep = export(q, tmp_path / "w4.onnx", data)
     assert rep.opset == 21
-    assert rep.qdq_counts == {"DequantizeLinear INT4 per-channel(axis=0)": 1,  # 64 inputs: one (partial) block
-                              "DequantizeLinear INT4 block(axis=1, size=128)": 1}
+    assert rep.qdq_counts == {
+        "DequantizeLinear INT4 per-channel(axis=0)": 1,  # 64 inputs: one (partial) block
+        "DequantizeLinear INT4 block(axis=1, size=128)": 1,
+    }
     check_float_output(ort_logits(tmp_path / "w4.onnx", data.x_test), q(data.x_test).detach(), data)
     assert rep.file_size / fp32_size(model, data, tmp_path) <= 0.2
 
@@ -123,9 +125,9 @@ def test_onnxruntime_layout_is_bit_identical_to_torch(tmp_path, models, data, ki
     if weights == "int8" and not host_has_vnni():
         pytest.skip("ORT's u8 x s8 kernels are exact only on CPUs with VNNI or AMX")
     q = quantize(models[kind], mtq.INT8_ORT_CFG, data)
-    assert {n: r for n, r in mtq.set_requant(q, "integer").items()} == {n: None for n in ("conv1", "conv2", "fc")
-                                                                         if kind == "cnn"} | (
-        {"body.0": None, "body.2": None, "head": None} if kind == "mlp" else {})
+    assert {n: r for n, r in mtq.set_requant(q, "integer").items()} == {
+        n: None for n in ("conv1", "conv2", "fc") if kind == "cnn"
+    } | ({"body.0": None, "body.2": None, "head": None} if kind == "mlp" else {})
     if share:
         mtq.share_relu_grids(q, lambda m: [m(b) for b in data.calib_batches(8, 64)])
     rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime", ort_weights=weights)
@@ -161,8 +163,12 @@ def test_ort_weights_auto_follows_the_cpu_and_bad_values_raise(tmp_path, models,
 
 
 # --- the real MiniLM sentence encoder ------------------------------------------------------------------------------
-SENTENCES = ["a cat sits on the mat", "quantization keeps models small", "the weather is nice today",
-             "onnx runtime runs the graph"]
+SENTENCES = [
+    "a cat sits on the mat",
+    "quantization keeps models small",
+    "the weather is nice today",
+    "onnx runtime runs the graph",
+]
 
 
 @pytest.fixture(scope="module")
@@ -190,12 +196,15 @@ def _minilm_config(name):
     return cfg
 
 
-@pytest.mark.parametrize("config,min_cos,max_quality_gap", [
-    ("W8A8_FFN_FLOAT", 0.9999, 1e-4),  # measured: max |diff| ~5e-7, cos 0.9999999
-    ("INT8_DEFAULT_CFG", 0.97, 5e-3),  # GELU -> int8: ORT's Erf differs by ulps and flips cascade (cos ~0.985)
-    ("FP8_DEFAULT_CFG", 0.998, 2e-3),  # E4M3 has rounding boundaries everywhere: a few flips (cos ~0.999)
-    ("INT8_SMOOTHQUANT_CFG", 0.998, 2e-3),  # the pre_quant_scale Mul exports once per shared input (q/k/v)
-])
+@pytest.mark.parametrize(
+    "config,min_cos,max_quality_gap",
+    [
+        ("W8A8_FFN_FLOAT", 0.9999, 1e-4),  # measured: max |diff| ~5e-7, cos 0.9999999
+        ("INT8_DEFAULT_CFG", 0.97, 5e-3),  # GELU -> int8: ORT's Erf differs by ulps and flips cascade (cos ~0.985)
+        ("FP8_DEFAULT_CFG", 0.998, 2e-3),  # E4M3 has rounding boundaries everywhere: a few flips (cos ~0.999)
+        ("INT8_SMOOTHQUANT_CFG", 0.998, 2e-3),  # the pre_quant_scale Mul exports once per shared input (q/k/v)
+    ],
+)
 def test_minilm(tmp_path, minilm, config, min_cos, max_quality_gap):
     model, args = minilm
     with torch.no_grad():
@@ -204,12 +213,18 @@ def test_minilm(tmp_path, minilm, config, min_cos, max_quality_gap):
     mtq.quantize(q, _minilm_config(config), lambda m: m(*args))
     with torch.no_grad():
         want = q(*args)
-    rep = export_onnx(q, args, tmp_path / "m.onnx", input_names=["input_ids", "attention_mask"],
-                      dynamic_axes={"input_ids": {0: "b", 1: "t"}, "attention_mask": {0: "b", 1: "t"}})
+    rep = export_onnx(
+        q,
+        args,
+        tmp_path / "m.onnx",
+        input_names=["input_ids", "attention_mask"],
+        dynamic_axes={"input_ids": {0: "b", 1: "t"}, "attention_mask": {0: "b", 1: "t"}},
+    )
     assert len(rep.weights) == 36 and rep.merged == 12  # q/k/v share one input Q/DQ per layer
     assert all(w["axis"] in (None, 1) and "Transpose" in w["absorbed"] for w in rep.weights)
-    got = ort_session(tmp_path / "m.onnx").run(None, {"input_ids": args[0].numpy(),
-                                                      "attention_mask": args[1].numpy()})[0]
+    got = ort_session(tmp_path / "m.onnx").run(None, {"input_ids": args[0].numpy(), "attention_mask": args[1].numpy()})[
+        0
+    ]
     got = torch.from_numpy(got)
 
     def cos(a, b):
@@ -235,5 +250,5 @@ def test_minilm_disagreement_starts_at_float_rounding(tmp_path, minilm):
     assert first is not None and first.differing <= 3 and first.max_steps <= 1.0 + 1e-5
     ulps = 1e-4  # a few float32 ulps of activations up to ~20 (measured: 5e-7 to 1.2e-5)
     assert first.input_max_diff is not None and 0 < first.input_max_diff < ulps
-    before = r.rows[:r.rows.index(first)]
+    before = r.rows[: r.rows.index(first)]
     assert all(row.agrees and (row.input_max_diff is None or row.input_max_diff < ulps) for row in before)

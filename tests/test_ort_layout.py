@@ -11,18 +11,29 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper
 
 from modelopt_lite.onnx_export import ort_layout
-from modelopt_lite.onnx_export.runtime import ort_session
+from modelopt_lite.onnx_export.ort_runner import ort_session
 
 
 def _chain(scale_in: float, scale_out: float, zp_in: int = 128, zp_out: int = 128) -> onnx.ModelProto:
     """uint8 codes -> DQ(scale_in, zp_in) -> Relu -> Q(scale_out, zp_out) -> uint8 codes."""
-    inits = [numpy_helper.from_array(np.float32(scale_in), "s_in"), numpy_helper.from_array(np.float32(scale_out), "s_out"),
-             numpy_helper.from_array(np.uint8(zp_in), "z_in"), numpy_helper.from_array(np.uint8(zp_out), "z_out")]
-    nodes = [helper.make_node("DequantizeLinear", ["q", "s_in", "z_in"], ["f"], name="dq"),
-             helper.make_node("Relu", ["f"], ["r"], name="relu"),
-             helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["y"], name="q_out")]
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("q", TensorProto.UINT8, [256])],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [256])], inits)
+    inits = [
+        numpy_helper.from_array(np.float32(scale_in), "s_in"),
+        numpy_helper.from_array(np.float32(scale_out), "s_out"),
+        numpy_helper.from_array(np.uint8(zp_in), "z_in"),
+        numpy_helper.from_array(np.uint8(zp_out), "z_out"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "s_in", "z_in"], ["f"], name="dq"),
+        helper.make_node("Relu", ["f"], ["r"], name="relu"),
+        helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["y"], name="q_out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, [256])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [256])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -22,20 +22,26 @@ from modelopt_lite.examples import accuracy
 
 
 def _cfg(learn: bool) -> dict:
-    return {"quant_cfg": {"default": {"enable": False},
-                          "*weight_quantizer": {"num_bits": 4, "axis": 0, "enable": True, "learn_amax": learn},
-                          "*input_quantizer": {"num_bits": 5, "enable": True, "learn_amax": learn}},
-            "algorithm": "max"}
+    return {
+        "quant_cfg": {
+            "default": {"enable": False},
+            "*weight_quantizer": {"num_bits": 4, "axis": 0, "enable": True, "learn_amax": learn},
+            "*input_quantizer": {"num_bits": 5, "enable": True, "learn_amax": learn},
+        },
+        "algorithm": "max",
+    }
 
 
 def _fine_tune(model, data, epochs=4, seed=0):
     """Adam with a cosine schedule: weights (and weight amax) from 1e-3, each activation amax from 5% of its initial
     value per step (a range inflated 16x must be able to shrink within the run)."""
-    act_amax = [q._amax for n, q in named_quantizers(model)
-                if n.endswith("input_quantizer") and isinstance(q._amax, nn.Parameter)]
+    act_amax = [
+        q._amax
+        for n, q in named_quantizers(model)
+        if n.endswith("input_quantizer") and isinstance(q._amax, nn.Parameter)
+    ]
     rest = [p for p in model.parameters() if all(p is not a for a in act_amax)]
-    groups = [{"params": rest, "lr": 1e-3}] + [{"params": [a], "lr": 0.05 * float(a.detach().max())}
-                                                for a in act_amax]
+    groups = [{"params": rest, "lr": 1e-3}] + [{"params": [a], "lr": 0.05 * float(a.detach().max())} for a in act_amax]
     opt = torch.optim.Adam(groups)
     x, y, bs = data.x_train, data.y_train, 64
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs * ((len(x) + bs - 1) // bs))

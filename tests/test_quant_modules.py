@@ -79,15 +79,26 @@ def test_linear_defaults_and_grad():
 
 
 # --- conv --------------------------------------------------------------------------------------------------------------
-_CONV = [(quant_nn.QuantConv1d, F.conv1d, (2, 3, 9)), (quant_nn.QuantConv2d, F.conv2d, (2, 3, 7, 6)),
-         (quant_nn.QuantConv3d, F.conv3d, (1, 3, 5, 4, 5))]
+_CONV = [
+    (quant_nn.QuantConv1d, F.conv1d, (2, 3, 9)),
+    (quant_nn.QuantConv2d, F.conv2d, (2, 3, 7, 6)),
+    (quant_nn.QuantConv3d, F.conv3d, (1, 3, 5, 4, 5)),
+]
 
 
 @pytest.mark.parametrize("cls, fn, shape", _CONV)
 @pytest.mark.parametrize("bits, bias", [(8, True), (4, False)])
 def test_conv_equals_composition(cls, fn, shape, bits, bias):
-    m = cls(3, 4, 3, stride=1, padding=1, bias=bias, quant_desc_input=QD(num_bits=bits),
-            quant_desc_weight=QD(num_bits=bits, axis=0))
+    m = cls(
+        3,
+        4,
+        3,
+        stride=1,
+        padding=1,
+        bias=bias,
+        quant_desc_input=QD(num_bits=bits),
+        quant_desc_weight=QD(num_bits=bits, axis=0),
+    )
     x = _x(*shape)
     calibrate(m, x)
     expect = fn(fq_x(x, bits), fq_w(m.weight, 0, bits), m.bias, 1, 1)
@@ -104,9 +115,11 @@ def test_conv_groups_dilation_padding_mode_unbatched():
 
 
 # --- conv transpose ------------------------------------------------------------------------------------------------------
-_CT = [(quant_nn.QuantConvTranspose1d, F.conv_transpose1d, (2, 4, 5), nn.ConvTranspose1d),
-       (quant_nn.QuantConvTranspose2d, F.conv_transpose2d, (2, 4, 5, 4), nn.ConvTranspose2d),
-       (quant_nn.QuantConvTranspose3d, F.conv_transpose3d, (1, 4, 3, 4, 3), nn.ConvTranspose3d)]
+_CT = [
+    (quant_nn.QuantConvTranspose1d, F.conv_transpose1d, (2, 4, 5), nn.ConvTranspose1d),
+    (quant_nn.QuantConvTranspose2d, F.conv_transpose2d, (2, 4, 5, 4), nn.ConvTranspose2d),
+    (quant_nn.QuantConvTranspose3d, F.conv_transpose3d, (1, 4, 3, 4, 3), nn.ConvTranspose3d),
+]
 
 
 @pytest.mark.parametrize("cls, fn, shape, float_cls", _CT)
@@ -137,15 +150,17 @@ def test_conv_transpose_output_size_and_axis1_override():
 
 
 # --- pooling -----------------------------------------------------------------------------------------------------------
-_POOL = [(quant_nn.QuantMaxPool1d, (2,), F.max_pool1d, (2, 3, 8)),
-         (quant_nn.QuantMaxPool2d, (2,), F.max_pool2d, (2, 3, 6, 6)),
-         (quant_nn.QuantMaxPool3d, (2,), F.max_pool3d, (1, 2, 4, 4, 4)),
-         (quant_nn.QuantAvgPool1d, (3,), F.avg_pool1d, (2, 3, 9)),
-         (quant_nn.QuantAvgPool2d, (2,), F.avg_pool2d, (2, 3, 6, 6)),
-         (quant_nn.QuantAvgPool3d, (2,), F.avg_pool3d, (1, 2, 4, 4, 4)),
-         (quant_nn.QuantAdaptiveAvgPool1d, (3,), F.adaptive_avg_pool1d, (2, 3, 9)),
-         (quant_nn.QuantAdaptiveAvgPool2d, ((2, 3),), F.adaptive_avg_pool2d, (2, 3, 6, 6)),
-         (quant_nn.QuantAdaptiveAvgPool3d, (2,), F.adaptive_avg_pool3d, (1, 2, 4, 4, 4))]
+_POOL = [
+    (quant_nn.QuantMaxPool1d, (2,), F.max_pool1d, (2, 3, 8)),
+    (quant_nn.QuantMaxPool2d, (2,), F.max_pool2d, (2, 3, 6, 6)),
+    (quant_nn.QuantMaxPool3d, (2,), F.max_pool3d, (1, 2, 4, 4, 4)),
+    (quant_nn.QuantAvgPool1d, (3,), F.avg_pool1d, (2, 3, 9)),
+    (quant_nn.QuantAvgPool2d, (2,), F.avg_pool2d, (2, 3, 6, 6)),
+    (quant_nn.QuantAvgPool3d, (2,), F.avg_pool3d, (1, 2, 4, 4, 4)),
+    (quant_nn.QuantAdaptiveAvgPool1d, (3,), F.adaptive_avg_pool1d, (2, 3, 9)),
+    (quant_nn.QuantAdaptiveAvgPool2d, ((2, 3),), F.adaptive_avg_pool2d, (2, 3, 6, 6)),
+    (quant_nn.QuantAdaptiveAvgPool3d, (2,), F.adaptive_avg_pool3d, (1, 2, 4, 4, 4)),
+]
 
 
 @pytest.mark.parametrize("cls, args, fn, shape", _POOL)
@@ -197,10 +212,15 @@ def test_unknown_kwargs_and_bad_desc_raise():
     assert m.input_quantizer.num_bits == 4
 
 
-_FLOATS = [(nn.Linear(4, 3), quant_nn.QuantLinear), (nn.Conv2d(2, 3, 3, padding_mode="circular"), quant_nn.QuantConv2d),
-           (nn.Conv1d(2, 3, 3), quant_nn.QuantConv1d), (nn.ConvTranspose2d(2, 3, 3), quant_nn.QuantConvTranspose2d),
-           (nn.AvgPool2d(2), quant_nn.QuantAvgPool2d), (nn.LSTM(3, 4), quant_nn.QuantLSTM),
-           (nn.LSTMCell(3, 4), quant_nn.QuantLSTMCell)]
+_FLOATS = [
+    (nn.Linear(4, 3), quant_nn.QuantLinear),
+    (nn.Conv2d(2, 3, 3, padding_mode="circular"), quant_nn.QuantConv2d),
+    (nn.Conv1d(2, 3, 3), quant_nn.QuantConv1d),
+    (nn.ConvTranspose2d(2, 3, 3), quant_nn.QuantConvTranspose2d),
+    (nn.AvgPool2d(2), quant_nn.QuantAvgPool2d),
+    (nn.LSTM(3, 4), quant_nn.QuantLSTM),
+    (nn.LSTMCell(3, 4), quant_nn.QuantLSTMCell),
+]
 
 
 @pytest.mark.parametrize("float_mod, cls", _FLOATS)
@@ -278,11 +298,29 @@ def test_exports_and_aliases():
 
     assert modelopt_lite.quant_nn is quant_nn and modelopt_lite.TensorQuantizer is TensorQuantizer
     assert quant_nn.Linear is quant_nn.QuantLinear and quant_nn.Conv2d is quant_nn.QuantConv2d
-    for name in ["QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d",
-                 "QuantConvTranspose2d", "QuantConvTranspose3d", "QuantMaxPool1d", "QuantMaxPool2d", "QuantMaxPool3d",
-                 "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d", "QuantAdaptiveAvgPool1d",
-                 "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d", "QuantLSTM", "QuantLSTMCell", "QuantMatMul",
-                 "QuantAdd", "TensorQuantizer"]:
+    for name in [
+        "QuantLinear",
+        "QuantConv1d",
+        "QuantConv2d",
+        "QuantConv3d",
+        "QuantConvTranspose1d",
+        "QuantConvTranspose2d",
+        "QuantConvTranspose3d",
+        "QuantMaxPool1d",
+        "QuantMaxPool2d",
+        "QuantMaxPool3d",
+        "QuantAvgPool1d",
+        "QuantAvgPool2d",
+        "QuantAvgPool3d",
+        "QuantAdaptiveAvgPool1d",
+        "QuantAdaptiveAvgPool2d",
+        "QuantAdaptiveAvgPool3d",
+        "QuantLSTM",
+        "QuantLSTMCell",
+        "QuantMatMul",
+        "QuantAdd",
+        "TensorQuantizer",
+    ]:
         assert name in quant_nn.__all__ and getattr(quant_nn, name).__doc__
 
 

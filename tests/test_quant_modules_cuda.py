@@ -49,15 +49,22 @@ def test_module_on_cuda_equals_composition_and_cpu():
     m.cuda()
     xc = x.cuda()
     w = m.weight
-    expect = F.conv2d(fake_tensor_quant(xc, m.input_quantizer.amax, 8, False, False),
-                      fake_tensor_quant(w, m.weight_quantizer.amax, 8, False, False), m.bias, 1, 1)
+    expect = F.conv2d(
+        fake_tensor_quant(xc, m.input_quantizer.amax, 8, False, False),
+        fake_tensor_quant(w, m.weight_quantizer.amax, 8, False, False),
+        m.bias,
+        1,
+        1,
+    )
     y = m(xc)
     assert torch.equal(y, expect)
     assert torch.allclose(y.cpu(), y_cpu, atol=1e-5)
     q = quant_nn.QuantLinear(6, 3, device="cuda")
     assert q.input_quantizer._device.type == "cuda"
-    q.load_state_dict(quant_nn.QuantLinear(6, 3).state_dict() | {"input_quantizer._amax": torch.tensor(2.0),
-                                                                  "weight_quantizer._amax": torch.ones(3, 1)})
+    q.load_state_dict(
+        quant_nn.QuantLinear(6, 3).state_dict()
+        | {"input_quantizer._amax": torch.tensor(2.0), "weight_quantizer._amax": torch.ones(3, 1)}
+    )
     assert q.input_quantizer.amax.is_cuda and q.weight_quantizer.amax.is_cuda
 
 

@@ -46,8 +46,9 @@ def test_deny_list_and_custom_map():
     class MyQuantLinear(quant_nn.QuantLinear):
         pass
 
-    quant_modules.initialize(float_module_list=[nn.Linear, "Conv2d"],
-                             custom_quant_modules=[(torch.nn, "Linear", MyQuantLinear)])
+    quant_modules.initialize(
+        float_module_list=[nn.Linear, "Conv2d"], custom_quant_modules=[(torch.nn, "Linear", MyQuantLinear)]
+    )
     assert nn.Linear is MyQuantLinear  # the custom map overrides the deny list
     assert nn.Conv2d is ORIG["Conv2d"] and nn.Conv1d is quant_nn.QuantConv1d
     quant_modules.deactivate()

@@ -43,7 +43,7 @@ def _ref_direction(x, h, c, w_ih, w_hh, b_ih, b_hh, bits, reverse):
     gx = F.linear(_fq(x, X_AMAX, bits), _fw(w_ih, bits), b_ih)
     w_hh_q = _fw(w_hh, bits)
     outs = [None] * x.size(0)
-    for t in (reversed(range(x.size(0))) if reverse else range(x.size(0))):
+    for t in reversed(range(x.size(0))) if reverse else range(x.size(0)):
         gates = gx[t] + F.linear(_fq(h, H_AMAX, bits), w_hh_q, b_hh)
         i, f, g, o = gates.chunk(4, -1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -64,8 +64,9 @@ def _ref_lstm(m, x, bits):
             z = x.new_zeros(n, m.hidden_size)
             b_ih = getattr(m, f"bias_ih_l{s}") if m.bias else None
             b_hh = getattr(m, f"bias_hh_l{s}") if m.bias else None
-            o, h, c = _ref_direction(layer_in, z, z, getattr(m, f"weight_ih_l{s}"), getattr(m, f"weight_hh_l{s}"),
-                                     b_ih, b_hh, bits, bool(d))
+            o, h, c = _ref_direction(
+                layer_in, z, z, getattr(m, f"weight_ih_l{s}"), getattr(m, f"weight_hh_l{s}"), b_ih, b_hh, bits, bool(d)
+            )
             outs.append(o)
             hs.append(h)
             cs.append(c)
@@ -140,8 +141,9 @@ def test_quant_lstm_cell_equals_functional_reference():
     _fix_amax(cell, 4)
     x, h, c = _x(2, 3) * 2, _x(2, 4, seed=1) * 0.5, _x(2, 4, seed=2)
     h1, c1 = cell(x, (h, c))
-    gates = (F.linear(_fq(x, X_AMAX, 4), _fw(cell.weight_ih, 4), cell.bias_ih)
-             + F.linear(_fq(h, H_AMAX, 4), _fw(cell.weight_hh, 4), cell.bias_hh))
+    gates = F.linear(_fq(x, X_AMAX, 4), _fw(cell.weight_ih, 4), cell.bias_ih) + F.linear(
+        _fq(h, H_AMAX, 4), _fw(cell.weight_hh, 4), cell.bias_hh
+    )
     i, f, g, o = gates.chunk(4, -1)
     rc = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     assert torch.equal(c1, rc) and torch.equal(h1, torch.sigmoid(o) * torch.tanh(rc))

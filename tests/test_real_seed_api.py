@@ -17,8 +17,13 @@ def test_seed_params_map_onto_config():
     cfg = seed_config(WQ, AQ, num_steps=3)
     qc = cfg["quant_cfg"]
     assert qc["*weight_quantizer"] == {"num_bits": 8, "axis": 0, "calib_method": "max", "enable": True}
-    assert qc["*input_quantizer"] == {"num_bits": 8, "axis": None, "enable": True, "num_steps": 3,
-                                      "calib_method": "histogram"}
+    assert qc["*input_quantizer"] == {
+        "num_bits": 8,
+        "axis": None,
+        "enable": True,
+        "num_steps": 3,
+        "calib_method": "histogram",
+    }
     from modelopt_lite.conversion.config import CONVTRANSPOSE_WEIGHT_AXIS
 
     assert qc["nn.ConvTranspose2d"]["*weight_quantizer"]["axis"] == CONVTRANSPOSE_WEIGHT_AXIS
@@ -73,8 +78,7 @@ def test_temporal_steps_survive_conversion(tmp_path):
     assert real[0].step == 0
     mtl.fake2real(fq, save_dir=tmp_path, inplace=False)
     with pytest.raises(ValueError, match="num_steps=2; expected n_bits=8, num_steps=1"):
-        real_quant(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)), 8, 1,
-                   tmp_path)
+        real_quant(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)), 8, 1, tmp_path)
 
 
 def test_bad_seed_params():

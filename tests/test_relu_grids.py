@@ -24,8 +24,9 @@ class FunctionalRelu(nn.Module):
 
 def _calibrated(model, cfg=None):
     gen = torch.Generator().manual_seed(0)
-    batches = [torch.randn(32, model.body[0].in_features if hasattr(model, "body") else 8, generator=gen) * 2
-               for _ in range(3)]
+    batches = [
+        torch.randn(32, model.body[0].in_features if hasattr(model, "body") else 8, generator=gen) * 2 for _ in range(3)
+    ]
 
     def loop(m):
         for b in batches:
@@ -41,8 +42,10 @@ def test_pairs_found_and_grids_shared():
     q, loop, _ = _calibrated(MLP(8, 16, 4, depth=2))
     before = {n: m.input_quantizer.amax.clone() for n, m in [("body.2", q.body[2]), ("head", q.head)]}
     pairs = mtq.share_relu_grids(q, loop)
-    assert pairs == [("body.0.output_quantizer", "body.2.input_quantizer"),
-                     ("body.2.output_quantizer", "head.input_quantizer")]
+    assert pairs == [
+        ("body.0.output_quantizer", "body.2.input_quantizer"),
+        ("body.2.output_quantizer", "head.input_quantizer"),
+    ]
     assert torch.equal(q.body[2].input_quantizer.amax, q.body[0].output_quantizer.amax)
     assert torch.equal(q.head.input_quantizer.amax, q.body[2].output_quantizer.amax)
     # the consumer's grid only grows: max|y| >= max(relu(y))
@@ -83,20 +86,25 @@ def test_exported_graph_runs_clips_and_matches_torch(tmp_path):
     pytest.importorskip("onnxruntime")
     import onnx
 
-    from modelopt_lite.onnx_export.runtime import ort_session
+    from modelopt_lite.onnx_export.ort_runner import ort_session
 
     torch.manual_seed(4)
     q, loop, batches = _calibrated(MLP(8, 16, 4, depth=2))
     rep = mtq.export_onnx(q, batches[0], tmp_path / "before.onnx", target="onnxruntime")
     ops = [n.op_type for n in onnx.load(str(tmp_path / "before.onnx")).graph.node]
     assert ops.count("Relu") >= 1 and ops.count("Relu") + ops.count("Clip") == 2  # a grid can match by chance
-    assert any(f"{ops.count('Relu')} DequantizeLinear -> Relu -> QuantizeLinear chain(s) join two grids and stay "
-               "float; modelopt_lite.share_relu_grids(model, forward_loop)" in n for n in rep.notes), rep.notes
+    assert any(
+        f"{ops.count('Relu')} DequantizeLinear -> Relu -> QuantizeLinear chain(s) join two grids and stay "
+        "float; modelopt_lite.share_relu_grids(model, forward_loop)" in n
+        for n in rep.notes
+    ), rep.notes
     assert mtq.share_relu_grids(q, loop)
-    rep = mtq.export_onnx(q, batches[0], tmp_path / "after.onnx", target="onnxruntime",
-                          dynamic_axes={"input": {0: "batch"}})
-    assert any("2 DequantizeLinear -> Relu -> QuantizeLinear chain(s) on one grid run as a uint8 Clip" in n
-               for n in rep.notes)
+    rep = mtq.export_onnx(
+        q, batches[0], tmp_path / "after.onnx", target="onnxruntime", dynamic_axes={"input": {0: "batch"}}
+    )
+    assert any(
+        "2 DequantizeLinear -> Relu -> QuantizeLinear chain(s) on one grid run as a uint8 Clip" in n for n in rep.notes
+    )
     ops = [n.op_type for n in onnx.load(str(tmp_path / "after.onnx")).graph.node]
     assert ops.count("Clip") == 2 and "Relu" not in ops
     x = torch.cat(batches)

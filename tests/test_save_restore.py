@@ -22,15 +22,21 @@ def _same_quant_state(a, b):
     for n, x in qa.items():
         y = qb[n]
         assert x.quant_desc == y.quant_desc, n
-        assert (x.is_enabled, x.is_quant_enabled, x.is_calib_enabled, x.num_steps) == \
-               (y.is_enabled, y.is_quant_enabled, y.is_calib_enabled, y.num_steps), n
+        assert (x.is_enabled, x.is_quant_enabled, x.is_calib_enabled, x.num_steps) == (
+            y.is_enabled,
+            y.is_quant_enabled,
+            y.is_calib_enabled,
+            y.num_steps,
+        ), n
         assert x.has_amax == y.has_amax, n
         if x.has_amax:
             assert type(x._amax) is type(y._amax) and torch.equal(x._amax, y._amax), n
 
 
-@pytest.mark.parametrize("kind, cfg_name", [("cnn", "INT8_DEFAULT_CFG"), ("mlp", "INT8_HISTOGRAM_CFG"),
-                                            ("mlp", "FP8_DEFAULT_CFG"), ("cnn", "W4A8_CFG")])
+@pytest.mark.parametrize(
+    "kind, cfg_name",
+    [("cnn", "INT8_DEFAULT_CFG"), ("mlp", "INT8_HISTOGRAM_CFG"), ("mlp", "FP8_DEFAULT_CFG"), ("cnn", "W4A8_CFG")],
+)
 def test_save_restore_into_a_fresh_float_model_is_bit_identical(tmp_path, digits_model, digits_data, kind, cfg_name):
     cfg = getattr(mtq, cfg_name)
     model = mtq.quantize(digits_model(kind), cfg, make_forward_loop(digits_data.calib_batches(4, 64)))
@@ -53,9 +59,15 @@ def test_saved_files_content(tmp_path):
     j, s = mtq.save(model, tmp_path / "a.safetensors")
     doc = json.loads(j.read_text())
     assert doc["format"] == "modelopt_lite.quant_state" and doc["version"] == 1
-    assert doc["modules"] == [{"name": "0", "float_cls": "torch.nn.modules.linear.Linear",
-                               "quant_cls": "modelopt_lite.nn.modules.quant_linear.QuantLinear",
-                               "params": {"weight": [3, 4], "bias": [3]}, "requant": "float"}]
+    assert doc["modules"] == [
+        {
+            "name": "0",
+            "float_cls": "torch.nn.modules.linear.Linear",
+            "quant_cls": "modelopt_lite.nn.modules.quant_linear.QuantLinear",
+            "params": {"weight": [3, 4], "bias": [3]},
+            "requant": "float",
+        }
+    ]
     w = doc["quantizers"]["0.weight_quantizer"]
     assert w["enabled"] and w["quant"] and not w["calib"] and w["num_steps"] == 1
     assert w["descriptor"] == {"axis": 0} and w["tensors"] == ["_amax"]
@@ -113,15 +125,28 @@ def _conv_first():
     return m
 
 
-@pytest.mark.parametrize("make_other, message", [
-    (lambda: MLP(64, 16, 10, 2), (r"module 'body.0' has parameters \{'weight': \[16, 64\], 'bias': \[16\]\}, "
-                                  r"the saved state has \{'weight': \[32, 64\], 'bias': \[32\]\}")),
-    (lambda: MLP(64, 32, 10, 1), r"module 'body.2' of the saved state does not exist in the model"),
-    (lambda: MLP(64, 32, 10, 3), r"module 'body.4' \(Linear\) is not quantized in the saved state"),
-    (_conv_first, (r"module 'body.0' is a torch.nn.modules.conv.Conv1d, the saved state has "
-                   r"torch.nn.modules.linear.Linear \(quantized as "
-                   r"modelopt_lite.nn.modules.quant_linear.QuantLinear\)")),
-])
+@pytest.mark.parametrize(
+    "make_other, message",
+    [
+        (
+            lambda: MLP(64, 16, 10, 2),
+            (
+                r"module 'body.0' has parameters \{'weight': \[16, 64\], 'bias': \[16\]\}, "
+                r"the saved state has \{'weight': \[32, 64\], 'bias': \[32\]\}"
+            ),
+        ),
+        (lambda: MLP(64, 32, 10, 1), r"module 'body.2' of the saved state does not exist in the model"),
+        (lambda: MLP(64, 32, 10, 3), r"module 'body.4' \(Linear\) is not quantized in the saved state"),
+        (
+            _conv_first,
+            (
+                r"module 'body.0' is a torch.nn.modules.conv.Conv1d, the saved state has "
+                r"torch.nn.modules.linear.Linear \(quantized as "
+                r"modelopt_lite.nn.modules.quant_linear.QuantLinear\)"
+            ),
+        ),
+    ],
+)
 def test_mismatched_model_raises_naming_the_first_differing_module(tmp_path, make_other, message):
     model = mtq.quantize(MLP(64, 32, 10, 2), mtq.INT8_DEFAULT_CFG, lambda m: m(torch.rand(4, 64)))
     mtq.save(model, tmp_path / "m")

@@ -39,6 +39,7 @@ def _loop(batches):
     def loop(m):
         for b in batches:
             m(b)
+
     return loop
 
 
@@ -70,8 +71,11 @@ def test_pre_quant_scale_state_dict_round_trip_and_errors():
         q(torch.ones(4, 3))
     other = TensorQuantizer()
     other.pre_quant_scale = torch.ones(3)
-    with pytest.raises(ValueError, match=r"pre_quant_scale in the state dict has shape \(2,\) but this quantizer's "
-                                         r"has shape \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"pre_quant_scale in the state dict has shape \(2,\) but this quantizer's "
+        r"has shape \(3,\)",
+    ):
         other.load_state_dict(q.state_dict())
     q.pre_quant_scale = None
     assert q.pre_quant_scale is None and "_pre_quant_scale" not in q.state_dict()
@@ -126,7 +130,10 @@ def test_config_and_calibrate_errors():
     with pytest.raises(ValueError, match=r"algorithm 'smoothquant' got unknown parameter\(s\) \['beta'\]"):
         mtq.quantize(copy.deepcopy(model), {"quant_cfg": {}, "algorithm": {"method": "smoothquant", "beta": 1}})
     q = mtq.quantize(copy.deepcopy(model), mtq.INT8_DEFAULT_CFG, _loop(_data()))
-    with pytest.raises(ValueError, match=r"'smoothquant' is an algorithm of quantize\(\)"), mtq.calibrate(q, "smoothquant"):
+    with (
+        pytest.raises(ValueError, match=r"'smoothquant' is an algorithm of quantize\(\)"),
+        mtq.calibrate(q, "smoothquant"),
+    ):
         pass
 
 
@@ -153,7 +160,7 @@ def test_export_shares_one_mul_and_qdq_for_q_k_v_and_ort_agrees(tmp_path):
     pytest.importorskip("onnxruntime")
     import onnx
 
-    from modelopt_lite.onnx_export.runtime import ort_session
+    from modelopt_lite.onnx_export.ort_runner import ort_session
 
     torch.manual_seed(3)
     batches = _data()
@@ -173,8 +180,11 @@ def test_save_needs_the_weights_and_restores_exactly(tmp_path):
     torch.manual_seed(4)
     model = Attention().eval()
     q = mtq.quantize(copy.deepcopy(model), mtq.INT8_SMOOTHQUANT_CFG, _loop(_data()))
-    with pytest.raises(ValueError, match=r"save: 4 quantizer\(s\) have a SmoothQuant pre_quant_scale .* "
-                                         r"save with include_weights=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"save: 4 quantizer\(s\) have a SmoothQuant pre_quant_scale .* "
+        r"save with include_weights=True",
+    ):
         mtq.save(q, tmp_path / "sq")
     mtq.save(q, tmp_path / "sq", include_weights=True)
     fresh = mtq.restore(copy.deepcopy(model), tmp_path / "sq")
@@ -203,9 +213,11 @@ def test_fake2real_keeps_the_pre_quant_scale_and_checkpoints_it(tmp_path):
 
 
 def test_fake2real_refuses_a_pre_quant_scale_on_a_conv():
-    conv = mtq.quantize(nn.Sequential(nn.Conv2d(3, 4, 3)), mtq.INT8_DEFAULT_CFG,
-                        lambda m: m(torch.randn(2, 3, 8, 8)))
+    conv = mtq.quantize(nn.Sequential(nn.Conv2d(3, 4, 3)), mtq.INT8_DEFAULT_CFG, lambda m: m(torch.randn(2, 3, 8, 8)))
     conv[0].input_quantizer.pre_quant_scale = torch.ones(8)
-    with pytest.raises(ValueError, match=r"fake2real: module '0': input_quantizer has a SmoothQuant pre_quant_scale, "
-                                         r"which real modules support only on an enabled Linear input"):
+    with pytest.raises(
+        ValueError,
+        match=r"fake2real: module '0': input_quantizer has a SmoothQuant pre_quant_scale, "
+        r"which real modules support only on an enabled Linear input",
+    ):
         mtq.fake2real(conv)

@@ -38,6 +38,7 @@ def _loop(batches):
             for x, t in batches:
                 with mtq.quant_step(model, t):
                     model(x, t)
+
     return loop
 
 
@@ -68,8 +69,12 @@ def test_quant_step_selects_and_restores(denoiser):
     model, schedule = denoiser
     q = _quantized(model, schedule, STEPS)
     temporal = {n for n, tq in named_quantizers(q) if tq.num_steps == STEPS}
-    assert temporal == {"inp.input_quantizer", "body.0.input_quantizer", "body.2.input_quantizer",
-                        "out.input_quantizer"}
+    assert temporal == {
+        "inp.input_quantizer",
+        "body.0.input_quantizer",
+        "body.2.input_quantizer",
+        "out.input_quantizer",
+    }
     assert set(_steps(q).values()) == {0}
     with mtq.quant_step(q, 7) as m:
         assert m is q
@@ -81,8 +86,14 @@ def test_quant_step_selects_and_restores(denoiser):
     with pytest.raises(KeyError), mtq.quant_step(q, 4):
         raise KeyError("x")
     assert set(_steps(q).values()) == {0}
-    with pytest.raises(ValueError, match=r"quant_step: step 10 is out of range for quantizer "
-                                         r"'inp.input_quantizer' \(num_steps=10\)"), mtq.quant_step(q, 10):
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"quant_step: step 10 is out of range for quantizer "
+            r"'inp.input_quantizer' \(num_steps=10\)",
+        ),
+        mtq.quant_step(q, 10),
+    ):
         pytest.fail("must not run")
     with pytest.raises(TypeError, match="t must be an int, got float"), mtq.quant_step(q, 1.0):
         pytest.fail("must not run")
@@ -115,7 +126,8 @@ def test_step_without_data_gets_the_max_of_the_others_with_a_warning(denoiser):
     messages = sorted(str(w.message) for w in caught if w.category is RuntimeWarning)
     assert len(messages) == 4 and messages[0] == (
         "TensorQuantizer 'body.0.input_quantizer': the calibrator returned no amax for step(s) [4, 5, 6, 7, 8, 9]: "
-        "it never saw calibration data")
+        "it never saw calibration data"
+    )
     a = q.inp.input_quantizer._amax
     assert torch.equal(a[4:], a[:4].max().expand(6))
 

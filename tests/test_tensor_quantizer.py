@@ -34,8 +34,10 @@ def _x(*shape, seed=0, scale=2.0):
 
 
 # --- numerics equal the functional layer ----------------------------------------------------------------------------
-@pytest.mark.parametrize("bits, unsigned, narrow", [(8, False, False), (8, False, True), (4, False, False),
-                                                    (3, False, True), (8, True, False)])
+@pytest.mark.parametrize(
+    "bits, unsigned, narrow",
+    [(8, False, False), (8, False, True), (4, False, False), (3, False, True), (8, True, False)],
+)
 def test_per_tensor_fixed_amax_equals_functional(bits, unsigned, narrow):
     x = _x(6, 7)
     if unsigned:
@@ -142,8 +144,13 @@ def test_uncalibrated_errors_name_the_quantizer():
 
 def test_amax_setter_validates():
     q = TensorQuantizer(name="q")
-    for bad, exc in ((-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), (True, TypeError),
-                     ("2", TypeError)):
+    for bad, exc in (
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (True, TypeError),
+        ("2", TypeError),
+    ):
         with pytest.raises(exc, match="'q'"):
             q.amax = bad
     q.amax = 3
@@ -201,6 +208,7 @@ def test_static_block_export_scale_is_double_quantized():
     q = _calibrate(TensorQuantizer(QD(num_bits=4, block_sizes=bs)), x)
     info = q.export_info()
     from modelopt_lite.tensor_quant import block_scales
+
     expect, _ = block_scales(x, bs, blocks.block_amax(x, bs), 4)
     assert torch.equal(info["scale"], expect) and info["block_sizes"] == {1: 8, "scale_bits": 8}
     assert torch.equal(q(x), fake_block_quant(x, bs, q.amax, 4, False, False))
@@ -258,8 +266,17 @@ def test_scale_amax_does_not_mutate_amax():
     assert q.export_info()["amax"].item() == 1.0 and q.amax.item() == 2.0
 
 
-@pytest.mark.parametrize("desc", [QD(amax=1.0), QD(axis=0), QD(dynamic=True), QD(num_bits=(4, 3), amax=1.0),
-                                  QD(num_bits=4, block_sizes={-1: 2}), QD(fake_quant=False, amax=1.0)])
+@pytest.mark.parametrize(
+    "desc",
+    [
+        QD(amax=1.0),
+        QD(axis=0),
+        QD(dynamic=True),
+        QD(num_bits=(4, 3), amax=1.0),
+        QD(num_bits=4, block_sizes={-1: 2}),
+        QD(fake_quant=False, amax=1.0),
+    ],
+)
 def test_forward_never_mutates_input(desc):
     x = _x(4, 6)
     x_nc = x.t()  # non-contiguous input
@@ -283,8 +300,18 @@ def test_export_info_returns_copies():
     q = TensorQuantizer(QD(axis=-1, amax=[[0.0, 1.0, 2.0]]))
     q(torch.zeros(2, 3))
     info = q.export_info()
-    assert set(info) >= {"kind", "num_bits", "unsigned", "narrow_range", "axis", "block_sizes", "amax", "scale",
-                         "qmin", "qmax"}
+    assert set(info) >= {
+        "kind",
+        "num_bits",
+        "unsigned",
+        "narrow_range",
+        "axis",
+        "block_sizes",
+        "amax",
+        "scale",
+        "qmin",
+        "qmax",
+    }
     assert info["axis"] == (1,) and (info["qmin"], info["qmax"]) == (-128, 127) and info["kind"] == "int"
     assert torch.equal(info["scale"], torch.tensor([[1.0, 1 / 127, 2 / 127]]))
     info["amax"][info["amax"] == 0] = 127.0  # the ModelOpt export_amax bug wrote into the live buffer
@@ -396,8 +423,10 @@ def test_extra_repr_compact():
     assert q.extra_repr() == "8b per-channel(axis=0) amax=[0.12, 3.4](2) calib=max quant"
     t = TensorQuantizer(QD(num_bits=4, unsigned=True, scale_amax=0.5), num_steps=2)
     t.enable_calib()
-    assert t.extra_repr() == "4b unsigned per-tensor amax=uncalibrated steps=2(t=0) scale_amax=0.5 calib=max " \
-                             "quant+collecting"
+    assert (
+        t.extra_repr() == "4b unsigned per-tensor amax=uncalibrated steps=2(t=0) scale_amax=0.5 calib=max "
+        "quant+collecting"
+    )
 
 
 # --- temporal steps -------------------------------------------------------------------------------------------------------

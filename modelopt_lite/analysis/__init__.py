@@ -9,23 +9,36 @@
   :func:`plot_sensitivity`
 """
 
-from .compare import compare_models, format_rows
 from .int8_quantizer import Int8Quantizer
+from .layer_error import compare_models, format_rows
 from .metrics import (
-           calculate_model_size,
-           calculate_quantization_error,
-           state_dict_bytes,
+    calculate_model_size,
+    calculate_quantization_error,
+    state_dict_bytes,
 )
 from .plots import (
-           calibration_amaxes,
-           plot_calibration_histogram,
-           plot_layer_errors,
-           plot_sensitivity,
+    calibration_amaxes,
+    plot_calibration_histogram,
+    plot_layer_errors,
+    plot_sensitivity,
 )
 from .sensitivity import AutoSkipReport, SensitivityReport, auto_skip, sensitivity
-from .summary import print_quantization_summary
+from .tensor_summary import print_quantization_summary
 
-__all__ = ["AutoSkipReport", "Int8Quantizer", "SensitivityReport", "auto_skip", "calculate_model_size",
-           "calculate_quantization_error", "calibration_amaxes", "compare_models", "format_rows",
-           "plot_calibration_histogram", "plot_layer_errors", "plot_sensitivity", "print_quantization_summary",
-           "sensitivity", "state_dict_bytes"]
+__all__ = [
+    "AutoSkipReport",
+    "Int8Quantizer",
+    "SensitivityReport",
+    "auto_skip",
+    "calculate_model_size",
+    "calculate_quantization_error",
+    "calibration_amaxes",
+    "compare_models",
+    "format_rows",
+    "plot_calibration_histogram",
+    "plot_layer_errors",
+    "plot_sensitivity",
+    "print_quantization_summary",
+    "sensitivity",
+    "state_dict_bytes",
+]

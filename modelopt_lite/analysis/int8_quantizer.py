@@ -39,8 +39,14 @@ class Int8Quantizer:
             ``quantize`` before ``calibrate`` or with a tensor whose shape does not match the calibration.
     """
 
-    def __init__(self, symmetric: bool = True, per_channel: bool = False, channel_axis: int = 0,
-                 group_size: int | None = None, narrow_range: bool = True):
+    def __init__(
+        self,
+        symmetric: bool = True,
+        per_channel: bool = False,
+        channel_axis: int = 0,
+        group_size: int | None = None,
+        narrow_range: bool = True,
+    ):
         for n, v in (("symmetric", symmetric), ("per_channel", per_channel), ("narrow_range", narrow_range)):
             if not isinstance(v, bool):
                 raise TypeError(f"Int8Quantizer: {n} must be a bool, got {v!r}")
@@ -68,8 +74,10 @@ class Int8Quantizer:
         """``t`` viewed as ``(..., n_groups, group_size)`` (asymmetric groups only)."""
         g = self.group_size
         if t.dim() == 0 or t.shape[-1] % g:
-            raise ValueError(f"Int8Quantizer: asymmetric group quantization needs the last dim to be a multiple of "
-                             f"group_size={g}, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"Int8Quantizer: asymmetric group quantization needs the last dim to be a multiple of "
+                f"group_size={g}, got shape {tuple(t.shape)}"
+            )
         return t.reshape(*t.shape[:-1], t.shape[-1] // g, g)
 
     def _check(self, t, what="tensor") -> None:
@@ -85,11 +93,16 @@ class Int8Quantizer:
         x = t.detach().float()
         shape = self._param_shape(x)
         if self._shape is not None and shape != self._shape:
-            raise ValueError(f"Int8Quantizer: calibration tensor of shape {tuple(t.shape)} gives parameters of "
-                             f"shape {shape}, but earlier calibration gave {self._shape}")
+            raise ValueError(
+                f"Int8Quantizer: calibration tensor of shape {tuple(t.shape)} gives parameters of "
+                f"shape {shape}, but earlier calibration gave {self._shape}"
+            )
         if self.symmetric:
-            amax = blocks.block_amax(x, {-1: self.group_size}) if self.group_size else \
-                torch.amax(x.abs(), dim=self._reduce_dims(x), keepdim=True)
+            amax = (
+                blocks.block_amax(x, {-1: self.group_size})
+                if self.group_size
+                else torch.amax(x.abs(), dim=self._reduce_dims(x), keepdim=True)
+            )
             self._hi = amax if self._hi is None else torch.maximum(self._hi, amax)
         else:
             if self.group_size:
@@ -130,8 +143,10 @@ class Int8Quantizer:
         self._need_calib()
         check_input(t)
         if self._param_shape(t.detach()) != self._shape:
-            raise ValueError(f"Int8Quantizer: tensor of shape {tuple(t.shape)} does not match the calibration "
-                             f"parameters of shape {self._shape}")
+            raise ValueError(
+                f"Int8Quantizer: tensor of shape {tuple(t.shape)} does not match the calibration "
+                f"parameters of shape {self._shape}"
+            )
         if not self.symmetric:
             if self.group_size:
                 q, _, _ = affine_tensor_quant(self._grouped(t), self._lo, self._hi, 8)
@@ -148,8 +163,10 @@ class Int8Quantizer:
         """float32 ``(q - zero_point) * scale``; equal bit for bit to fake quantization of the original tensor."""
         self._need_calib()
         if not isinstance(q, torch.Tensor) or q.dtype != torch.int8:
-            raise TypeError(f"Int8Quantizer.dequantize expects int8 codes, got "
-                            f"{q.dtype if isinstance(q, torch.Tensor) else type(q).__name__}")
+            raise TypeError(
+                f"Int8Quantizer.dequantize expects int8 codes, got "
+                f"{q.dtype if isinstance(q, torch.Tensor) else type(q).__name__}"
+            )
         p = self.get_quantization_params()
         scale, zp = p["scale"], p["zero_point"].float()
         if self.group_size:
@@ -170,17 +187,32 @@ class Int8Quantizer:
         """``scale`` (float32, positive), ``zero_point`` (int32, zeros when symmetric), ``qmin``/``qmax``, the
         calibrated range (``amax`` or ``min``/``max``) and the settings."""
         self._need_calib()
-        out = {"symmetric": self.symmetric, "per_channel": self.per_channel,
-               "channel_axis": self.channel_axis if self.per_channel else None, "group_size": self.group_size}
+        out = {
+            "symmetric": self.symmetric,
+            "per_channel": self.per_channel,
+            "channel_axis": self.channel_axis if self.per_channel else None,
+            "group_size": self.group_size,
+        }
         if self.symmetric:
             scale = positive_scale(scale_from_amax(self._hi, 127.0))
             qmin = -127 if self.narrow_range else -128
-            out.update(scale=scale, zero_point=torch.zeros(scale.shape, dtype=torch.int32), qmin=qmin, qmax=127,
-                       amax=self._hi.clone())
+            out.update(
+                scale=scale,
+                zero_point=torch.zeros(scale.shape, dtype=torch.int32),
+                qmin=qmin,
+                qmax=127,
+                amax=self._hi.clone(),
+            )
         else:
             scale, zp, qmin, qmax = affine_params(self._lo, self._hi, 8)
-            out.update(scale=positive_scale(scale), zero_point=zp.to(torch.int32), qmin=qmin, qmax=qmax,
-                       min=self._lo.clone(), max=self._hi.clone())
+            out.update(
+                scale=positive_scale(scale),
+                zero_point=zp.to(torch.int32),
+                qmin=qmin,
+                qmax=qmax,
+                min=self._lo.clone(),
+                max=self._hi.clone(),
+            )
         return out
 
     def __repr__(self) -> str:

@@ -70,8 +70,10 @@ def calculate_quantization_error(x: torch.Tensor, xq: torch.Tensor) -> dict:
 
 def _unique_tensors(model: nn.Module):
     seen: set = set()
-    for kind, it in (("param", model.named_parameters(remove_duplicate=False)),
-                     ("buffer", model.named_buffers(remove_duplicate=False))):
+    for kind, it in (
+        ("param", model.named_parameters(remove_duplicate=False)),
+        ("buffer", model.named_buffers(remove_duplicate=False)),
+    ):
         for name, t in it:
             if t is None:
                 continue

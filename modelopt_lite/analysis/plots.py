@@ -15,8 +15,12 @@ from pathlib import Path
 
 import torch
 
-_METHOD_STYLE = {"max": ("tab:red", "-"), "percentile": ("tab:orange", "--"), "mse": ("tab:green", "-."),
-                 "entropy": ("tab:purple", ":")}
+_METHOD_STYLE = {
+    "max": ("tab:red", "-"),
+    "percentile": ("tab:orange", "--"),
+    "mse": ("tab:green", "-."),
+    "entropy": ("tab:purple", ":"),
+}
 
 
 def _figure(width: float, height: float):
@@ -40,8 +44,14 @@ def _save(fig, path) -> Path:
     return p
 
 
-def calibration_amaxes(tensor: torch.Tensor, num_bits: int = 8, methods=("max", "percentile", "mse", "entropy"),
-                       percentile: float = 99.99, num_bins: int = 2048, unsigned: bool = False):
+def calibration_amaxes(
+    tensor: torch.Tensor,
+    num_bits: int = 8,
+    methods=("max", "percentile", "mse", "entropy"),
+    percentile: float = 99.99,
+    num_bins: int = 2048,
+    unsigned: bool = False,
+):
     """``({method: amax}, calibrator)``: the amax each method picks for ``tensor`` (per tensor)."""
     from ..calib import HistogramCalibrator, MaxCalibrator
 
@@ -63,9 +73,16 @@ def calibration_amaxes(tensor: torch.Tensor, num_bits: int = 8, methods=("max", 
     return out, hist
 
 
-def plot_calibration_histogram(tensor: torch.Tensor, path, num_bits: int = 8,
-                               methods=("max", "percentile", "mse", "entropy"), percentile: float = 99.99,
-                               num_bins: int = 2048, unsigned: bool = False, title: str | None = None) -> dict:
+def plot_calibration_histogram(
+    tensor: torch.Tensor,
+    path,
+    num_bits: int = 8,
+    methods=("max", "percentile", "mse", "entropy"),
+    percentile: float = 99.99,
+    num_bins: int = 2048,
+    unsigned: bool = False,
+    title: str | None = None,
+) -> dict:
     """Histogram of ``|x|`` (log counts) with the amax of each calibration method marked; saved as PNG.
 
     Returns:
@@ -81,13 +98,28 @@ def plot_calibration_histogram(tensor: torch.Tensor, path, num_bits: int = 8,
     edges = [i * merge * width for i in range(c.numel() + 1)]
     fig = _figure(10.0, 4.2)
     ax = fig.add_subplot(1, 1, 1)
-    ax.stairs(c.clamp(min=0.5).tolist(), edges, fill=True, color="tab:blue", alpha=0.8, baseline=0.5, zorder=3,
-              label=f"|x| histogram ({int(counts.sum())} values)")
+    ax.stairs(
+        c.clamp(min=0.5).tolist(),
+        edges,
+        fill=True,
+        color="tab:blue",
+        alpha=0.8,
+        baseline=0.5,
+        zorder=3,
+        label=f"|x| histogram ({int(counts.sum())} values)",
+    )
     ax.set_yscale("log")
     for m, v in amax.items():
         color, style = _METHOD_STYLE[m]
-        ax.axvline(v, color=color, linestyle=style, linewidth=1.8, alpha=0.9, zorder=2,
-                   label=f"{m}{f' {percentile:g}%' if m == 'percentile' else ''}: amax = {v:.4g}")
+        ax.axvline(
+            v,
+            color=color,
+            linestyle=style,
+            linewidth=1.8,
+            alpha=0.9,
+            zorder=2,
+            label=f"{m}{f' {percentile:g}%' if m == 'percentile' else ''}: amax = {v:.4g}",
+        )
     ax.set_xlim(0, max(edges[-1], max(amax.values())) * 1.04)
     ax.set_xlabel("|x|")
     ax.set_ylabel("count (log)")
@@ -109,8 +141,14 @@ def _bars(names, values, path, xlabel, title, colors=None, note=None):
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     for b, v in zip(bars, values):
-        ax.annotate("inf" if not math.isfinite(v) else f"{v:.3g}", (b.get_width(), b.get_y() + b.get_height() / 2),
-                    xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.annotate(
+            "inf" if not math.isfinite(v) else f"{v:.3g}",
+            (b.get_width(), b.get_y() + b.get_height() / 2),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
     ax.set_xlabel(xlabel)
     ax.set_title(f"{title}\n{note}" if note else title, fontsize=10)
     lo = min(0.0, min(shown) * 1.1 if shown else 0.0)
@@ -123,12 +161,18 @@ def plot_layer_errors(rows: list[dict], path, metric: str = "sqnr_db", title: st
     if not rows:
         raise ValueError("plot_layer_errors: no rows to plot")
     if metric not in rows[0]:
-        raise ValueError(f"plot_layer_errors: rows have no metric {metric!r}; available: "
-                         f"{[k for k, v in rows[0].items() if isinstance(v, float)]}")
+        raise ValueError(
+            f"plot_layer_errors: rows have no metric {metric!r}; available: "
+            f"{[k for k, v in rows[0].items() if isinstance(v, float)]}"
+        )
     names = [f"{r['name']} ({r.get('quant_type', '')})" for r in rows]
     values = [float(r[metric]) for r in rows]
-    label = {"sqnr_db": "SQNR (dB, higher is better)", "mse": "MSE", "max_abs_error": "max |error|",
-             "cosine_similarity": "cosine similarity"}.get(metric, metric)
+    label = {
+        "sqnr_db": "SQNR (dB, higher is better)",
+        "mse": "MSE",
+        "max_abs_error": "max |error|",
+        "cosine_similarity": "cosine similarity",
+    }.get(metric, metric)
     quantized = [r.get("quant_type", "") != r.get("float_type", "") for r in rows]
     colors = ["tab:blue" if q else "tab:gray" for q in quantized]
     note = "blue: quantized layers, gray: float layers (error inherited from upstream)"
@@ -147,5 +191,12 @@ def plot_sensitivity(report, path, title: str | None = None) -> Path:
     note = f"baseline {sens.baseline:.4g}, all quantized {sens.all_quantized:.4g}"
     if skipped:
         note += f"; red: left in float (final {report.final_metric:.4g})"
-    return _bars([r["layer"] for r in rows], [float(r["drop"]) for r in rows], path,
-                 "metric drop when only this layer is quantized", title or "Layer sensitivity", colors, note)
+    return _bars(
+        [r["layer"] for r in rows],
+        [float(r["drop"]) for r in rows],
+        path,
+        "metric drop when only this layer is quantized",
+        title or "Layer sensitivity",
+        colors,
+        note,
+    )

@@ -75,8 +75,15 @@ class SensitivityReport:
         return [r["layer"] for r in self.rows]
 
 
-def sensitivity(model: nn.Module, config: dict, data, metric: Callable[[nn.Module], float], *,
-                higher_is_better: bool = True, layers: list[str] | None = None) -> SensitivityReport:
+def sensitivity(
+    model: nn.Module,
+    config: dict,
+    data,
+    metric: Callable[[nn.Module], float],
+    *,
+    higher_is_better: bool = True,
+    layers: list[str] | None = None,
+) -> SensitivityReport:
     """Rank the layers of ``model`` by the metric drop caused by quantizing each one alone.
 
     Args:
@@ -97,8 +104,10 @@ def sensitivity(model: nn.Module, config: dict, data, metric: Callable[[nn.Modul
     if layers is not None:
         missing = [n for n in layers if n not in groups]
         if missing:
-            raise ValueError(f"sensitivity: layer {missing[0]!r} has no enabled quantizers after quantization; "
-                             f"quantized layers: {list(groups)}")
+            raise ValueError(
+                f"sensitivity: layer {missing[0]!r} has no enabled quantizers after quantization; "
+                f"quantized layers: {list(groups)}"
+            )
         groups = {n: groups[n] for n in layers}
     all_q = _metric(metric, qm)
     for qs in groups.values():
@@ -140,8 +149,16 @@ class AutoSkipReport:
     sensitivity: SensitivityReport
 
 
-def auto_skip(model: nn.Module, config: dict, data, metric: Callable[[nn.Module], float], max_drop: float, *,
-              higher_is_better: bool = True, sensitivity_report: SensitivityReport | None = None) -> AutoSkipReport:
+def auto_skip(
+    model: nn.Module,
+    config: dict,
+    data,
+    metric: Callable[[nn.Module], float],
+    max_drop: float,
+    *,
+    higher_is_better: bool = True,
+    sensitivity_report: SensitivityReport | None = None,
+) -> AutoSkipReport:
     """Leave the most sensitive layers in float, one at a time, until the metric drop is within ``max_drop``.
 
     Greedy: layers are taken in :func:`sensitivity` order (computed here unless ``sensitivity_report`` is given);
@@ -173,5 +190,15 @@ def auto_skip(model: nn.Module, config: dict, data, metric: Callable[[nn.Module]
     for name in skipped:
         cfg["quant_cfg"][f"{name}.*"] = {"enable": False}
     final = steps[-1]
-    return AutoSkipReport(qm, baseline, float(max_drop), skipped, steps, final["metric"], final["drop"],
-                          final["drop"] <= max_drop, cfg, rep)
+    return AutoSkipReport(
+        qm,
+        baseline,
+        float(max_drop),
+        skipped,
+        steps,
+        final["metric"],
+        final["drop"],
+        final["drop"] <= max_drop,
+        cfg,
+        rep,
+    )

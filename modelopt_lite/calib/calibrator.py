@@ -81,8 +81,9 @@ class Calibrator:
     _METHODS: ClassVar[dict[str, dict]] = {}
     _DEFAULT_METHOD: ClassVar[str] = ""
 
-    def __init__(self, num_bits=8, axis=None, unsigned=False, *, skip_nonfinite=False, name=None, group=None,
-                 sync_ranks=True):
+    def __init__(
+        self, num_bits=8, axis=None, unsigned=False, *, skip_nonfinite=False, name=None, group=None, sync_ranks=True
+    ):
         self._num_bits = check_num_bits(num_bits)
         self._axis = _check_axis_arg(axis)
         if not isinstance(unsigned, bool):
@@ -144,8 +145,10 @@ class Calibrator:
         bad = sorted(set(kwargs) - set(allowed))
         if bad:
             ok = ", ".join(sorted(allowed)) or "no keyword arguments"
-            raise TypeError(f"{self._label()}.compute_amax(method={m!r}) got unexpected keyword argument(s) "
-                            f"{', '.join(bad)}; it accepts {ok}")
+            raise TypeError(
+                f"{self._label()}.compute_amax(method={m!r}) got unexpected keyword argument(s) "
+                f"{', '.join(bad)}; it accepts {ok}"
+            )
         return m, {**allowed, **kwargs}
 
     def _prepare(self, x, skip_zeros: bool = False) -> Prepared | None:
@@ -174,8 +177,10 @@ class Calibrator:
             n_nan = int(torch.isnan(rows).sum())
             bad = rows.numel() - int(finite_mask.sum())
             if not self._skip_nonfinite:
-                raise ValueError(f"{self._label()}: input has {n_nan} NaN and {bad - n_nan} Inf value(s) "
-                                 f"(of {x.numel()}); pass skip_nonfinite=True to leave them out")
+                raise ValueError(
+                    f"{self._label()}: input has {n_nan} NaN and {bad - n_nan} Inf value(s) "
+                    f"(of {x.numel()}); pass skip_nonfinite=True to leave them out"
+                )
             lo_v = float(torch.where(finite_mask, rows, torch.zeros_like(rows)).amin()) if bad < rows.numel() else 0
         if self._unsigned and lo_v < 0:
             raise ValueError(f"{self._label()}: unsigned calibration got negative values (minimum {lo_v!r})")
@@ -210,8 +215,10 @@ class Calibrator:
             shape = tuple(x.shape[d] if d in self._keep else 1 for d in range(x.dim()))
         if shape != self._amax_shape:
             now = shape if shape is not None else f"(rank {x.dim()} instead of {self._in_rank})"
-            raise ValueError(f"{self._label()}: amax shape changed between batches: {self._amax_shape} before, "
-                             f"{now} now (input shape {tuple(x.shape)}, axis={self._axis!r})")
+            raise ValueError(
+                f"{self._label()}: amax shape changed between batches: {self._amax_shape} before, "
+                f"{now} now (input shape {tuple(x.shape)}, axis={self._axis!r})"
+            )
         return shape
 
     def _to_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,8 +238,7 @@ class Calibrator:
         return flat.reshape(self._amax_shape if shape is None else shape)
 
     def _repr_fields(self) -> str:
-        return (f"name={self.name!r}, num_bits={self._num_bits!r}, axis={self._axis!r}, "
-                f"unsigned={self._unsigned}")
+        return f"name={self.name!r}, num_bits={self._num_bits!r}, axis={self._axis!r}, unsigned={self._unsigned}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._repr_fields()})"

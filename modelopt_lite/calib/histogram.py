@@ -69,14 +69,29 @@ class HistogramCalibrator(Calibrator):
     _METHODS: ClassVar[dict[str, dict]] = _METHOD_ARGS
     _DEFAULT_METHOD = "percentile"
 
-    def __init__(self, num_bits=8, axis=None, unsigned=False, num_bins=2048, grow_method=None, skip_zeros=False,
-                 skip_nonfinite=False, name=None, *, group=None, sync_ranks=True):
-        super().__init__(num_bits, axis, unsigned, skip_nonfinite=skip_nonfinite, name=name, group=group,
-                         sync_ranks=sync_ranks)
+    def __init__(
+        self,
+        num_bits=8,
+        axis=None,
+        unsigned=False,
+        num_bins=2048,
+        grow_method=None,
+        skip_zeros=False,
+        skip_nonfinite=False,
+        name=None,
+        *,
+        group=None,
+        sync_ranks=True,
+    ):
+        super().__init__(
+            num_bits, axis, unsigned, skip_nonfinite=skip_nonfinite, name=name, group=group, sync_ranks=sync_ranks
+        )
         self._num_bins = _check_int("num_bins", num_bins, 2)
         if grow_method is not None:
-            raise ValueError(f"grow_method={grow_method!r} is not supported: the histogram always grows by merging "
-                             "bins on its power-of-two grid (pass None)")
+            raise ValueError(
+                f"grow_method={grow_method!r} is not supported: the histogram always grows by merging "
+                "bins on its power-of-two grid (pass None)"
+            )
         if not isinstance(skip_zeros, bool):
             raise TypeError(f"skip_zeros must be a bool, got {skip_zeros!r}")
         self._skip_zeros = skip_zeros
@@ -178,13 +193,16 @@ class HistogramCalibrator(Calibrator):
         elif method == "mse":
             amax = mse_amax(counts, exp, args["start_bin"], args["stride"], self._num_bits, self._unsigned, what)
         else:
-            amax = methods.entropy_amax(counts, exp, args["start_bin"], args["stride"], self._num_bits,
-                                        self._unsigned, what)
+            amax = methods.entropy_amax(
+                counts, exp, args["start_bin"], args["stride"], self._num_bits, self._unsigned, what
+            )
         return self._shape_amax(amax, amax_shape)
 
     def _repr_fields(self) -> str:
         state = f"collected={self._n_collected}"
         if self._exp is not None and self._axis is None:
             state += f", bin_width=2**{int(self._exp[0])}"
-        return (f"{super()._repr_fields()}, num_bins={self._num_bins}, skip_zeros={self._skip_zeros}, "
-                f"skip_nonfinite={self._skip_nonfinite}, {state}")
+        return (
+            f"{super()._repr_fields()}, num_bins={self._num_bins}, skip_zeros={self._skip_zeros}, "
+            f"skip_nonfinite={self._skip_nonfinite}, {state}"
+        )

@@ -33,10 +33,21 @@ class MaxCalibrator(Calibrator):
     _METHODS: ClassVar[dict[str, dict]] = {"max": {}}
     _DEFAULT_METHOD = "max"
 
-    def __init__(self, num_bits=8, axis=None, unsigned=False, track_amax=False, *, skip_nonfinite=False,
-                 name=None, group=None, sync_ranks=True):
-        super().__init__(num_bits, axis, unsigned, skip_nonfinite=skip_nonfinite, name=name, group=group,
-                         sync_ranks=sync_ranks)
+    def __init__(
+        self,
+        num_bits=8,
+        axis=None,
+        unsigned=False,
+        track_amax=False,
+        *,
+        skip_nonfinite=False,
+        name=None,
+        group=None,
+        sync_ranks=True,
+    ):
+        super().__init__(
+            num_bits, axis, unsigned, skip_nonfinite=skip_nonfinite, name=name, group=group, sync_ranks=sync_ranks
+        )
         if not isinstance(track_amax, bool):
             raise TypeError(f"track_amax must be a bool, got {track_amax!r}")
         self._track_amax = track_amax

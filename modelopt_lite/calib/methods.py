@@ -90,8 +90,10 @@ def check_start(n, live, start_bin, what, extra=0):
     if bool(live.any()):
         nmin = int(n[live].min())
         if start_bin > nmin - 1 + extra:
-            raise ValueError(f"{what}: start_bin={start_bin} leaves no candidate: a histogram has only {nmin} "
-                             f"occupied bins; lower start_bin or raise num_bins")
+            raise ValueError(
+                f"{what}: start_bin={start_bin} leaves no candidate: a histogram has only {nmin} "
+                f"occupied bins; lower start_bin or raise num_bins"
+            )
 
 
 def _entropy_scores(b, cb, nz, bl, s, n, i_all, levels):
@@ -126,15 +128,18 @@ def _entropy_scores(b, cb, nz, bl, s, n, i_all, levels):
 def check_entropy_args(num_bits, start_bin: int, what: str = "entropy") -> None:
     """Raise ValueError when the entropy search is not defined (E4M3, or ``start_bin < 1``)."""
     if is_e4m3(num_bits):
-        raise ValueError(f"{what}: entropy calibration maps the histogram onto uniformly spaced integer levels; "
-                         "FP8 E4M3 levels are not uniform, so it is not defined for num_bits=(4, 3): use 'mse' "
-                         "or 'percentile'")
+        raise ValueError(
+            f"{what}: entropy calibration maps the histogram onto uniformly spaced integer levels; "
+            "FP8 E4M3 levels are not uniform, so it is not defined for num_bits=(4, 3): use 'mse' "
+            "or 'percentile'"
+        )
     if start_bin < 1:
         raise ValueError(f"{what}: start_bin must be >= 1 for entropy, got {start_bin}")
 
 
-def entropy_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool,
-                 what: str = "entropy") -> torch.Tensor:
+def entropy_amax(
+    counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool, what: str = "entropy"
+) -> torch.Tensor:
     """amax per row minimizing TensorRT's KL divergence (see module docstring); integer formats only."""
     check_entropy_args(num_bits, start_bin, what)
     levels = 2 ** (num_bits - 1 + int(unsigned))
@@ -163,8 +168,9 @@ def entropy_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: b
         r1 = min(rows, r0 + rc)
         for k0 in range(0, i_all.numel(), kc):
             k1 = min(i_all.numel(), k0 + kc)
-            scores[r0:r1, k0:k1] = _entropy_scores(b[r0:r1], cb[r0:r1], nz[r0:r1], bl[r0:r1], s[r0:r1], n[r0:r1],
-                                                   i_all[k0:k1], levels)
+            scores[r0:r1, k0:k1] = _entropy_scores(
+                b[r0:r1], cb[r0:r1], nz[r0:r1], bl[r0:r1], s[r0:r1], n[r0:r1], i_all[k0:k1], levels
+            )
     best = pick(scores, i_all.reshape(1, -1) <= n.reshape(-1, 1), last=True)
     amax = i_all[best].to(torch.float64) * widths(exp)
     return torch.where(live, amax.to(torch.float32), out)

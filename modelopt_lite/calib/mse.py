@@ -28,7 +28,8 @@ def _occupied_bins(counts: torch.Tensor, n: torch.Tensor):
     nnz = nz.sum(dim=1, keepdim=True)
     cap = counts.shape[1]
     key = torch.where(nz, torch.zeros_like(counts), torch.ones_like(counts)) * cap + torch.arange(
-        cap, device=counts.device)
+        cap, device=counts.device
+    )
     jmax = max(int(nnz.max()), 1)
     order = torch.argsort(key, dim=1)[:, :jmax]
     pad = torch.arange(jmax, device=counts.device).reshape(1, -1) >= nnz
@@ -90,8 +91,15 @@ def mse_amax(counts, exp, start_bin: int, stride: int, num_bits, unsigned: bool,
                 d_g = g.g12(hi[r0:r1, None, :js] / sk, inplace=True).sub_(g.g12(lo_r[:, None, :js] / sk, inplace=True))
             part = torch.matmul(d_g, c_r[:, :js].unsqueeze(2)).squeeze(2)  # 12 * sum c dG below the split
             a = 1.0 / safe
-            cubic = 4 * a * (s3[r0:r1, js:js + 1] * a * a - 3 * q * s2[r0:r1, js:js + 1] * a
-                             + 3 * q * q * s1[r0:r1, js:js + 1])
+            cubic = (
+                4
+                * a
+                * (
+                    s3[r0:r1, js : js + 1] * a * a
+                    - 3 * q * s2[r0:r1, js : js + 1] * a
+                    + 3 * q * q * s1[r0:r1, js : js + 1]
+                )
+            )
             sc = (part + cubic) * safe**3 / (12 * w_r)
             scores[r0:r1, k0:k1] = torch.where(s == 0, dead_score[r0:r1], sc)
     best = pick(scores, k_all.reshape(1, -1) < n.reshape(-1, 1), last=False)

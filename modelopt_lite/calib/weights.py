@@ -27,9 +27,15 @@ def _set_amax(quantizer, amax: torch.Tensor, where: str) -> None:
 
 
 @torch.no_grad()
-def calibrate_weights(model: torch.nn.Module, method: str = "percentile", perchannel: bool = True,
-                      percentile: float = 99.99, num_bins: int = 2048, start_bin: int = 128,
-                      stride: int = 1) -> dict[str, torch.Tensor]:
+def calibrate_weights(
+    model: torch.nn.Module,
+    method: str = "percentile",
+    perchannel: bool = True,
+    percentile: float = 99.99,
+    num_bins: int = 2048,
+    start_bin: int = 128,
+    stride: int = 1,
+) -> dict[str, torch.Tensor]:
     """Calibrate every ``weight_quantizer`` of ``model`` on its module's ``weight``; returns ``{name: amax}``.
 
     A module qualifies when it has a ``weight`` tensor and a ``weight_quantizer`` exposing ``axis``, ``num_bits``
@@ -62,8 +68,7 @@ def calibrate_weights(model: torch.nn.Module, method: str = "percentile", percha
         if getattr(q, "dynamic", False) is True:  # amax recomputed per forward: nothing to calibrate
             continue
         if getattr(q, "block_sizes", None):
-            warnings.warn(f"{where} uses block_sizes; calibrate_weights does not handle blocks, skipped",
-                          stacklevel=2)
+            warnings.warn(f"{where} uses block_sizes; calibrate_weights does not handle blocks, skipped", stacklevel=2)
             continue
         axis = q.axis if perchannel else None
         label = f"{name}.weight_quantizer" if name else "weight_quantizer"
@@ -72,8 +77,9 @@ def calibrate_weights(model: torch.nn.Module, method: str = "percentile", percha
             kwargs = {}
         else:
             cal = HistogramCalibrator(q.num_bits, axis, q.unsigned, num_bins=num_bins, name=label, sync_ranks=False)
-            kwargs = {"percentile": percentile} if method == "percentile" else {"start_bin": start_bin,
-                                                                              "stride": stride}
+            kwargs = (
+                {"percentile": percentile} if method == "percentile" else {"start_bin": start_bin, "stride": stride}
+            )
         cal.collect(w)
         amax = cal.compute_amax(method, **kwargs)
         if amax is None:  # an empty weight

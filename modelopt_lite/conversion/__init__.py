@@ -22,13 +22,13 @@ from .model_quant import (
     replace_quant_modules,
     set_quantizer_by_cfg,
 )
+from .quant_steps import quant_step, set_quant_step
+from .quantizer_table import print_quant_summary, summary
 from .registry import register, registered, unregister
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .requant import set_requant
 from .save_restore import restore, save
 from .smoothquant import smooth_quant
-from .summary import print_quant_summary, summary
-from .temporal import quant_step, set_quant_step
 from .utils import named_quantizers
 
 __all__ = [

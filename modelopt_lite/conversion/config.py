@@ -94,8 +94,10 @@ _CT_KEYS = ("nn.ConvTranspose1d", "nn.ConvTranspose2d", "nn.ConvTranspose3d")
 
 
 def _preset(quant_cfg: dict, algorithm) -> dict:
-    return {"quant_cfg": {"default": {"enable": False}, **quant_cfg, **copy.deepcopy(_DEFAULT_DISABLED)},
-            "algorithm": algorithm}
+    return {
+        "quant_cfg": {"default": {"enable": False}, **quant_cfg, **copy.deepcopy(_DEFAULT_DISABLED)},
+        "algorithm": algorithm,
+    }
 
 
 def _int8_ct_weights() -> dict:
@@ -104,25 +106,35 @@ def _int8_ct_weights() -> dict:
 
 #: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
 #: max calibration.
-INT8_DEFAULT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
-                            **_int8_ct_weights()}, "max")
+INT8_DEFAULT_CFG = _preset(
+    {"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A), **_int8_ct_weights()}, "max"
+)
 
 #: As INT8_DEFAULT_CFG, but activations use histogram calibration, resolved by the 99.99th percentile.
-INT8_HISTOGRAM_CFG = _preset({"*weight_quantizer": dict(_INT8_W),
-                              "*input_quantizer": dict(_INT8_A, calib_method="histogram"),
-                              **_int8_ct_weights()}, {"method": "percentile", "percentile": 99.99})
+INT8_HISTOGRAM_CFG = _preset(
+    {
+        "*weight_quantizer": dict(_INT8_W),
+        "*input_quantizer": dict(_INT8_A, calib_method="histogram"),
+        **_int8_ct_weights(),
+    },
+    {"method": "percentile", "percentile": 99.99},
+)
 
 #: FP8 E4M3 weights and activations, per tensor, max calibration.
-FP8_DEFAULT_CFG = _preset({"*weight_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max",
-                                                 "enable": True},
-                           "*input_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max",
-                                                "enable": True}}, "max")
+FP8_DEFAULT_CFG = _preset(
+    {
+        "*weight_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True},
+        "*input_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True},
+    },
+    "max",
+)
 
 _INT4_BLOCK_W = {"num_bits": 4, "block_sizes": {-1: 128}, "axis": None, "calib_method": "max", "enable": True}
 
 #: INT4 weights in blocks of 128 along the last weight axis (static, max calibrated); activations not quantized.
-INT4_BLOCKWISE_WEIGHT_ONLY_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W),
-                                          "*input_quantizer": {"enable": False}}, "max")
+INT4_BLOCKWISE_WEIGHT_ONLY_CFG = _preset(
+    {"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_quantizer": {"enable": False}}, "max"
+)
 
 #: INT4 block-128 weights (as INT4_BLOCKWISE_WEIGHT_ONLY_CFG) with INT8 per-tensor activations.
 W4A8_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_quantizer": dict(_INT8_A)}, "max")
@@ -131,21 +143,38 @@ W4A8_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_q
 #: ``DQ -> Conv/Gemm/MatMul -> Q`` into QLinearConv / QGemm / QLinearMatMul only when the op's output is quantized,
 #: so this layout runs as int8 kernels in ORT (INT8_DEFAULT_CFG, TensorRT style, leaves outputs in float).
 #: ``"requant": "integer"``: those layers compute their outputs as ORT's int8 kernels do (bit-identical to ORT).
-INT8_ORT_CFG = {**_preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
-                           **_int8_ct_weights(),
-                           **{k: {"*output_quantizer": dict(_INT8_A)}
-                              for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")}}, "max"),
-                "requant": "integer"}
+INT8_ORT_CFG = {
+    **_preset(
+        {
+            "*weight_quantizer": dict(_INT8_W),
+            "*input_quantizer": dict(_INT8_A),
+            **_int8_ct_weights(),
+            **{
+                k: {"*output_quantizer": dict(_INT8_A)}
+                for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")
+            },
+        },
+        "max",
+    ),
+    "requant": "integer",
+}
 
 #: INT8_DEFAULT_CFG with SmoothQuant (alpha 0.8) before the max calibration: activation outliers moved into the
 #: weights, so every Linear input can stay per-tensor INT8 (all-MiniLM-L6-v2: cosine to FP32 0.986 -> 0.997).
-INT8_SMOOTHQUANT_CFG = _preset({"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A),
-                                **_int8_ct_weights()}, {"method": "smoothquant", "alpha": 0.8})
+INT8_SMOOTHQUANT_CFG = _preset(
+    {"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A), **_int8_ct_weights()},
+    {"method": "smoothquant", "alpha": 0.8},
+)
 
-PRESETS = {"INT8_DEFAULT_CFG": INT8_DEFAULT_CFG, "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
-           "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG, "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
-           "W4A8_CFG": W4A8_CFG, "INT8_ORT_CFG": INT8_ORT_CFG,
-           "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG}
+PRESETS = {
+    "INT8_DEFAULT_CFG": INT8_DEFAULT_CFG,
+    "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
+    "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG,
+    "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+    "W4A8_CFG": W4A8_CFG,
+    "INT8_ORT_CFG": INT8_ORT_CFG,
+    "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
+}
 
 
 # --- validation ----------------------------------------------------------------------------------------------------
@@ -194,15 +223,17 @@ class QuantConfig:
 
 def _check_attrs(label: str, attrs: Any) -> dict:
     if isinstance(attrs, (list, tuple)):
-        raise QuantConfigError(f"quant_cfg[{label}]: a list of attribute dicts (sequential quantizers) is not "
-                               f"supported; give one dict of attributes")
+        raise QuantConfigError(
+            f"quant_cfg[{label}]: a list of attribute dicts (sequential quantizers) is not "
+            f"supported; give one dict of attributes"
+        )
     if not isinstance(attrs, dict):
-        raise QuantConfigError(f"quant_cfg[{label}]: attributes must be a dict, got {type(attrs).__name__} "
-                               f"{attrs!r}")
+        raise QuantConfigError(f"quant_cfg[{label}]: attributes must be a dict, got {type(attrs).__name__} {attrs!r}")
     for k in attrs:
         if k not in ATTR_KEYS:
-            raise QuantConfigError(f"quant_cfg[{label}]: unknown quantizer attribute {k!r}; allowed: "
-                                   f"{sorted(ATTR_KEYS)}")
+            raise QuantConfigError(
+                f"quant_cfg[{label}]: unknown quantizer attribute {k!r}; allowed: {sorted(ATTR_KEYS)}"
+            )
     if "enable" in attrs and not isinstance(attrs["enable"], bool):
         raise QuantConfigError(f"quant_cfg[{label}]: 'enable' must be a bool, got {attrs['enable']!r}")
     if "num_steps" in attrs:
@@ -218,8 +249,12 @@ def _check_attrs(label: str, attrs: Any) -> dict:
 
 
 def _looks_nested(value: Any) -> bool:
-    return (isinstance(value, dict) and bool(value) and all(isinstance(v, dict) for v in value.values())
-            and not any(isinstance(k, str) and k in ATTR_KEYS for k in value))
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(v, dict) for v in value.values())
+        and not any(isinstance(k, str) and k in ATTR_KEYS for k in value)
+    )
 
 
 def _resolve_class(key: str) -> type:
@@ -234,8 +269,9 @@ def _resolve_class(key: str) -> type:
 def _class_rules(key, label: str, value: Any) -> list[Rule]:
     owner = key if isinstance(key, type) else (_resolve_class(key) if key.startswith("nn.") else key)
     if not isinstance(value, dict) or not value:
-        raise QuantConfigError(f"quant_cfg[{label}]: a class key needs a non-empty dict {{pattern: attrs}}, "
-                               f"got {value!r}")
+        raise QuantConfigError(
+            f"quant_cfg[{label}]: a class key needs a non-empty dict {{pattern: attrs}}, got {value!r}"
+        )
     rules = []
     for sub, attrs in value.items():
         if not isinstance(sub, str):
@@ -261,8 +297,9 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
     if method in ALGORITHM_PARAMS:
         unknown = sorted(set(params) - ALGORITHM_PARAMS[method])
         if unknown:
-            raise QuantConfigError(f"algorithm {method!r} got unknown parameter(s) {unknown}; "
-                                   f"allowed: {sorted(ALGORITHM_PARAMS[method])}")
+            raise QuantConfigError(
+                f"algorithm {method!r} got unknown parameter(s) {unknown}; allowed: {sorted(ALGORITHM_PARAMS[method])}"
+            )
         if "alpha" in params:
             from .smoothquant import check_alpha
 
@@ -272,8 +309,9 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
                 raise QuantConfigError(str(e)) from None
         return method, copy.deepcopy(params)
     if method not in METHOD_PARAMS:
-        raise QuantConfigError(f"unknown calibration method {method!r}; choose one of "
-                               f"{list(CALIB_METHODS) + list(ALGORITHM_PARAMS)}")
+        raise QuantConfigError(
+            f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS) + list(ALGORITHM_PARAMS)}"
+        )
     check_method(method, params)
     return method, copy.deepcopy(params)
 
@@ -281,16 +319,17 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
 def check_method(method: Any, params: dict) -> None:
     """Validate a calibration method and its parameters before any data is run (ValueError naming the problem)."""
     if method in ALGORITHM_PARAMS:
-        raise QuantConfigError(f"{method!r} is an algorithm of quantize() (a config's 'algorithm'), not a calibration "
-                               f"method: use quantize(model, INT8_SMOOTHQUANT_CFG, forward_loop) or "
-                               f"smooth_quant(model, forward_loop) followed by calibrate(model)")
+        raise QuantConfigError(
+            f"{method!r} is an algorithm of quantize() (a config's 'algorithm'), not a calibration "
+            f"method: use quantize(model, INT8_SMOOTHQUANT_CFG, forward_loop) or "
+            f"smooth_quant(model, forward_loop) followed by calibrate(model)"
+        )
     if method not in METHOD_PARAMS:
         raise QuantConfigError(f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS)}")
     unknown = sorted(set(params) - METHOD_PARAMS[method])
     if unknown:
         allowed = sorted(METHOD_PARAMS[method]) or "none"
-        raise QuantConfigError(f"calibration method {method!r} got unknown parameter(s) {unknown}; "
-                               f"allowed: {allowed}")
+        raise QuantConfigError(f"calibration method {method!r} got unknown parameter(s) {unknown}; allowed: {allowed}")
     if "percentile" in params:
         p = params["percentile"]
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
@@ -309,19 +348,20 @@ def normalize_config(config: Any) -> QuantConfig:
         QuantConfigError (a ValueError): what is wrong and where (the pattern and the key).
     """
     if not isinstance(config, dict):
-        raise QuantConfigError(f"config must be a dict {{'quant_cfg': ..., 'algorithm': ...}}, "
-                               f"got {type(config).__name__}")
+        raise QuantConfigError(
+            f"config must be a dict {{'quant_cfg': ..., 'algorithm': ...}}, got {type(config).__name__}"
+        )
     extra = sorted(map(str, set(config) - {"quant_cfg", "algorithm", "requant"}))
     if extra:
-        raise QuantConfigError(f"config has unknown key(s) {extra}; expected 'quant_cfg', 'algorithm' and "
-                               "optionally 'requant'")
+        raise QuantConfigError(
+            f"config has unknown key(s) {extra}; expected 'quant_cfg', 'algorithm' and optionally 'requant'"
+        )
     requant = config.get("requant")
     if requant is not None and requant not in REQUANT_MODES:
         raise QuantConfigError(f"config['requant'] must be one of {REQUANT_MODES}, got {requant!r}")
     quant_cfg = config.get("quant_cfg", {})
     if not isinstance(quant_cfg, dict):
-        raise QuantConfigError(f"config['quant_cfg'] must be a dict {{pattern: attrs}}, "
-                               f"got {type(quant_cfg).__name__}")
+        raise QuantConfigError(f"config['quant_cfg'] must be a dict {{pattern: attrs}}, got {type(quant_cfg).__name__}")
     default_rules: list[Rule] = []
     rules: list[Rule] = []
     for key, value in quant_cfg.items():
@@ -342,6 +382,7 @@ def normalize_config(config: Any) -> QuantConfig:
         elif callable(key):
             rules.append(Rule(label, key, None, _check_attrs(label, value)))
         else:
-            raise QuantConfigError(f"quant_cfg key must be a pattern string, 'default', a class or a callable, "
-                                   f"got {key!r}")
+            raise QuantConfigError(
+                f"quant_cfg key must be a pattern string, 'default', a class or a callable, got {key!r}"
+            )
     return QuantConfig(tuple(default_rules + rules), normalize_algorithm(config.get("algorithm", "max")), requant)

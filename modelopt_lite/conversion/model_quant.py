@@ -129,14 +129,20 @@ def set_quantizer_by_cfg(model: nn.Module, quant_cfg: dict | QuantConfig) -> dic
             site.quantizer.set_from_attribute_config(merged)
         except (ValueError, TypeError) as e:
             labels = " + ".join(f"quant_cfg[{r.label}]" for r in hits)
-            raise QuantConfigError(f"quantizer {site.name!r}: the attributes from {labels} (merged: {merged}) "
-                                   f"were rejected: {e}") from e
+            raise QuantConfigError(
+                f"quantizer {site.name!r}: the attributes from {labels} (merged: {merged}) were rejected: {e}"
+            ) from e
         applied[site.name] = [r.label for r in hits]
     return applied
 
 
-def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module], object] | None = None,
-             *, registry: QuantModuleRegistry | None = None) -> nn.Module:
+def quantize(
+    model: nn.Module,
+    config: dict,
+    forward_loop: Callable[[nn.Module], object] | None = None,
+    *,
+    registry: QuantModuleRegistry | None = None,
+) -> nn.Module:
     """Convert ``model`` in place to fake-quantized modules, configure its quantizers and calibrate them.
 
     Args:
@@ -170,8 +176,9 @@ def quantize(model: nn.Module, config: dict, forward_loop: Callable[[nn.Module],
             set_requant(model, cfg.requant)
         if forward_loop is not None:
             if cfg.algorithm is None:
-                warnings.warn("quantize: config algorithm is None, so forward_loop was not run (no calibration)",
-                              stacklevel=2)
+                warnings.warn(
+                    "quantize: config algorithm is None, so forward_loop was not run (no calibration)", stacklevel=2
+                )
             else:
                 method, params = cfg.algorithm
                 if method in ALGORITHM_PARAMS:  # smoothquant: rescale the Linears, then calibrate with max
@@ -268,8 +275,9 @@ def calibrate(model: nn.Module, method: str | None = "max", **compute_amax_kwarg
     """
     check_method(method, compute_amax_kwargs)
     snaps = [(n, q, snapshot_quantizers([q])) for n, q in named_quantizers(model)]
-    targets = [(n, q, snap) for n, q, snap in snaps
-               if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None]
+    targets = [
+        (n, q, snap) for n, q, snap in snaps if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None
+    ]
     missing: list[str] = []
     try:
         for _, q, _ in targets:
@@ -284,8 +292,11 @@ def calibrate(model: nn.Module, method: str | None = "max", **compute_amax_kwarg
             snap.restore()
         raise
     if missing:
-        warnings.warn(f"calibrate: {len(missing)} quantizer(s) saw no data and were left as they were: "
-                      f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}", stacklevel=3)
+        warnings.warn(
+            f"calibrate: {len(missing)} quantizer(s) saw no data and were left as they were: "
+            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}",
+            stacklevel=3,
+        )
 
 
 def calibrate_loop(model: nn.Module, batches: Iterable, progress: bool = True, desc: str = "calibrate") -> int:

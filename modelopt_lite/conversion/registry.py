@@ -73,8 +73,12 @@ class QuantModuleRegistry:
                     continue  # a user registration or removal made before the defaults were loaded wins
                 quant_cls = getattr(pkg, quant_name, None)
                 if quant_cls is None:
-                    log.debug("%s has no %s; %s is not converted by default", self._package, quant_name,
-                              getattr(float_cls, "__name__", float_cls))
+                    log.debug(
+                        "%s has no %s; %s is not converted by default",
+                        self._package,
+                        quant_name,
+                        getattr(float_cls, "__name__", float_cls),
+                    )
                     continue
                 self._map[float_cls] = quant_cls
             self._loaded = True
@@ -89,8 +93,9 @@ class QuantModuleRegistry:
         if not (isinstance(float_cls, type) and issubclass(float_cls, nn.Module)):
             raise TypeError(f"register: float_cls must be an nn.Module subclass, got {float_cls!r}")
         if not isinstance(quant_cls, type) or not callable(getattr(quant_cls, "from_float", None)):
-            raise TypeError(f"register: quant_cls must be a class with a from_float(module) classmethod, "
-                            f"got {quant_cls!r}")
+            raise TypeError(
+                f"register: quant_cls must be a class with a from_float(module) classmethod, got {quant_cls!r}"
+            )
         if float_cls is quant_cls:
             raise ValueError(f"register: float_cls and quant_cls are the same class {float_cls.__name__}")
         with self._lock:

@@ -26,8 +26,14 @@ _SAME = ("num_bits", "unsigned", "narrow_range")
 
 
 def _per_tensor_static(q) -> bool:
-    return (q.is_enabled and not q.dynamic and q.block_sizes is None and q._num_steps == 1 and q.has_amax
-            and q.amax.numel() == 1)
+    return (
+        q.is_enabled
+        and not q.dynamic
+        and q.block_sizes is None
+        and q._num_steps == 1
+        and q.has_amax
+        and q.amax.numel() == 1
+    )
 
 
 def find_relu_pairs(model: nn.Module, forward_loop) -> list[tuple[str, str]]:
@@ -47,6 +53,7 @@ def find_relu_pairs(model: nn.Module, forward_loop) -> list[tuple[str, str]]:
             if isinstance(out, torch.Tensor):
                 produced[id(out)] = name
                 alive.append(out)
+
         return hook
 
     def relu_hook(_m, inp, out):
@@ -60,6 +67,7 @@ def find_relu_pairs(model: nn.Module, forward_loop) -> list[tuple[str, str]]:
             src = produced.get(id(inp[0])) if inp else None
             if src is not None:
                 pairs[(src, name)] = None
+
         return hook
 
     handles = [model.register_forward_pre_hook(new_forward)]

@@ -82,10 +82,14 @@ def _own_param_shapes(m: nn.Module) -> dict[str, list[int]]:
 
 
 def _quantizer_record(q) -> dict:
-    return {"descriptor": _encode(q.quant_desc.dict()), "enabled": bool(q.is_enabled),
-            "quant": bool(q.is_quant_enabled), "calib": bool(q.is_calib_enabled),
-            "num_steps": int(getattr(q, "num_steps", 1) or 1),
-            "tensors": sorted(q.state_dict().keys())}
+    return {
+        "descriptor": _encode(q.quant_desc.dict()),
+        "enabled": bool(q.is_enabled),
+        "quant": bool(q.is_quant_enabled),
+        "calib": bool(q.is_calib_enabled),
+        "num_steps": int(getattr(q, "num_steps", 1) or 1),
+        "tensors": sorted(q.state_dict().keys()),
+    }
 
 
 def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path, Path]:
@@ -98,16 +102,25 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
 
     smoothed = [n for n, q in named_quantizers(model) if q.pre_quant_scale is not None]
     if smoothed and not include_weights:
-        raise ValueError(f"save: {len(smoothed)} quantizer(s) have a SmoothQuant pre_quant_scale (first: "
-                         f"{smoothed[0]!r}), so the model's weights were rescaled and a fresh float model cannot "
-                         "reproduce it: save with include_weights=True")
+        raise ValueError(
+            f"save: {len(smoothed)} quantizer(s) have a SmoothQuant pre_quant_scale (first: "
+            f"{smoothed[0]!r}), so the model's weights were rescaled and a fresh float model cannot "
+            "reproduce it: save with include_weights=True"
+        )
     json_path, st_path = _paths(path)
     modules = []
     for name, m in model.named_modules():
         float_cls = REGISTRY.float_class_of(type(m))
         if float_cls is not None:
-            modules.append({"name": name, "float_cls": _qualname(float_cls), "quant_cls": _qualname(type(m)),
-                            "params": _own_param_shapes(m), "requant": getattr(m, "requant", "float")})
+            modules.append(
+                {
+                    "name": name,
+                    "float_cls": _qualname(float_cls),
+                    "quant_cls": _qualname(type(m)),
+                    "params": _own_param_shapes(m),
+                    "requant": getattr(m, "requant", "float"),
+                }
+            )
     quantizers, tensors = {}, {}
     for name, q in named_quantizers(model):
         quantizers[name] = _quantizer_record(q)
@@ -116,8 +129,14 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
     if include_weights:
         for k, v in model.state_dict().items():
             tensors[_WEIGHTS_PREFIX + k] = v.detach().cpu().contiguous().clone()
-    doc = {"format": FORMAT, "version": VERSION, "modules": modules, "quantizers": quantizers,
-           "include_weights": include_weights, "torch": torch.__version__}
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "modules": modules,
+        "quantizers": quantizers,
+        "include_weights": include_weights,
+        "torch": torch.__version__,
+    }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(st_path), metadata={"format": FORMAT, "version": str(VERSION)})
     json_path.write_text(json.dumps(doc, indent=1, sort_keys=False))
@@ -136,8 +155,10 @@ def _first_mismatch(model: nn.Module, records: list[dict]) -> str | None:
             continue
         seen.add(name)
         if _qualname(type(m)) not in (rec["float_cls"], rec["quant_cls"]):
-            return (f"module {name!r} is a {_qualname(type(m))}, the saved state has {rec['float_cls']} "
-                    f"(quantized as {rec['quant_cls']})")
+            return (
+                f"module {name!r} is a {_qualname(type(m))}, the saved state has {rec['float_cls']} "
+                f"(quantized as {rec['quant_cls']})"
+            )
         shapes = _own_param_shapes(m)
         if shapes != rec["params"]:
             return f"module {name!r} has parameters {shapes}, the saved state has {rec['params']}"
@@ -221,8 +242,10 @@ def restore(model: nn.Module, path) -> nn.Module:
         if doc.get("include_weights"):
             n = len(_WEIGHTS_PREFIX)
             model.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(_WEIGHTS_PREFIX)})
-        modes = [(model.get_submodule(r["name"]) if r["name"] else model, check_mode(r.get("requant", "float")))
-                 for r in doc["modules"]]
+        modes = [
+            (model.get_submodule(r["name"]) if r["name"] else model, check_mode(r.get("requant", "float")))
+            for r in doc["modules"]
+        ]
         for m, mode in modes:
             if hasattr(m, "requant"):
                 m.requant = mode

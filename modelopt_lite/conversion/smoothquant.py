@@ -81,6 +81,7 @@ def _measure(model: nn.Module, mods: dict[str, nn.Module], forward_loop):
                     groups[member] = merged
             seen[id(x)].append(name)
             alive.append(x)
+
         return pre
 
     snaps = snapshot_quantizers(q for _, q in named_quantizers(model))

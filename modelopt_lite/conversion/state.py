@@ -14,8 +14,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset, type, range, torch.dtype, torch.device,
-              types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
+_IMMUTABLE = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    frozenset,
+    type,
+    range,
+    torch.dtype,
+    torch.device,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+)
 _TENSOR_DICTS = ("_parameters", "_buffers")
 _MACHINERY = ("_forward", "_backward", "_state_dict", "_load_state_dict")  # hook tables: restored shallowly
 
@@ -50,8 +66,11 @@ def _save_value(v, memo: dict | None = None) -> _Saved:
         saved = _Saved("container", v)
         memo[id(v)] = saved
         items = list(v.items()) if isinstance(v, dict) else list(v)
-        saved.copy = [(k, _save_value(x, memo)) for k, x in items] if isinstance(v, dict) else \
-            [_save_value(x, memo) for x in items]
+        saved.copy = (
+            [(k, _save_value(x, memo)) for k, x in items]
+            if isinstance(v, dict)
+            else [_save_value(x, memo) for x in items]
+        )
     elif hasattr(v, "__dict__") and not hasattr(type(v), "__slots__") and type(v).__module__ != "builtins":
         saved = _Saved("object", v)
         memo[id(v)] = saved

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import runtime
+from . import measure
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,9 @@ def int4_weight_only_cfg() -> dict:
     from ..conversion.config import INT4_BLOCKWISE_WEIGHT_ONLY_CFG
 
     cfg = copy.deepcopy(INT4_BLOCKWISE_WEIGHT_ONLY_CFG)
-    cfg["quant_cfg"]["nn.Conv2d"] = {"*weight_quantizer": {"num_bits": 4, "axis": 0, "block_sizes": None,
-                                                           "enable": True}}
+    cfg["quant_cfg"]["nn.Conv2d"] = {
+        "*weight_quantizer": {"num_bits": 4, "axis": 0, "block_sizes": None, "enable": True}
+    }
     return cfg
 
 
@@ -81,8 +82,9 @@ class DigitsDemoResult:
         for row in self.rows:
             if row.group in TARGETS:
                 lim = TARGETS[row.group]
-                checks.append((f"{row.fmt} {row.calib}: drop {self.drop(row):.2f} <= {lim} points",
-                               self.drop(row) <= lim))
+                checks.append(
+                    (f"{row.fmt} {row.calib}: drop {self.drop(row):.2f} <= {lim} points", self.drop(row) <= lim)
+                )
             checks.append((f"{row.fmt} {row.calib}: ORT accuracy == torch accuracy", row.ort_acc == row.torch_acc))
         return checks
 
@@ -92,7 +94,7 @@ def trained_cnn(cache_dir: str | Path | None = None, progress: bool = False) -> 
     from .. import __version__
     from ..examples import DigitsCNN, trained_digits_model
 
-    folder = Path(cache_dir) if cache_dir is not None else runtime.cache_dir()
+    folder = Path(cache_dir) if cache_dir is not None else measure.cache_dir()
     path = folder / f"digits_cnn_v{__version__}_e{_TRAIN_EPOCHS}_s{_SEED}.pt"
     if path.is_file():
         try:
@@ -131,8 +133,16 @@ def _qat(model, data, epochs: int, progress: bool):
     for _, tq in named_quantizers(model):
         if tq.is_enabled and tq.is_quant_enabled:
             tq.init_learn_amax()
-    train_classifier(model, data.x_train, data.y_train, epochs=epochs, lr=5e-4, seed=_SEED, progress=progress,
-                     params=list(model.parameters()))
+    train_classifier(
+        model,
+        data.x_train,
+        data.y_train,
+        epochs=epochs,
+        lr=5e-4,
+        seed=_SEED,
+        progress=progress,
+        params=list(model.parameters()),
+    )
     return model.eval()
 
 
@@ -146,25 +156,38 @@ def _evaluate(row: Row, model, data, path: Path, sample, threads, repeats) -> No
     logits = evaluate(model, data.x_test)
     row.torch_acc = accuracy(logits, y=data.y_test)
     try:
-        with runtime.quiet():  # the exporter's warnings would break up the demo's table
-            mtq.export_onnx(model, sample, str(path), input_names=["images"], output_names=["logits"],
-                            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
-        sess = runtime.ort_session(path, threads)
+        with measure.quiet():  # the exporter's warnings would break up the demo's table
+            mtq.export_onnx(
+                model,
+                sample,
+                str(path),
+                input_names=["images"],
+                output_names=["logits"],
+                dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+            )
+        sess = measure.ort_session(path, threads)
     except Exception as e:  # noqa: BLE001  (reported in the table's notes, and as a missed target)
         row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
         return
-    ort_logits = torch.from_numpy(runtime.ort_run(sess, {"images": data.x_test.numpy()}))
+    ort_logits = torch.from_numpy(measure.ort_run(sess, {"images": data.x_test.numpy()}))
     row.ort_acc = accuracy(ort_logits, y=data.y_test)
-    row.max_diff = runtime.max_abs_diff(ort_logits, logits)
-    row.agree = runtime.argmax_agreement(ort_logits, logits)
-    row.onnx_bytes = runtime.file_size(path)
+    row.max_diff = measure.max_abs_diff(ort_logits, logits)
+    row.agree = measure.argmax_agreement(ort_logits, logits)
+    row.onnx_bytes = measure.file_size(path)
     feed = {"images": sample.numpy()}
-    row.ort_ms = runtime.median_ms(lambda: sess.run(None, feed), repeats)
+    row.ort_ms = measure.median_ms(lambda: sess.run(None, feed), repeats)
     row.onnx_path = str(path)
 
 
-def run(out: str | Path = "modelopt_lite_out", *, fast: bool = False, plots: bool = True, progress: bool = True,
-        threads: int | None = None, cache_dir: str | Path | None = None) -> DigitsDemoResult:
+def run(
+    out: str | Path = "modelopt_lite_out",
+    *,
+    fast: bool = False,
+    plots: bool = True,
+    progress: bool = True,
+    threads: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> DigitsDemoResult:
     """Run the digits demo; ONNX files (and PNG plots) go to ``out``. ``fast`` = fewer batches/epochs (tests)."""
     import modelopt_lite as mtq
 
@@ -225,14 +248,24 @@ def _plots(model, models, batches, data, out_dir: Path) -> list[Path]:
                 model(b)
     finally:
         hook.remove()
-    paths = [plot_calibration_histogram(torch.cat(seen), out_dir / "digits_calibration_fc_input.png",
-                                        title="fc input (calibration batches): amax picked by each method")["path"]]
+    paths = [
+        plot_calibration_histogram(
+            torch.cat(seen),
+            out_dir / "digits_calibration_fc_input.png",
+            title="fc input (calibration batches): amax picked by each method",
+        )["path"]
+    ]
     x = data.x_test[:256]
-    for key, stem, label in ((("INT8", "max"), "int8_max", "INT8, max calibration"),
-                             (("FP8 E4M3", "max"), "fp8", "FP8 E4M3"),
-                             (("INT4 weight-only", "max (PTQ)"), "int4_qat", "INT4 weight-only after QAT")):
+    for key, stem, label in (
+        (("INT8", "max"), "int8_max", "INT8, max calibration"),
+        (("FP8 E4M3", "max"), "fp8", "FP8 E4M3"),
+        (("INT4 weight-only", "max (PTQ)"), "int4_qat", "INT4 weight-only after QAT"),
+    ):
         if key in models:
             rows = compare_models(model, models[key], x)
-            paths.append(plot_layer_errors(rows, out_dir / f"digits_layer_sqnr_{stem}.png",
-                                           title=f"Per-layer SQNR vs FP32: {label}"))
+            paths.append(
+                plot_layer_errors(
+                    rows, out_dir / f"digits_layer_sqnr_{stem}.png", title=f"Per-layer SQNR vs FP32: {label}"
+                )
+            )
     return paths

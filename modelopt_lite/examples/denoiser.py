@@ -28,8 +28,9 @@ class NoiseSchedule:
     def geometric(cls, num_steps: int = 10, sigma_min: float = 0.02, sigma_max: float = 40.0) -> NoiseSchedule:
         """``num_steps`` sigmas spaced geometrically from ``sigma_min`` to ``sigma_max``."""
         if num_steps < 1 or not 0 < sigma_min <= sigma_max:
-            raise ValueError(f"need num_steps >= 1 and 0 < sigma_min <= sigma_max, got {num_steps}, {sigma_min}, "
-                             f"{sigma_max}")
+            raise ValueError(
+                f"need num_steps >= 1 and 0 < sigma_min <= sigma_max, got {num_steps}, {sigma_min}, {sigma_max}"
+            )
         r = torch.linspace(math.log(sigma_min), math.log(sigma_max), num_steps, dtype=torch.float64)
         return cls(r.exp().float())
 
@@ -94,8 +95,15 @@ def step_batches(schedule: NoiseSchedule, n: int = 256, seed: int = 0) -> list[t
     return out
 
 
-def train_denoiser(model: DenoiserMLP, schedule: NoiseSchedule, *, iters: int = 300, batch_size: int = 256,
-                   lr: float = 3e-3, seed: int = 0) -> DenoiserMLP:
+def train_denoiser(
+    model: DenoiserMLP,
+    schedule: NoiseSchedule,
+    *,
+    iters: int = 300,
+    batch_size: int = 256,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> DenoiserMLP:
     """Train to predict the noise (MSE) with random steps per sample; deterministic per seed. Returns the model."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)

@@ -24,9 +24,18 @@ def _progress(iterable, enabled: bool, desc: str, total: int | None = None):
     return tqdm(iterable, desc=desc, total=total, leave=False)
 
 
-def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 15, lr: float = 3e-3,
-                     batch_size: int = 64, seed: int = 0, progress: bool = False,
-                     params: list | None = None) -> nn.Module:
+def train_classifier(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int = 15,
+    lr: float = 3e-3,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = False,
+    params: list | None = None,
+) -> nn.Module:
     """Adam + cross-entropy for ``epochs``; deterministic for a given seed. Returns the model (trained in place)."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(params if params is not None else model.parameters(), lr=lr)
@@ -58,8 +67,9 @@ def accuracy(model_or_logits, x: torch.Tensor | None = None, y: torch.Tensor | N
 _FACTORIES: dict[str, Callable[[], nn.Module]] = {"cnn": DigitsCNN, "mlp": DigitsMLP}
 
 
-def trained_digits_model(kind: str = "cnn", *, epochs: int = 15, seed: int = 0, progress: bool = False,
-                         data: DigitsData | None = None) -> nn.Module:
+def trained_digits_model(
+    kind: str = "cnn", *, epochs: int = 15, seed: int = 0, progress: bool = False, data: DigitsData | None = None
+) -> nn.Module:
     """A freshly trained digits model (``"cnn"`` or ``"mlp"``), deterministic for a seed (~2 s on 2 CPU cores)."""
     if kind not in _FACTORIES:
         raise ValueError(f"kind must be one of {sorted(_FACTORIES)}, got {kind!r}")

@@ -41,7 +41,9 @@ def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
             )
         for d, (a, n) in enumerate(zip(amax.shape, x.shape)):
             if a not in (1, n):
-                raise ValueError(f"{what} of shape {tuple(amax.shape)} does not broadcast to {tuple(x.shape)} (dim {d})")
+                raise ValueError(
+                    f"{what} of shape {tuple(amax.shape)} does not broadcast to {tuple(x.shape)} (dim {d})"
+                )
     amax = amax.to(device=x.device, dtype=torch.float32)
     if amax.numel() == 1 and amax.dim() > x.dim():
         amax = amax.reshape(())

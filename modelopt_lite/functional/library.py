@@ -52,7 +52,9 @@ def _(x, scale, qmin, qmax):
 
 
 @torch.library.custom_op("modelopt_lite::int_backward", mutates_args=())
-def int_backward(grad: Tensor, x: Tensor, scale: Tensor, qmin: int, qmax: int, need_scale_grad: bool) -> tuple[Tensor, Tensor]:
+def int_backward(
+    grad: Tensor, x: Tensor, scale: Tensor, qmin: int, qmax: int, need_scale_grad: bool
+) -> tuple[Tensor, Tensor]:
     gx, gs = _k(x).int_backward(grad, x, scale, qmin, qmax, need_scale_grad)
     return gx, (gs if gs is not None else x.new_empty(0, dtype=torch.float32))
 

@@ -21,8 +21,12 @@ from . import library
 from .checks import check_axes, check_input
 
 _MODES = ("simulate", "hardware")
-_CODE_DTYPES = ((torch.int8, -(2**7), 2**7 - 1), (torch.uint8, 0, 2**8 - 1), (torch.int16, -(2**15), 2**15 - 1),
-                (torch.int32, -(2**31), 2**31 - 1))
+_CODE_DTYPES = (
+    (torch.int8, -(2**7), 2**7 - 1),
+    (torch.uint8, 0, 2**8 - 1),
+    (torch.int16, -(2**15), 2**15 - 1),
+    (torch.int32, -(2**31), 2**31 - 1),
+)
 _QLIMIT = 2**24  # integers beyond this are not exact in float32, where the kernels compute
 
 
@@ -63,8 +67,10 @@ def _broadcast_param(value, x: torch.Tensor, axes: tuple[int, ...] | None, axis,
     if t.numel() == 1:
         return t.reshape(())
     if axes is None:
-        raise ValueError(f"{what} has {t.numel()} elements (shape {tuple(t.shape)}) but axis is None; pass axis= for "
-                         "per-channel quantization or a single-element tensor for per-tensor quantization")
+        raise ValueError(
+            f"{what} has {t.numel()} elements (shape {tuple(t.shape)}) but axis is None; pass axis= for "
+            "per-channel quantization or a single-element tensor for per-tensor quantization"
+        )
     keep = [x.shape[a] if a in axes else 1 for a in range(x.dim())]
     compact = tuple(x.shape[a] for a in axes)
     if tuple(t.shape) == compact:
@@ -72,8 +78,10 @@ def _broadcast_param(value, x: torch.Tensor, axes: tuple[int, ...] | None, axis,
         return t.permute(order).reshape(keep)
     if tuple(t.shape) == tuple(keep):
         return t
-    raise ValueError(f"{what} of shape {tuple(t.shape)} does not match axis={axis!r} for x of shape "
-                     f"{tuple(x.shape)}: expected {compact} (or {tuple(keep)}, or one element)")
+    raise ValueError(
+        f"{what} of shape {tuple(t.shape)} does not match axis={axis!r} for x of shape "
+        f"{tuple(x.shape)}: expected {compact} (or {tuple(keep)}, or one element)"
+    )
 
 
 def _check_scale(scale: torch.Tensor) -> None:
@@ -135,8 +143,10 @@ def quantize(x, scale, zero_point=None, qmin: int = -128, qmax: int = 127, axis=
         return library.fake_quant_int(x, s, qmin, qmax) if zp is None else library.fake_affine(x, s, zp, qmin, qmax)
     q = library.quantize_int(x, s, qmin, qmax) if zp is None else library.quantize_affine(x, s, zp, qmin, qmax)
     if not _compiling() and bool(torch.isnan(q).any()):
-        raise ValueError("quantize: x contains NaN, which has no integer code (mode='hardware'); clean the input "
-                         "or use mode='simulate'")
+        raise ValueError(
+            "quantize: x contains NaN, which has no integer code (mode='hardware'); clean the input "
+            "or use mode='simulate'"
+        )
     return q.to(code_dtype(qmin, qmax))
 
 
@@ -160,4 +170,3 @@ def dequantize(q, scale, zero_point=None, axis=None):
     zp = _broadcast_param(zero_point, q, axes, axis, "zero_point")
     _check_zero_point(zp)
     return (qf - zp) * s
-

@@ -110,7 +110,9 @@ def _build_lock(build_dir: Path, timeout_s: float = _LOCK_WAIT_S):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"another process has been building {build_dir} for over {timeout_s:.0f} s")
+                    raise TimeoutError(
+                        f"another process has been building {build_dir} for over {timeout_s:.0f} s"
+                    ) from None
                 if not waited:
                     log.info("modelopt_lite: waiting for another process building %s", build_dir)
                     waited = True

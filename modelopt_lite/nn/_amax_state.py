@@ -104,8 +104,10 @@ class AmaxStateMixin(nn.Module):
             if t.numel() == 1 and int(np.prod(target)) == 1:
                 t = t.reshape(target)
             else:
-                raise ValueError(f"{self._label()}: new amax has shape {tuple(t.shape)} but the stored amax has shape "
-                                 f"{tuple(target)}; call reset_amax() first to change it")
+                raise ValueError(
+                    f"{self._label()}: new amax has shape {tuple(t.shape)} but the stored amax has shape "
+                    f"{tuple(target)}; call reset_amax() first to change it"
+                )
         if self._num_steps > 1:
             full = cur.detach().clone()
             full[self._step] = t.to(full.device)
@@ -140,8 +142,10 @@ class AmaxStateMixin(nn.Module):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
             raise TypeError(f"{self._label()}: step must be an int, got {t!r}")
         if not 0 <= int(t) < self._num_steps:
-            raise ValueError(f"{self._label()}: step {int(t)} is out of range for num_steps={self._num_steps} "
-                             f"(valid: 0..{self._num_steps - 1})")
+            raise ValueError(
+                f"{self._label()}: step {int(t)} is out of range for num_steps={self._num_steps} "
+                f"(valid: 0..{self._num_steps - 1})"
+            )
         self._step = int(t)
 
     # --- torch.nn plumbing ----------------------------------------------------------------------------------------
@@ -155,8 +159,9 @@ class AmaxStateMixin(nn.Module):
             a.data = keep.to(a.device)
         return out
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         key = prefix + "_amax"
         if key in state_dict:
             where = prefix[:-1] or "<root>"
@@ -169,8 +174,11 @@ class AmaxStateMixin(nn.Module):
             if cur is None:
                 self._store_amax(checked)  # a fresh quantizer: take the saved shape, on this quantizer's device
             elif tuple(cur.shape) != tuple(src.shape):
-                raise ValueError(f"{label}: amax in the state dict has shape {tuple(src.shape)} but this quantizer's "
-                                 f"amax has shape {tuple(cur.shape)} (different axis, block sizes, num_steps or "
-                                 "layer shape?)")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+                raise ValueError(
+                    f"{label}: amax in the state dict has shape {tuple(src.shape)} but this quantizer's "
+                    f"amax has shape {tuple(cur.shape)} (different axis, block sizes, num_steps or "
+                    "layer shape?)"
+                )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )

@@ -31,8 +31,10 @@ class PreQuantScaleState:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{label}: pre_quant_scale must be a tensor or None, got {type(value).__name__}")
         if value.dim() != 1 or value.numel() == 0:
-            raise ValueError(f"{label}: pre_quant_scale must be a non-empty 1-D tensor (one value per input channel), "
-                             f"got shape {tuple(value.shape)}")
+            raise ValueError(
+                f"{label}: pre_quant_scale must be a non-empty 1-D tensor (one value per input channel), "
+                f"got shape {tuple(value.shape)}"
+            )
         t = value.detach().to(torch.float32).clone()
         bad = ~(torch.isfinite(t) & (t > 0))
         if bool(bad.any()):
@@ -44,21 +46,27 @@ class PreQuantScaleState:
         if pqs is None:
             return x
         if x.dim() == 0 or x.shape[-1] != pqs.numel():
-            raise ValueError(f"{self._label()}: pre_quant_scale has {pqs.numel()} channels but the input's last "
-                             f"dimension is {x.shape[-1] if x.dim() else 'missing (a scalar)'}")
+            raise ValueError(
+                f"{self._label()}: pre_quant_scale has {pqs.numel()} channels but the input's last "
+                f"dimension is {x.shape[-1] if x.dim() else 'missing (a scalar)'}"
+            )
         return x * pqs.to(x.dtype)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         key = prefix + "_pre_quant_scale"
         if key in state_dict:
             cur = self._buffers.get("_pre_quant_scale")
             label = f"{self._label()} at {prefix[:-1] or '<root>'!r}"
             new = self._checked_pqs(state_dict[key], label)
             if cur is not None and cur.shape != new.shape:
-                raise ValueError(f"{label}: pre_quant_scale in the state dict has shape {tuple(new.shape)} but this "
-                                 f"quantizer's has shape {tuple(cur.shape)}")
+                raise ValueError(
+                    f"{label}: pre_quant_scale in the state dict has shape {tuple(new.shape)} but this "
+                    f"quantizer's has shape {tuple(cur.shape)}"
+                )
             if cur is None:
                 self.register_buffer("_pre_quant_scale", new)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )

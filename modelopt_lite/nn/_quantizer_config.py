@@ -34,12 +34,15 @@ def split_patch(attrs, label: str) -> tuple[dict, dict]:
     if isinstance(attrs, ScaledQuantDescriptor):
         attrs = full_fields(attrs)
     if not isinstance(attrs, Mapping):
-        raise TypeError(f"{label}: the attribute config must be a dict or a ScaledQuantDescriptor, "
-                        f"got {type(attrs).__name__}")
+        raise TypeError(
+            f"{label}: the attribute config must be a dict or a ScaledQuantDescriptor, got {type(attrs).__name__}"
+        )
     unknown = [k for k in attrs if k not in _DEFAULTS and k not in EXTRA_KEYS]
     if unknown:
-        raise TypeError(f"{label}: unknown quantizer attribute(s) {', '.join(map(repr, unknown))}; "
-                        f"allowed: {', '.join(list(_DEFAULTS) + list(EXTRA_KEYS))}")
+        raise TypeError(
+            f"{label}: unknown quantizer attribute(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(list(_DEFAULTS) + list(EXTRA_KEYS))}"
+        )
     changes = {k: v for k, v in attrs.items() if k in _DEFAULTS}
     extra = {k: v for k, v in attrs.items() if k in EXTRA_KEYS}
     return changes, extra

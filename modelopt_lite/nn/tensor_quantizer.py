@@ -68,8 +68,16 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     quantizer) and follows ``.to(device)``.
     """
 
-    def __init__(self, quant_desc=QUANT_DESC_8BIT_PER_TENSOR, disabled=False, if_quant=True, if_calib=False,
-                 amax=None, name=None, num_steps=1):
+    def __init__(
+        self,
+        quant_desc=QUANT_DESC_8BIT_PER_TENSOR,
+        disabled=False,
+        if_quant=True,
+        if_calib=False,
+        amax=None,
+        name=None,
+        num_steps=1,
+    ):
         super().__init__()
         if name is not None and not isinstance(name, str):
             raise TypeError(f"TensorQuantizer: name must be a str or None, got {name!r}")
@@ -171,7 +179,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     @property
     def step_size(self) -> torch.Tensor:
         """``amax / maxbound`` (float32, detached; ``scale_amax`` applied)."""
-        return (self._effective_amax().detach().float() / float(self.maxbound))
+        return self._effective_amax().detach().float() / float(self.maxbound)
 
     @property
     def scale(self) -> torch.Tensor:
@@ -298,8 +306,10 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             return a
         shape = [x.shape[d] if d in axes else 1 for d in range(x.dim())]
         if a.numel() != int(torch.Size(shape).numel()):
-            raise ValueError(f"{self._label()}: amax of shape {tuple(a.shape)} does not match axis={self.axis} of an "
-                             f"input of shape {tuple(x.shape)} (expected {tuple(shape)})")
+            raise ValueError(
+                f"{self._label()}: amax of shape {tuple(a.shape)} does not match axis={self.axis} of an "
+                f"input of shape {tuple(x.shape)} (expected {tuple(shape)})"
+            )
         return a.reshape(shape)
 
     def _amax_for(self, x: torch.Tensor):
@@ -338,8 +348,10 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     def _quantize(self, x: torch.Tensor) -> torch.Tensor:
         d = self._desc
         if not self.dynamic and self._amax is None:
-            raise RuntimeError(f"{self._label()} is enabled but has no amax: calibrate it first (enable_calib(), "
-                               "run data, load_calib_amax()), set .amax, or disable it")
+            raise RuntimeError(
+                f"{self._label()} is enabled but has no amax: calibrate it first (enable_calib(), "
+                "run data, load_calib_amax()), set .amax, or disable it"
+            )
         try:
             amax = self._amax_for(x)
             if d.block_sizes:
@@ -395,9 +407,19 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             if axis is not None and rank is not None and amax.numel() > 1 and amax.dim() != rank and len(axis) == 1:
                 keep = [amax.numel() if d == axis[0] else 1 for d in range(rank)]  # a flat fixed amax
                 amax, scale = amax.reshape(keep), scale.reshape(keep)
-        return {"kind": kind, "num_bits": d.num_bits, "unsigned": d.unsigned, "narrow_range": d.narrow_range,
-                "axis": axis, "block_sizes": block_sizes, "amax": amax, "scale": scale, "qmin": qmin, "qmax": qmax,
-                "dynamic": d.dynamic}
+        return {
+            "kind": kind,
+            "num_bits": d.num_bits,
+            "unsigned": d.unsigned,
+            "narrow_range": d.narrow_range,
+            "axis": axis,
+            "block_sizes": block_sizes,
+            "amax": amax,
+            "scale": scale,
+            "qmin": qmin,
+            "qmax": qmax,
+            "dynamic": d.dynamic,
+        }
 
     def quantize_weight_codes(self, w: torch.Tensor):
         """Real quantization of a weight: ``(codes, scale)`` with ``w ~= codes * scale`` (blocks: scale per block).

@@ -7,9 +7,16 @@
   where ONNX Runtime and torch start to disagree.
 """
 
-from .compare import DivergenceReport, QuantizerDiff, compare_with_onnxruntime
 from .export import ExportReport, export_onnx
 from .inspect import InspectReport, inspect_onnx
+from .ort_divergence import DivergenceReport, QuantizerDiff, compare_with_onnxruntime
 
-__all__ = ["DivergenceReport", "ExportReport", "InspectReport", "QuantizerDiff", "compare_with_onnxruntime", "export_onnx",
-           "inspect_onnx"]
+__all__ = [
+    "DivergenceReport",
+    "ExportReport",
+    "InspectReport",
+    "QuantizerDiff",
+    "compare_with_onnxruntime",
+    "export_onnx",
+    "inspect_onnx",
+]

@@ -67,13 +67,19 @@ def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
             continue
         _requirements(p, name, q.export_info(), target, problems)
         if getattr(q, "num_steps", 1) > 1:
-            p.notes.append(f"{name}: temporal quantizer with {q.num_steps} steps; exported with the amax of the "
-                           f"current step ({getattr(q, 'step', 0)})")
+            p.notes.append(
+                f"{name}: temporal quantizer with {q.num_steps} steps; exported with the amax of the "
+                f"current step ({getattr(q, 'step', 0)})"
+            )
     for names, what in (
-        (uncalibrated, ("enabled quantizer(s) not calibrated (no amax); calibrate them or disable them before "
-                        "export")),
-        (calibrating, ("quantizer(s) still in calibration mode; finish calibration (load_calib_amax, "
-                       "disable_calib) before export")),
+        (uncalibrated, ("enabled quantizer(s) not calibrated (no amax); calibrate them or disable them before export")),
+        (
+            calibrating,
+            (
+                "quantizer(s) still in calibration mode; finish calibration (load_calib_amax, "
+                "disable_calib) before export"
+            ),
+        ),
         (real, "quantizer(s) in real-quant mode (fake_quant=False); export needs fake quantization"),
         (dynamic, "activation quantizer(s) with dynamic amax; ONNX Q/DQ export needs static, calibrated scales"),
     ):
@@ -95,35 +101,42 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
     axis = info.get("axis")
     if axis is not None and len(tuple(axis)) > 0:
         if len(tuple(axis)) > 1 and not weight:
-            problems.append(f"{name}: activation quantized along several axes {tuple(axis)}: ONNX "
-                            "QuantizeLinear supports one axis")
+            problems.append(
+                f"{name}: activation quantized along several axes {tuple(axis)}: ONNX QuantizeLinear supports one axis"
+            )
         p.need(13, f"{name}: per-channel quantization (axis) needs opset >= 13")
     if kind == "e4m3":
         p.need(19, f"{name}: FP8 E4M3 needs opset >= 19")
         return
     if kind == "block":
         if not weight:
-            problems.append(f"{name}: block quantization of an activation cannot be exported (ONNX "
-                            "QuantizeLinear blocks are for constants; TensorRT and ONNX Runtime take blocked "
-                            "weights only)")
+            problems.append(
+                f"{name}: block quantization of an activation cannot be exported (ONNX "
+                "QuantizeLinear blocks are for constants; TensorRT and ONNX Runtime take blocked "
+                "weights only)"
+            )
             return
         sizes = {k: v for k, v in (info.get("block_sizes") or {}).items() if not isinstance(k, str)}
         if len(sizes) > 1:
-            problems.append(f"{name}: blocks along several axes {sorted(sizes)} cannot be expressed by ONNX "
-                            "DequantizeLinear (one block axis)")
+            problems.append(
+                f"{name}: blocks along several axes {sorted(sizes)} cannot be expressed by ONNX "
+                "DequantizeLinear (one block axis)"
+            )
         if (info.get("block_sizes") or {}).get("scale_bits") is not None:
-            p.notes.append(f"{name}: double-quantized block scales are exported as their dequantized float32 "
-                           "values")
+            p.notes.append(f"{name}: double-quantized block scales are exported as their dequantized float32 values")
         p.need(21, f"{name}: block-quantized weights need opset >= 21 (DequantizeLinear block_size)")
         return
     qmin, qmax = info.get("qmin"), info.get("qmax")
     if kind == "affine" and target == "tensorrt":
-        problems.append(f"{name}: affine quantization (non-zero zero point) is not supported by TensorRT; "
-                        "export with target='onnxruntime'")
+        problems.append(
+            f"{name}: affine quantization (non-zero zero point) is not supported by TensorRT; "
+            "export with target='onnxruntime'"
+        )
     if isinstance(bits, int) and bits > 8:
         p.need(21, f"{name}: num_bits={bits} has no ONNX representation below opset 21 (16-bit Q/DQ)")
     elif weight and isinstance(bits, int) and bits <= 4 and qmin is not None and qmin >= -8 and qmax <= 15:
         p.preferred_opset = max(p.preferred_opset, 21)
     if not weight and isinstance(bits, int) and bits < 8:
-        p.notes.append(f"{name}: {bits}-bit activations are exported as 8-bit Q/DQ after a Clip to "
-                       f"[{qmin}, {qmax}] steps (exact)")
+        p.notes.append(
+            f"{name}: {bits}-bit activations are exported as 8-bit Q/DQ after a Clip to [{qmin}, {qmax}] steps (exact)"
+        )

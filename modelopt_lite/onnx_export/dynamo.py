@@ -26,7 +26,9 @@ def _marker_ops():
 
     def schema(name, inputs, attrs):
         return OpSchema(
-            name, DOMAIN, 1,
+            name,
+            DOMAIN,
+            1,
             inputs=[param(n, t) for n, t in inputs],
             outputs=[param("y", "T")],
             type_constraints=[("T", floats, "float input")],
@@ -37,8 +39,9 @@ def _marker_ops():
     return {
         INT_MARKER: Op(opset, INT_MARKER, schema(INT_MARKER, int_in, ("qmin", "qmax"))),
         E4M3_MARKER: Op(opset, E4M3_MARKER, schema(E4M3_MARKER, int_in, ())),
-        AFFINE_MARKER: Op(opset, AFFINE_MARKER,
-                          schema(AFFINE_MARKER, int_in + [("zero_point", "tensor(float)")], ("qmin", "qmax"))),
+        AFFINE_MARKER: Op(
+            opset, AFFINE_MARKER, schema(AFFINE_MARKER, int_in + [("zero_point", "tensor(float)")], ("qmin", "qmax"))
+        ),
     }
 
 

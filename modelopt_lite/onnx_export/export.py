@@ -54,9 +54,13 @@ class ExportReport:
 
     def format(self) -> str:
         """A printable summary (the CLI prints it)."""
-        lines = [(f"exported {self.path} ({self.exporter}, opset {self.opset}, target={self.target}): "
-                  f"{self.file_size / 1024:.1f} KiB, {len(self.weights)} quantized weight(s), "
-                  f"{len(self.activations)} activation Q/DQ pair(s), {self.merged} duplicate(s) merged")]
+        lines = [
+            (
+                f"exported {self.path} ({self.exporter}, opset {self.opset}, target={self.target}): "
+                f"{self.file_size / 1024:.1f} KiB, {len(self.weights)} quantized weight(s), "
+                f"{len(self.activations)} activation Q/DQ pair(s), {self.merged} duplicate(s) merged"
+            )
+        ]
         if self.inspection is not None:
             lines.append(self.inspection.format())
         if self.notes:
@@ -98,18 +102,36 @@ def _torch_export(model, args, path, *, opset, dynamo, input_names, output_names
             from .dynamo import translation_table
 
             with contextlib.redirect_stdout(io.StringIO()):
-                prog = torch.onnx.export(model, args, dynamo=True, opset_version=max(opset, 18),
-                                         input_names=input_names, output_names=output_names,
-                                         dynamic_axes=dynamic_axes, custom_translation_table=translation_table(),
-                                         verbose=False, external_data=False, optimize=True)
+                prog = torch.onnx.export(
+                    model,
+                    args,
+                    dynamo=True,
+                    opset_version=max(opset, 18),
+                    input_names=input_names,
+                    output_names=output_names,
+                    dynamic_axes=dynamic_axes,
+                    custom_translation_table=translation_table(),
+                    verbose=False,
+                    external_data=False,
+                    optimize=True,
+                )
             return prog.model_proto
         from .symbolic import DOMAIN, registered_symbolics
 
         ts_opset = min(opset, checks.TORCHSCRIPT_MAX_OPSET)
         with registered_symbolics():
-            torch.onnx.export(model, args, path, dynamo=False, opset_version=ts_opset, input_names=input_names,
-                              output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
-                              custom_opsets={DOMAIN: 1})
+            torch.onnx.export(
+                model,
+                args,
+                path,
+                dynamo=False,
+                opset_version=ts_opset,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes,
+                do_constant_folding=True,
+                custom_opsets={DOMAIN: 1},
+            )
         m = onnx.load(path)
         if opset > ts_opset:
             from onnx import version_converter
@@ -147,9 +169,20 @@ def _set_ir_version(model: onnx.ModelProto) -> None:
     model.ir_version = max(7, helper.find_min_ir_version_for(std, ignore_unknown=True))
 
 
-def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, target: str = "tensorrt",
-                dynamic_axes=None, dynamo: bool = False, input_names=None, output_names=None,
-                fp8_custom_ops: bool = False, ort_weights: str = "auto") -> ExportReport:
+def export_onnx(
+    model: nn.Module,
+    args,
+    path,
+    *,
+    opset: int | None = None,
+    target: str = "tensorrt",
+    dynamic_axes=None,
+    dynamo: bool = False,
+    input_names=None,
+    output_names=None,
+    fp8_custom_ops: bool = False,
+    ort_weights: str = "auto",
+) -> ExportReport:
     """Export a (fake-)quantized model to a standard Q/DQ ONNX file and return an :class:`ExportReport`.
 
     Args:
@@ -185,8 +218,16 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
     path = os.fspath(path)
     names = _default_names(args, input_names)
     with _eval_mode(model), torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        raw = _torch_export(model, args, os.path.join(tmp, "raw.onnx"), opset=opset, dynamo=dynamo,
-                            input_names=names, output_names=output_names, dynamic_axes=dynamic_axes)
+        raw = _torch_export(
+            model,
+            args,
+            os.path.join(tmp, "raw.onnx"),
+            opset=opset,
+            dynamo=dynamo,
+            input_names=names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+        )
     proto, res, opset = _resolve(raw, opset, auto, target, fp8_custom_ops)
     notes = plan.notes + res.notes
     if target == "onnxruntime":
@@ -205,10 +246,20 @@ def export_onnx(model: nn.Module, args, path, *, opset: int | None = None, targe
         onnx.checker.check_model(path, full_check=True)
         onnx.shape_inference.infer_shapes(onnx.load(path), check_type=True, strict_mode=True)
     info = inspect_onnx(path)
-    return ExportReport(path=path, opset=info.opset, target=target, exporter="dynamo" if dynamo else "torchscript",
-                        file_size=info.file_size, node_counts=info.node_counts, qdq_counts=info.qdq,
-                        weights=res.weights, activations=res.activations, merged=res.merged, notes=notes,
-                        inspection=info)
+    return ExportReport(
+        path=path,
+        opset=info.opset,
+        target=target,
+        exporter="dynamo" if dynamo else "torchscript",
+        file_size=info.file_size,
+        node_counts=info.node_counts,
+        qdq_counts=info.qdq,
+        weights=res.weights,
+        activations=res.activations,
+        merged=res.merged,
+        notes=notes,
+        inspection=info,
+    )
 
 
 def _requant_notes(model: nn.Module) -> list[str]:
@@ -216,26 +267,37 @@ def _requant_notes(model: nn.Module) -> list[str]:
     kernels that requantize in integers, so the two may differ by one step there)."""
     from ..nn.modules._integer_requant import unfit_reason
 
-    floats = [n for n, m in model.named_modules()
-              if hasattr(m, "requant") and m.requant != "integer" and unfit_reason(m) is None]
+    floats = [
+        n
+        for n, m in model.named_modules()
+        if hasattr(m, "requant") and m.requant != "integer" and unfit_reason(m) is None
+    ]
     if not floats:
         return []
-    return [(f"{len(floats)} quantized Linear/Conv output(s) (first: {floats[0]!r}) use requant='float' in torch, "
-             "while ORT's fused int8 kernels requantize in integers: outputs may differ by one step; "
-             "modelopt_lite.set_requant(model, 'integer') (INT8_ORT_CFG sets it) makes them bit-identical")]
+    return [
+        (
+            f"{len(floats)} quantized Linear/Conv output(s) (first: {floats[0]!r}) use requant='float' in torch, "
+            "while ORT's fused int8 kernels requantize in integers: outputs may differ by one step; "
+            "modelopt_lite.set_requant(model, 'integer') (INT8_ORT_CFG sets it) makes them bit-identical"
+        )
+    ]
 
 
 def _runtime_notes(model: onnx.ModelProto, target: str) -> list[str]:
-    from . import runtime
+    from . import ort_runner
 
     notes = []
-    if runtime.has_fp8(model):
-        notes.append("ONNX Runtime (CPU) runs this FP8 graph exactly only with session.disable_quant_qdq=1 and the "
-                     "ReluQuantRewrite optimizer disabled (modelopt_lite.onnx_export.runtime.ort_session does both)")
-    elif target == "tensorrt" and runtime.has_signed_int8_weights(model):
-        notes.append("to check this TensorRT-style graph in ONNX Runtime on CPUs without VNNI, use "
-                     "session.disable_quant_qdq=1 (ort_session does): ORT's fused u8 x s8 kernels saturate on "
-                     "full-range int8 weights; export with target='onnxruntime' for ORT deployment")
+    if ort_runner.has_fp8(model):
+        notes.append(
+            "ONNX Runtime (CPU) runs this FP8 graph exactly only with session.disable_quant_qdq=1 and the "
+            "ReluQuantRewrite optimizer disabled (modelopt_lite.onnx_export.ort_runner.ort_session does both)"
+        )
+    elif target == "tensorrt" and ort_runner.has_signed_int8_weights(model):
+        notes.append(
+            "to check this TensorRT-style graph in ONNX Runtime on CPUs without VNNI, use "
+            "session.disable_quant_qdq=1 (ort_session does): ORT's fused u8 x s8 kernels saturate on "
+            "full-range int8 weights; export with target='onnxruntime' for ORT deployment"
+        )
     return notes
 
 
@@ -268,8 +330,10 @@ def _axis_notes(model: onnx.ModelProto, target: str) -> list[str]:
             expected = rank - 1
         axis = attr(dq, "axis", 1) % rank
         if axis != expected:
-            notes.append(f"{n.op_type} {n.name!r}: weight quantized per channel on axis {axis}; TensorRT expects "
-                         f"the output-channel axis {expected}")
+            notes.append(
+                f"{n.op_type} {n.name!r}: weight quantized per channel on axis {axis}; TensorRT expects "
+                f"the output-channel axis {expected}"
+            )
     return notes
 
 

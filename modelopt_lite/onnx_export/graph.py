@@ -14,8 +14,18 @@ import onnx
 from onnx import helper, numpy_helper
 
 # Ops whose output is not a pure function of their inputs, or that carry sub-graphs: never constant-folded.
-_NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                 "Bernoulli", "If", "Loop", "Scan", "SequenceConstruct"}
+_NOT_FOLDABLE = {
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+    "If",
+    "Loop",
+    "Scan",
+    "SequenceConstruct",
+}
 
 
 class OpsetTooLow(ValueError):
@@ -116,8 +126,12 @@ class Graph:
                 memo[name] = True
                 return True
             node = prod.get(name)
-            ok = (node is not None and node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDABLE
-                  and all(is_const(i) for i in node.input))
+            ok = (
+                node is not None
+                and node.domain in ("", "ai.onnx")
+                and node.op_type not in _NOT_FOLDABLE
+                and all(is_const(i) for i in node.input)
+            )
             memo[name] = ok
             return ok
 
@@ -141,8 +155,13 @@ class Graph:
         for n in todo:
             collect(n)
         used = {i for node in needed for i in node.input}
-        graph = helper.make_graph(needed, "const", [], [helper.make_value_info(n, onnx.TypeProto()) for n in todo],
-                                  [self.inits[i] for i in used if i in self.inits])
+        graph = helper.make_graph(
+            needed,
+            "const",
+            [],
+            [helper.make_value_info(n, onnx.TypeProto()) for n in todo],
+            [self.inits[i] for i in used if i in self.inits],
+        )
         sub = helper.make_model(graph, opset_imports=list(self.model.opset_import))
         from onnx.reference import ReferenceEvaluator
 

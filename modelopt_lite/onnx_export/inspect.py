@@ -53,8 +53,10 @@ class InspectReport:
 
     def format(self) -> str:
         """A printable multi-line summary."""
-        lines = [f"{self.path}: opset {self.opset}, {self.file_size / 1024:.1f} KiB",
-                 "nodes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.node_counts.items()))]
+        lines = [
+            f"{self.path}: opset {self.opset}, {self.file_size / 1024:.1f} KiB",
+            "nodes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.node_counts.items())),
+        ]
         lines.append("Q/DQ:")
         lines += [f"  {k:<48} {v}" for k, v in sorted(self.qdq.items())] or ["  (none)"]
         lines.append(f"compute ops fed by Q/DQ: {self.quantized_ops} of {self.compute_ops}")

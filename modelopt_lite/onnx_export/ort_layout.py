@@ -177,8 +177,10 @@ def quantize_biases(g: Graph) -> int:
         qname = g.add_init(f"{n.input[2]}.int32", q)
         sname = g.add_init(f"{n.input[2]}.scale", scale)
         out = g.fresh(f"{n.input[2]}_dq")
-        g.nodes.insert(g.nodes.index(n), helper.make_node("DequantizeLinear", [qname, sname], [out], axis=0,
-                                                          name=g.fresh(f"{n.name}_bias_dq")))
+        g.nodes.insert(
+            g.nodes.index(n),
+            helper.make_node("DequantizeLinear", [qname, sname], [out], axis=0, name=g.fresh(f"{n.name}_bias_dq")),
+        )
         n.input[2] = out
         count += 1
     return count
@@ -192,8 +194,9 @@ def split_gemm_bias(g: Graph) -> int:
         if n.op_type != "Gemm" or len(n.input) < 3 or not n.input[2]:
             continue
         a, b, c = (prod.get(i) for i in n.input[:3])
-        if not (a is not None and a.op_type == "DequantizeLinear" and b is not None
-                and b.op_type == "DequantizeLinear") or (c is not None and c.op_type == "DequantizeLinear"):
+        if not (
+            a is not None and a.op_type == "DequantizeLinear" and b is not None and b.op_type == "DequantizeLinear"
+        ) or (c is not None and c.op_type == "DequantizeLinear"):
             continue
         if attr(n, "alpha", 1.0) != 1.0 or attr(n, "beta", 1.0) != 1.0:
             continue
@@ -232,8 +235,12 @@ def relu_to_clip(g: Graph) -> tuple[int, int]:
         grid = [g.array(n) for n in (dq.input[1], q.input[1], dq.input[2], q.input[2])]
         if any(a is None for a in grid) or grid[2].dtype != np.uint8 or grid[2].ndim != 0:
             continue
-        if not (np.array_equal(grid[0], grid[1]) and grid[0].dtype == grid[1].dtype
-                and np.array_equal(grid[2], grid[3]) and grid[2].dtype == grid[3].dtype):
+        if not (
+            np.array_equal(grid[0], grid[1])
+            and grid[0].dtype == grid[1].dtype
+            and np.array_equal(grid[2], grid[3])
+            and grid[2].dtype == grid[3].dtype
+        ):
             mismatched += 1
             continue
         clipped = q.output[0] if not between else g.fresh(f"{relu.output[0]}_u8")
@@ -298,7 +305,12 @@ def nhwc_flatten(g: Graph, shapes: dict[str, list]) -> int:
         if src is None or src.op_type != "Conv":
             continue
         dims = dims or shapes.get(src.output[0])
-        if not dims or len(dims) != 4 or not all(isinstance(d, int) and d > 0 for d in dims[1:]) or dims[2] * dims[3] == 1:
+        if (
+            not dims
+            or len(dims) != 4
+            or not all(isinstance(d, int) and d > 0 for d in dims[1:])
+            or dims[2] * dims[3] == 1
+        ):
             continue
         gemms = _flatten_gemms(g, flat, prod, cons)
         if not gemms:
@@ -315,8 +327,12 @@ def nhwc_flatten(g: Graph, shapes: dict[str, list]) -> int:
                 perm = arr.reshape(arr.shape[0], c, h, w).transpose(0, 2, 3, 1).reshape(arr.shape[0], -1)
                 dq.input[0] = g.add_init(f"{dq.input[0]}.nhwc", np.ascontiguousarray(perm))
             out = g.fresh(f"{flat.input[0]}_nhwc")
-            g.nodes.insert(g.nodes.index(flat), helper.make_node("Transpose", [flat.input[0]], [out], perm=[0, 2, 3, 1],
-                                                                 name=g.fresh(f"{flat.name}_nhwc")))
+            g.nodes.insert(
+                g.nodes.index(flat),
+                helper.make_node(
+                    "Transpose", [flat.input[0]], [out], perm=[0, 2, 3, 1], name=g.fresh(f"{flat.name}_nhwc")
+                ),
+            )
             flat.input[0] = out
             count += 1
     return count
@@ -349,26 +365,38 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
     notes = []
     why = f" (auto: this CPU has{'' if chosen == 'int8' else ' no'} VNNI)" if weights == "auto" else ""
     if chosen == "int8":
-        notes.append(f"onnxruntime layout: int8 weights{why}: ORT's fast u8 x s8 kernels, exact on CPUs with VNNI "
-                     "or AMX; on x86 CPUs without VNNI they saturate: export with ort_weights='uint8' for those")
+        notes.append(
+            f"onnxruntime layout: int8 weights{why}: ORT's fast u8 x s8 kernels, exact on CPUs with VNNI "
+            "or AMX; on x86 CPUs without VNNI they saturate: export with ort_weights='uint8' for those"
+        )
     else:
-        notes.append(f"onnxruntime layout: uint8 weights{why}: ORT's u8 x u8 kernels, exact on every CPU (slower "
-                     "than u8 x s8 on CPUs with VNNI)")
+        notes.append(
+            f"onnxruntime layout: uint8 weights{why}: ORT's u8 x u8 kernels, exact on every CPU (slower "
+            "than u8 x s8 on CPUs with VNNI)"
+        )
     if n_u8:
         notes.append(f"onnxruntime layout: {n_u8} int8 Q/DQ node(s) stored as uint8 with zero point +128 (exact)")
     if n_qbias:
-        notes.append(f"onnxruntime layout: {n_qbias} Conv/Gemm bias(es) stored as int32 on the accumulator's grid "
-                     "(the int8 kernels' integer requantization, as torch layers with requant='integer')")
+        notes.append(
+            f"onnxruntime layout: {n_qbias} Conv/Gemm bias(es) stored as int32 on the accumulator's grid "
+            "(the int8 kernels' integer requantization, as torch layers with requant='integer')"
+        )
     if n_bias:
         notes.append(f"onnxruntime layout: {n_bias} Gemm bias(es) added after the int8 product (exact float bias)")
     if n_mismatched:
-        notes.append(f"onnxruntime layout: {n_mismatched} DequantizeLinear -> Relu -> QuantizeLinear "
-                     "chain(s) join two grids and stay float; modelopt_lite.share_relu_grids(model, forward_loop) "
-                     "before export runs them as uint8 Clips between the int8 kernels")
+        notes.append(
+            f"onnxruntime layout: {n_mismatched} DequantizeLinear -> Relu -> QuantizeLinear "
+            "chain(s) join two grids and stay float; modelopt_lite.share_relu_grids(model, forward_loop) "
+            "before export runs them as uint8 Clips between the int8 kernels"
+        )
     if n_clip:
-        notes.append(f"onnxruntime layout: {n_clip} DequantizeLinear -> Relu -> QuantizeLinear chain(s) on one grid "
-                     "run as a uint8 Clip (exact)")
+        notes.append(
+            f"onnxruntime layout: {n_clip} DequantizeLinear -> Relu -> QuantizeLinear chain(s) on one grid "
+            "run as a uint8 Clip (exact)"
+        )
     if n_nhwc:
-        notes.append(f"onnxruntime layout: {n_nhwc} Flatten(s) after a Conv flatten in channels-last order (ORT's "
-                     "NHWC int8 convolution needs no transpose back; exact)")
+        notes.append(
+            f"onnxruntime layout: {n_nhwc} Flatten(s) after a Conv flatten in channels-last order (ORT's "
+            "NHWC int8 convolution needs no transpose back; exact)"
+        )
     return g.commit(), notes

@@ -105,8 +105,10 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
     for n in markers:
         for i in n.input[1:]:
             if i not in consts:
-                raise ValueError(f"{site_label(n)}: the quantization scale is computed at run time (dynamic "
-                                 "quantization of an activation); ONNX export needs a calibrated, static amax")
+                raise ValueError(
+                    f"{site_label(n)}: the quantization scale is computed at run time (dynamic "
+                    "quantization of an activation); ONNX export needs a calibrated, static amax"
+                )
     # 2. merge duplicates (first the SmoothQuant multiplies that feed them: equal Mul(x, c) become one)
     _merge_pre_quant_muls(g, markers)
     kept: dict = {}
@@ -136,17 +138,29 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
             nodes = [node] + _cast(g, dq_out, final, dtype)
             gone = {id(m) for m in absorbed}
             idx = next(i for i, m in enumerate(g.nodes) if m is n)
-            g.nodes[idx:idx + 1] = nodes
+            g.nodes[idx : idx + 1] = nodes
             g.nodes = [m for m in g.nodes if id(m) not in gone]
             res.weights.append(dict(info, site=label, absorbed=[m.op_type for m in absorbed]))
         else:
             xf = x if dtype == TensorProto.FLOAT else g.fresh(f"{x}_float")
             of = out if dtype == TensorProto.FLOAT else g.fresh(f"{out}_float")
-            nodes, info = qdq.emit(g, n.op_type, xf, of, scale, zp, qmin, qmax, opset=opset, target=target,
-                                   fp8_custom_ops=fp8_custom_ops, label=label)
+            nodes, info = qdq.emit(
+                g,
+                n.op_type,
+                xf,
+                of,
+                scale,
+                zp,
+                qmin,
+                qmax,
+                opset=opset,
+                target=target,
+                fp8_custom_ops=fp8_custom_ops,
+                label=label,
+            )
             nodes = _cast(g, x, xf, TensorProto.FLOAT) + nodes + _cast(g, of, out, dtype)
             idx = next(i for i, m in enumerate(g.nodes) if m is n)
-            g.nodes[idx:idx + 1] = nodes
+            g.nodes[idx : idx + 1] = nodes
             res.notes += info.pop("notes")
             res.activations.append(dict(info, site=label))
     g.prune()

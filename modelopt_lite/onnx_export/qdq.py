@@ -29,8 +29,10 @@ DEAD_SCALE = np.float32(2.0**126)
 TRT_DOMAIN = "trt"
 
 _CONTAINERS = [  # (onnx type, numpy type, lo, hi, min opset)
-    (TensorProto.INT8, np.int8, -128, 127, 10), (TensorProto.UINT8, np.uint8, 0, 255, 10),
-    (TensorProto.INT16, np.int16, -(2**15), 2**15 - 1, 21), (TensorProto.UINT16, np.uint16, 0, 2**16 - 1, 21),
+    (TensorProto.INT8, np.int8, -128, 127, 10),
+    (TensorProto.UINT8, np.uint8, 0, 255, 10),
+    (TensorProto.INT16, np.int16, -(2**15), 2**15 - 1, 21),
+    (TensorProto.UINT16, np.uint16, 0, 2**16 - 1, 21),
 ]
 
 
@@ -40,9 +42,11 @@ def container(qmin: int, qmax: int, opset: int, label: str):
         if lo <= qmin and qmax <= hi:
             if opset < min_opset:
                 bits = math.ceil(math.log2(qmax - qmin + 1))
-                raise OpsetTooLow(f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
-                                  f"QuantizeLinear (opset >= 21); opset {opset} has no ONNX representation for it",
-                                  21)
+                raise OpsetTooLow(
+                    f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
+                    f"QuantizeLinear (opset >= 21); opset {opset} has no ONNX representation for it",
+                    21,
+                )
             return t, np_t, lo, hi
     raise ValueError(f"{label}: the activation grid [{qmin}, {qmax}] does not fit any ONNX quantized type")
 
@@ -53,14 +57,29 @@ def activation_axis(scale: np.ndarray, label: str):
         return None, scale.reshape(())
     dims = [d for d in range(scale.ndim) if scale.shape[d] > 1]
     if len(dims) != 1:
-        raise ValueError(f"{label}: the activation scale of shape {tuple(scale.shape)} varies along dims {dims}; "
-                         "ONNX QuantizeLinear supports per-tensor or a single axis (block or multi-axis "
-                         "quantization of activations cannot be exported)")
+        raise ValueError(
+            f"{label}: the activation scale of shape {tuple(scale.shape)} varies along dims {dims}; "
+            "ONNX QuantizeLinear supports per-tensor or a single axis (block or multi-axis "
+            "quantization of activations cannot be exported)"
+        )
     return dims[0], scale.reshape(-1)
 
 
-def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, qmin: int, qmax: int, *,
-         opset: int, target: str, fp8_custom_ops: bool, label: str) -> tuple[list[onnx.NodeProto], dict]:
+def emit(
+    g: Graph,
+    kind: str,
+    x: str,
+    out: str,
+    scale: np.ndarray,
+    zero_point,
+    qmin: int,
+    qmax: int,
+    *,
+    opset: int,
+    target: str,
+    fp8_custom_ops: bool,
+    label: str,
+) -> tuple[list[onnx.NodeProto], dict]:
     """Nodes computing ``out`` from ``x``, and a description for the report (granularity, dtype, notes)."""
     scale = np.asarray(scale, dtype=np.float32)
     base = label.replace("/", ".")
@@ -72,8 +91,10 @@ def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, q
     if dead.any():
         s = np.where(dead, DEAD_SCALE, s).astype(np.float32)
         what = "all of it" if dead.all() else f"{int(dead.sum())} of {dead.size} channels"
-        notes.append(f"{label}: dead activation scale (amax <= 2**-24) for {what}: exported with scale 2**126, "
-                     "so those values still dequantize to exact zeros")
+        notes.append(
+            f"{label}: dead activation scale (amax <= 2**-24) for {what}: exported with scale 2**126, "
+            "so those values still dequantize to exact zeros"
+        )
     info = {"granularity": "tensor" if axis is None else "axis", "axis": axis, "notes": notes}
     attrs = {} if axis is None else {"axis": axis}
     s_name = g.add_init(f"{base}.scale", s)
@@ -85,21 +106,34 @@ def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, q
                 raise ValueError(f"{label}: trt::TRT_FP8QuantizeLinear supports per-tensor scales only")
             q = g.fresh(f"{base}.q")
             info["dtype"] = "FLOAT8E4M3FN(trt)"
-            return [helper.make_node("TRT_FP8QuantizeLinear", [x, s_name], [q], domain=TRT_DOMAIN,
-                                     name=g.fresh(f"{base}.TRT_FP8QuantizeLinear")),
-                    helper.make_node("TRT_FP8DequantizeLinear", [q, s_name], [out], domain=TRT_DOMAIN,
-                                     name=g.fresh(f"{base}.TRT_FP8DequantizeLinear"))], info
+            return [
+                helper.make_node(
+                    "TRT_FP8QuantizeLinear",
+                    [x, s_name],
+                    [q],
+                    domain=TRT_DOMAIN,
+                    name=g.fresh(f"{base}.TRT_FP8QuantizeLinear"),
+                ),
+                helper.make_node(
+                    "TRT_FP8DequantizeLinear",
+                    [q, s_name],
+                    [out],
+                    domain=TRT_DOMAIN,
+                    name=g.fresh(f"{base}.TRT_FP8DequantizeLinear"),
+                ),
+            ], info
         from .weights import make_tensor
 
-        zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32),
-                                                             TensorProto.FLOAT8E4M3FN))
+        zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32), TensorProto.FLOAT8E4M3FN))
         info["dtype"] = "FLOAT8E4M3FN"
         return _pair(g, x, out, base, s_name, zp_name, dict(attrs, saturate=1), attrs), info
     zp = np.zeros(s.shape, np.int64) if zero_point is None else np.asarray(zero_point).reshape(s.shape)
     zp = np.rint(zp).astype(np.int64)
     if kind == AFFINE_MARKER and target == "tensorrt" and np.any(zp != 0):
-        raise ValueError(f"{label}: affine quantization needs a non-zero zero point, which TensorRT does not "
-                         "support; export with target='onnxruntime'")
+        raise ValueError(
+            f"{label}: affine quantization needs a non-zero zero point, which TensorRT does not "
+            "support; export with target='onnxruntime'"
+        )
     elem, np_t, lo, hi = container(qmin, qmax, opset, label)
     info["dtype"] = TensorProto.DataType.Name(elem)
     zp_name = g.shared_zero(np_t) if zp.ndim == 0 and zp == 0 else g.add_init(f"{base}.zp", zp.astype(np_t))
@@ -107,17 +141,19 @@ def emit(g: Graph, kind: str, x: str, out: str, scale: np.ndarray, zero_point, q
     if (qmin, qmax) != (lo, hi):
         x, clip_nodes = _clip(g, x, base, s, zp, qmin, qmax, axis, scale.ndim)
         nodes += clip_nodes
-        notes.append(f"{label}: grid [{qmin}, {qmax}] exported as {info['dtype']} Q/DQ after a Clip "
-                     f"(exact: {'narrow range' if qmin == -qmax else 'sub-range grid'})")
+        notes.append(
+            f"{label}: grid [{qmin}, {qmax}] exported as {info['dtype']} Q/DQ after a Clip "
+            f"(exact: {'narrow range' if qmin == -qmax else 'sub-range grid'})"
+        )
     return nodes + _pair(g, x, out, base, s_name, zp_name, attrs, attrs), info
 
 
 def _pair(g: Graph, x, out, base, s_name, zp_name, q_attrs, dq_attrs) -> list[onnx.NodeProto]:
     q = g.fresh(f"{base}.q")
-    return [helper.make_node("QuantizeLinear", [x, s_name, zp_name], [q], name=g.fresh(f"{base}.Q"),
-                             **q_attrs),
-            helper.make_node("DequantizeLinear", [q, s_name, zp_name], [out],
-                             name=g.fresh(f"{base}.DQ"), **dq_attrs)]
+    return [
+        helper.make_node("QuantizeLinear", [x, s_name, zp_name], [q], name=g.fresh(f"{base}.Q"), **q_attrs),
+        helper.make_node("DequantizeLinear", [q, s_name, zp_name], [out], name=g.fresh(f"{base}.DQ"), **dq_attrs),
+    ]
 
 
 def _clip(g: Graph, x, out, s, zp, qmin, qmax, axis, rank):  # ``out``: a base for the new names
@@ -134,5 +170,7 @@ def _clip(g: Graph, x, out, s, zp, qmin, qmax, axis, rank):  # ``out``: a base f
     view[axis] = -1
     lo_n, hi_n = g.add_init(f"{out}.clip_min", lo.reshape(view)), g.add_init(f"{out}.clip_max", hi.reshape(view))
     upper = g.fresh(f"{out}.clip_upper")
-    return clipped, [helper.make_node("Min", [x, hi_n], [upper], name=g.fresh(f"{out}.Min")),
-                     helper.make_node("Max", [upper, lo_n], [clipped], name=g.fresh(f"{out}.Max"))]
+    return clipped, [
+        helper.make_node("Min", [x, hi_n], [upper], name=g.fresh(f"{out}.Min")),
+        helper.make_node("Max", [upper, lo_n], [clipped], name=g.fresh(f"{out}.Max")),
+    ]

@@ -44,8 +44,10 @@ def _onnx_dtype(value) -> int:
     if name is None:
         return _FLOAT
     if name not in _TS_TO_ONNX:
-        raise TypeError(f"modelopt_lite ONNX export: fake quantization of a {name} tensor is not supported "
-                        "(float32, float16 or bfloat16 only)")
+        raise TypeError(
+            f"modelopt_lite ONNX export: fake quantization of a {name} tensor is not supported "
+            "(float32, float16 or bfloat16 only)"
+        )
     return _TS_TO_ONNX[name]
 
 
@@ -79,8 +81,9 @@ def _sym_fake_e4m3(g, x, scale):
 
 def _sym_fake_affine(g, x, scale, zero_point, qmin, qmax):
     lo, hi = _const_int(qmin, "qmin"), _const_int(qmax, "qmax")
-    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{AFFINE_MARKER}", x, scale, zero_point, qmin_i=lo, qmax_i=hi,
-                                       dtype_i=dt))
+    return _wrap(
+        g, x, lambda dt: g.op(f"{DOMAIN}::{AFFINE_MARKER}", x, scale, zero_point, qmin_i=lo, qmax_i=hi, dtype_i=dt)
+    )
 
 
 _SYMBOLICS = {

@@ -29,12 +29,19 @@ from .symbolic import AFFINE_MARKER, E4M3_MARKER
 ABSORBABLE = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
 _INT_TYPES = [  # (onnx type, lo, hi, min opset)
-    (TensorProto.INT4, -8, 7, 21), (TensorProto.UINT4, 0, 15, 21),
-    (TensorProto.INT8, -128, 127, 10), (TensorProto.UINT8, 0, 255, 10),
-    (TensorProto.INT16, -(2**15), 2**15 - 1, 21), (TensorProto.UINT16, 0, 2**16 - 1, 21),
+    (TensorProto.INT4, -8, 7, 21),
+    (TensorProto.UINT4, 0, 15, 21),
+    (TensorProto.INT8, -128, 127, 10),
+    (TensorProto.UINT8, 0, 255, 10),
+    (TensorProto.INT16, -(2**15), 2**15 - 1, 21),
+    (TensorProto.UINT16, 0, 2**16 - 1, 21),
 ]
-_NP = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
-       TensorProto.UINT16: np.uint16}
+_NP = {
+    TensorProto.INT8: np.int8,
+    TensorProto.UINT8: np.uint8,
+    TensorProto.INT16: np.int16,
+    TensorProto.UINT16: np.uint16,
+}
 
 
 @dataclass
@@ -60,7 +67,7 @@ def fold(kind: str, x: np.ndarray, scale: np.ndarray, zero_point, qmin: int, qma
         raise ValueError(f"{label}: the constant (weight) being quantized contains NaN, which has no code")
     st = torch.from_numpy(np.array(scale, dtype=np.float32))
     if st.dim() > xt.dim():
-        st = st.reshape(st.shape[st.dim() - xt.dim():]) if st.numel() > 1 else st.reshape(())
+        st = st.reshape(st.shape[st.dim() - xt.dim() :]) if st.numel() > 1 else st.reshape(())
     zp = torch.zeros_like(st)
     if kind == E4M3_MARKER:
         dead = st == 0
@@ -109,6 +116,7 @@ def shape_op(g: Graph, node: onnx.NodeProto, ndim: int):
         def reshape(a):
             target = [a.shape[i] if (s == 0 and not allowzero) else s for i, s in enumerate(shape)]
             return a.reshape(target)
+
         return reshape
     if op in ("Squeeze", "Unsqueeze"):
         axes = _ints(g, node, 1, "axes")
@@ -122,6 +130,7 @@ def shape_op(g: Graph, node: onnx.NodeProto, ndim: int):
             for ax in sorted(x % out_rank for x in axes):
                 a = np.expand_dims(a, ax)
             return a
+
         return unsqueeze
     if op == "Slice":
         starts, ends = _ints(g, node, 1, "starts"), _ints(g, node, 2, "ends")
@@ -135,6 +144,7 @@ def shape_op(g: Graph, node: onnx.NodeProto, ndim: int):
             for s, e, ax, st in zip(starts, ends, axes, steps):
                 idx[ax % a.ndim] = slice(s, e, st)
             return a[tuple(idx)]
+
         return slicer
     return None
 
@@ -197,8 +207,11 @@ def storage_type(kind: str, qmin: int, qmax: int, opset: int, label: str) -> int
         if lo <= qmin and qmax <= hi and opset >= min_opset:
             return t
     bits = math.ceil(math.log2(qmax - qmin + 1))
-    raise OpsetTooLow(f"{label}: integer codes in [{qmin}, {qmax}] ({bits} bits) have no ONNX storage type at "
-                      f"opset {opset}; 16-bit codes need opset >= 21", 21)
+    raise OpsetTooLow(
+        f"{label}: integer codes in [{qmin}, {qmax}] ({bits} bits) have no ONNX storage type at "
+        f"opset {opset}; 16-bit codes need opset >= 21",
+        21,
+    )
 
 
 def pack_4bit(values: np.ndarray) -> bytes:
@@ -216,8 +229,13 @@ def make_tensor(name: str, values: np.ndarray, elem_type: int) -> onnx.TensorPro
     if elem_type in (TensorProto.INT4, TensorProto.UINT4):
         t.raw_data = pack_4bit(values)
     elif elem_type == TensorProto.FLOAT8E4M3FN:
-        t.raw_data = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(
-            torch.float8_e4m3fn).view(torch.uint8).numpy().tobytes()
+        t.raw_data = (
+            torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+            .to(torch.float8_e4m3fn)
+            .view(torch.uint8)
+            .numpy()
+            .tobytes()
+        )
     else:
         t.raw_data = np.ascontiguousarray(values.astype(_NP[elem_type])).tobytes()
     return t
@@ -227,14 +245,17 @@ def emit(g: Graph, fw: FoldedWeight, out: str, opset: int, label: str) -> tuple[
     """The DequantizeLinear node producing ``out`` from new initializers, and a description for the report."""
     gran = granularity(fw.scale)
     if gran is None:
-        raise ValueError(f"{label}: the weight scales of shape {fw.scale.shape} vary along several axes in a way "
-                         "ONNX DequantizeLinear cannot express (per tensor, one axis, or blocks along one axis)")
+        raise ValueError(
+            f"{label}: the weight scales of shape {fw.scale.shape} vary along several axes in a way "
+            "ONNX DequantizeLinear cannot express (per tensor, one axis, or blocks along one axis)"
+        )
     kind, axis, block, compact = gran
     if kind != "tensor" and opset < 13:
         raise OpsetTooLow(f"{label}: per-channel weights need opset >= 13, got opset {opset}", 13)
     if kind == "block" and opset < 21:
-        raise OpsetTooLow(f"{label}: block-quantized weights need opset >= 21 (DequantizeLinear block_size), "
-                          f"got opset {opset}", 21)
+        raise OpsetTooLow(
+            f"{label}: block-quantized weights need opset >= 21 (DequantizeLinear block_size), got opset {opset}", 21
+        )
     zp_c = compact(fw.zero_point)
     scale_c = compact(fw.scale).astype(np.float32)
     if not np.array_equal(_expand(zp_c, fw.zero_point.shape, kind, axis, block), fw.zero_point):
@@ -252,8 +273,13 @@ def emit(g: Graph, fw: FoldedWeight, out: str, opset: int, label: str) -> tuple[
     if kind == "block":
         attrs["block_size"] = block
     node = helper.make_node("DequantizeLinear", inputs, [out], name=g.fresh(f"{base}.DQ"), **attrs)
-    info = {"granularity": kind, "axis": axis, "block_size": block, "dtype": TensorProto.DataType.Name(elem),
-            "shape": tuple(fw.codes.shape)}
+    info = {
+        "granularity": kind,
+        "axis": axis,
+        "block_size": block,
+        "dtype": TensorProto.DataType.Name(elem),
+        "shape": tuple(fw.codes.shape),
+    }
     return node, info
 
 

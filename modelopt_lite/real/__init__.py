@@ -11,8 +11,21 @@
 from .checkpoint import load_real, read_checkpoint, real_quant, save_real
 from .convert import compress, fake2real, real_modules
 from .modules import QuantizedConv2d, QuantizedLinear
+from .real_steps import set_real_step
 from .seed_api import fake_quant, finish_calibration, seed_config
-from .temporal import set_real_step
 
-__all__ = ["QuantizedConv2d", "QuantizedLinear", "compress", "fake2real", "fake_quant", "finish_calibration",
-           "load_real", "read_checkpoint", "real_modules", "real_quant", "save_real", "seed_config", "set_real_step"]
+__all__ = [
+    "QuantizedConv2d",
+    "QuantizedLinear",
+    "compress",
+    "fake2real",
+    "fake_quant",
+    "finish_calibration",
+    "load_real",
+    "read_checkpoint",
+    "real_modules",
+    "real_quant",
+    "save_real",
+    "seed_config",
+    "set_real_step",
+]

@@ -46,8 +46,10 @@ def save_real(model: nn.Module, save_dir) -> Path:
 
     leftover = [n for n, _ in named_quantizers(model)]
     if leftover:
-        raise ValueError(f"save_real: the model still has fake-quant modules ({leftover[0]!r}, ...); a real "
-                         "checkpoint can only hold real and float modules")
+        raise ValueError(
+            f"save_real: the model still has fake-quant modules ({leftover[0]!r}, ...); a real "
+            "checkpoint can only hold real and float modules"
+        )
     save_file, _, _ = _safetensors()
     cfg = checkpoint_config(model)
     out = Path(save_dir)
@@ -65,8 +67,10 @@ def _resolve(path) -> Path:
     if p.is_dir():
         p = p / WEIGHTS_NAME
     if not p.is_file():
-        raise FileNotFoundError(f"no real checkpoint at {str(path)!r} (expected a directory holding {WEIGHTS_NAME} "
-                                "or the .safetensors file itself)")
+        raise FileNotFoundError(
+            f"no real checkpoint at {str(path)!r} (expected a directory holding {WEIGHTS_NAME} "
+            "or the .safetensors file itself)"
+        )
     return p
 
 
@@ -101,16 +105,21 @@ def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str):
         try:
             float_mod = model.get_submodule(name)
         except AttributeError:
-            raise ValueError(f"load_real: tensor {name + '.weight'!r}: the model has no module {name!r} (a different "
-                             "architecture?)") from None
+            raise ValueError(
+                f"load_real: tensor {name + '.weight'!r}: the model has no module {name!r} (a different architecture?)"
+            ) from None
         want = _expected_float(spec)
         if type(float_mod) is not want:
-            raise ValueError(f"load_real: tensor {name + '.weight'!r}: module {name!r} is {type(float_mod).__name__}, "
-                             f"the checkpoint holds a {spec['type']} converted from {want.__name__}")
+            raise ValueError(
+                f"load_real: tensor {name + '.weight'!r}: module {name!r} is {type(float_mod).__name__}, "
+                f"the checkpoint holds a {spec['type']} converted from {want.__name__}"
+            )
         w = getattr(float_mod, "weight", None)
         if not isinstance(w, torch.Tensor) or list(w.shape) != list(spec["weight_shape"]):
-            raise ValueError(f"load_real: tensor {name + '.weight'!r}: shape {list(spec['weight_shape'])} in the "
-                             f"checkpoint, {list(w.shape) if isinstance(w, torch.Tensor) else None} in the model")
+            raise ValueError(
+                f"load_real: tensor {name + '.weight'!r}: shape {list(spec['weight_shape'])} in the "
+                f"checkpoint, {list(w.shape) if isinstance(w, torch.Tensor) else None} in the model"
+            )
         built[name] = build_real_module(spec, None, backend, device=w.device)
     # the expected state dict: float tensors of the model, with real modules' buffers in place of theirs
     expected: dict[str, torch.Tensor] = {}
@@ -126,12 +135,16 @@ def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str):
             raise ValueError(f"load_real: tensor {key!r} is missing from the checkpoint (a different architecture?)")
         c = tensors[key]
         if tuple(c.shape) != tuple(t.shape) or c.dtype != t.dtype:
-            raise ValueError(f"load_real: tensor {key!r}: checkpoint has {c.dtype} {tuple(c.shape)}, the model "
-                             f"expects {t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"load_real: tensor {key!r}: checkpoint has {c.dtype} {tuple(c.shape)}, the model "
+                f"expects {t.dtype} {tuple(t.shape)}"
+            )
     extra = [k for k in tensors if k not in expected]
     if extra:
-        raise ValueError(f"load_real: tensor {extra[0]!r} in the checkpoint has no place in the model "
-                         f"({len(extra)} unexpected tensor(s); a different architecture?)")
+        raise ValueError(
+            f"load_real: tensor {extra[0]!r} in the checkpoint has no place in the model "
+            f"({len(extra)} unexpected tensor(s); a different architecture?)"
+        )
     return built
 
 
@@ -170,6 +183,8 @@ def real_quant(model: nn.Module, n_bits: int, num_steps: int, ckpt_path, backend
         bits = inp["num_bits"] if inp else spec["weight"]["num_bits"]
         steps = inp["num_steps"] if inp else 1
         if bits != n_bits or (inp is not None and steps != num_steps):
-            raise ValueError(f"real_quant: module {name!r} in {os.fspath(ckpt_path)!r} has n_bits={bits}, "
-                             f"num_steps={steps}; expected n_bits={n_bits}, num_steps={num_steps}")
+            raise ValueError(
+                f"real_quant: module {name!r} in {os.fspath(ckpt_path)!r} has n_bits={bits}, "
+                f"num_steps={steps}; expected n_bits={n_bits}, num_steps={num_steps}"
+            )
     return load_real(model, ckpt_path, backend)

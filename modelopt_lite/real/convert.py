@@ -58,8 +58,12 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
     if info["dynamic"]:
         _fail(name, "weight_quantizer", "is dynamic; calibrate it (static amax) before fake2real")
     if info["unsigned"] or info["num_bits"] > 8:
-        _fail(name, "weight_quantizer", f"has num_bits={info['num_bits']} unsigned={info['unsigned']}; real storage "
-              "needs signed weights with <= 8 bits")
+        _fail(
+            name,
+            "weight_quantizer",
+            f"has num_bits={info['num_bits']} unsigned={info['unsigned']}; real storage "
+            "needs signed weights with <= 8 bits",
+        )
     codes, scale = wq.quantize_weight_codes(w)
     codes = codes.to(torch.int8)
     if info["kind"] == "block":
@@ -78,11 +82,21 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
         fake_w = wq(module.weight)
     deq = dequantize_weight(codes, deq_scale, {int(k): v for k, v in bs.items()} if bs else None).to(w.dtype)
     if not torch.equal(deq, fake_w):
-        raise RuntimeError(f"fake2real: module {name!r}: the integer weights do not reproduce the weight quantizer's "
-                           "output; please report this (quantizer settings: " + repr(info) + ")")
+        raise RuntimeError(
+            f"fake2real: module {name!r}: the integer weights do not reproduce the weight quantizer's "
+            "output; please report this (quantizer settings: " + repr(info) + ")"
+        )
     storage = "int4" if info["num_bits"] <= 4 else "int8"
-    spec = {"num_bits": info["num_bits"], "unsigned": False, "narrow_range": info["narrow_range"], "layout": layout,
-            "axis": axis, "block_sizes": bs, "storage": storage, "dtype": str(w.dtype).replace("torch.", "")}
+    spec = {
+        "num_bits": info["num_bits"],
+        "unsigned": False,
+        "narrow_range": info["narrow_range"],
+        "layout": layout,
+        "axis": axis,
+        "block_sizes": bs,
+        "storage": storage,
+        "dtype": str(w.dtype).replace("torch.", ""),
+    }
     tensors = {"weight_scale": stored_scale.contiguous()}
     tensors["weight" if storage == "int8" else "weight_packed"] = codes if storage == "int8" else pack_int4(codes)
     return spec, tensors
@@ -91,9 +105,13 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
 def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
     info = iq.export_info()
     if info["kind"] != "int" or info["dynamic"] or info["axis"] is not None or info["num_bits"] > 8:
-        _fail(name, "input_quantizer", f"({info['kind']}, num_bits={info['num_bits']}, axis={info['axis']}, "
-              f"dynamic={info['dynamic']}) is not supported; real modules need static per-tensor integer inputs "
-              "with <= 8 bits")
+        _fail(
+            name,
+            "input_quantizer",
+            f"({info['kind']}, num_bits={info['num_bits']}, axis={info['axis']}, "
+            f"dynamic={info['dynamic']}) is not supported; real modules need static per-tensor integer inputs "
+            "with <= 8 bits",
+        )
     bound, qmin, qmax = int_range(info["num_bits"], info["unsigned"], info["narrow_range"])
     steps = int(getattr(iq, "num_steps", 1))
     saved = iq.step if steps > 1 else None
@@ -112,15 +130,21 @@ def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
             probe = probe.abs() if info["unsigned"] else probe
             with torch.no_grad():
                 if not torch.equal(library.fake_quant_int(probe, scale, qmin, qmax), iq(probe)):
-                    raise RuntimeError(f"fake2real: module {name!r}: the input scale does not reproduce the input "
-                                       f"quantizer at step {t}; please report this ({info!r})")
+                    raise RuntimeError(
+                        f"fake2real: module {name!r}: the input scale does not reproduce the input "
+                        f"quantizer at step {t}; please report this ({info!r})"
+                    )
             scales.append(scale)
     finally:
         iq.pre_quant_scale = pqs
         if saved is not None:
             iq.step = saved
-    spec = {"num_bits": info["num_bits"], "unsigned": info["unsigned"], "narrow_range": info["narrow_range"],
-            "num_steps": steps}
+    spec = {
+        "num_bits": info["num_bits"],
+        "unsigned": info["unsigned"],
+        "narrow_range": info["narrow_range"],
+        "num_steps": steps,
+    }
     return spec, torch.stack(scales).float().contiguous()
 
 
@@ -136,23 +160,39 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
     qs = _quantizers(module)
     wq, iq, oq = qs.get("weight_quantizer"), qs.get("input_quantizer"), qs.get("output_quantizer")
     if oq is not None and oq.is_enabled:
-        _fail(name, "output_quantizer", "is enabled; real modules return float outputs. Disable it "
-              "(quant_cfg {'*output_quantizer': {'enable': False}}) or keep this model fake-quantized")
+        _fail(
+            name,
+            "output_quantizer",
+            "is enabled; real modules return float outputs. Disable it "
+            "(quant_cfg {'*output_quantizer': {'enable': False}}) or keep this model fake-quantized",
+        )
     for q, what in ((wq, "weight_quantizer"), (iq, "input_quantizer")):
         if q is not None and q.is_enabled and (q.is_calib_enabled or not q.is_quant_enabled):
             _fail(name, what, "is still calibrating (or has quantization off); finish calibration first")
     if wq is None or not wq.is_enabled:
-        _fail(name, "weight_quantizer", "is disabled while the input quantizer is enabled; real modules store "
-              "quantized weights")
+        _fail(
+            name,
+            "weight_quantizer",
+            "is disabled while the input quantizer is enabled; real modules store quantized weights",
+        )
     wspec, tensors = _weight_part(name, module, wq)
-    spec = {"type": kind, "weight_shape": list(module.weight.shape), "weight": wspec, "input": None,
-            "bias": None if module.bias is None else str(module.bias.dtype).replace("torch.", "")}
+    spec = {
+        "type": kind,
+        "weight_shape": list(module.weight.shape),
+        "weight": wspec,
+        "input": None,
+        "bias": None if module.bias is None else str(module.bias.dtype).replace("torch.", ""),
+    }
     if module.bias is not None:
         tensors["bias"] = module.bias.detach().clone()
     pqs = None if iq is None else iq.pre_quant_scale
     if pqs is not None and (kind != "QuantizedLinear" or not iq.is_enabled):
-        _fail(name, "input_quantizer", "has a SmoothQuant pre_quant_scale, which real modules support only on an "
-              "enabled Linear input; keep this model fake-quantized (or export it to ONNX, where it is a Mul)")
+        _fail(
+            name,
+            "input_quantizer",
+            "has a SmoothQuant pre_quant_scale, which real modules support only on an "
+            "enabled Linear input; keep this model fake-quantized (or export it to ONNX, where it is a Mul)",
+        )
     if iq is not None and iq.is_enabled:
         spec["input"], tensors["input_scale"] = _input_scales(name, iq)
     if pqs is not None:
@@ -160,17 +200,20 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
         tensors["pre_quant_scale"] = pqs.detach().clone()
     if kind == "QuantizedConv2d":
         p = module.padding
-        spec["conv"] = {"stride": list(module.stride), "padding": p if isinstance(p, str) else list(p),
-                        "dilation": list(module.dilation), "groups": module.groups,
-                        "padding_mode": module.padding_mode}
+        spec["conv"] = {
+            "stride": list(module.stride),
+            "padding": p if isinstance(p, str) else list(p),
+            "dilation": list(module.dilation),
+            "groups": module.groups,
+            "padding_mode": module.padding_mode,
+        }
     return spec, tensors
 
 
 REAL_CLASSES = {"QuantizedLinear": QuantizedLinear, "QuantizedConv2d": QuantizedConv2d}
 
 
-def build_real_module(spec: dict, tensors: dict | None = None, backend: str = "auto",
-                      device=None) -> nn.Module:
+def build_real_module(spec: dict, tensors: dict | None = None, backend: str = "auto", device=None) -> nn.Module:
     """A real module from its spec (and tensors, copied in); used by :func:`fake2real` and the checkpoint loader."""
     if spec.get("type") not in REAL_CLASSES:
         raise ValueError(f"unknown real module type {spec.get('type')!r}; expected one of {sorted(REAL_CLASSES)}")
@@ -210,16 +253,19 @@ def _targets(model: nn.Module, strict: bool):
         elif _all_disabled(m) and hasattr(m, "_float_cls"):
             yield name, m, "float"
         elif any(q.is_enabled for q in _quantizers(m).values()):
-            msg = (f"fake2real: module {name!r} ({type(m).__name__}) has enabled quantizers but no real INT8 "
-                   "implementation (only QuantLinear and QuantConv2d convert); disable them or pass strict=False "
-                   "to keep it fake-quantized")
+            msg = (
+                f"fake2real: module {name!r} ({type(m).__name__}) has enabled quantizers but no real INT8 "
+                "implementation (only QuantLinear and QuantConv2d convert); disable them or pass strict=False "
+                "to keep it fake-quantized"
+            )
             if strict:
                 raise ValueError(msg)
             log.warning(msg)
 
 
-def fake2real(model: nn.Module, save_dir=None, *, backend: str = "auto", strict: bool = True,
-              inplace: bool = True) -> nn.Module:
+def fake2real(
+    model: nn.Module, save_dir=None, *, backend: str = "auto", strict: bool = True, inplace: bool = True
+) -> nn.Module:
     """Convert a calibrated fake-quant model into real INT8 (and packed INT4) modules; optionally save it.
 
     Args:
@@ -264,9 +310,11 @@ def fake2real(model: nn.Module, save_dir=None, *, backend: str = "auto", strict:
     for name, new in built:
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, new)
-    log.info("fake2real: %d real modules, %d reverted to float",
-             sum(not isinstance(n, nn.Linear | nn.Conv2d) for _, n in built),
-             sum(isinstance(n, nn.Linear | nn.Conv2d) for _, n in built))
+    log.info(
+        "fake2real: %d real modules, %d reverted to float",
+        sum(not isinstance(n, nn.Linear | nn.Conv2d) for _, n in built),
+        sum(isinstance(n, nn.Linear | nn.Conv2d) for _, n in built),
+    )
     if save_dir is not None:
         from .checkpoint import save_real
 

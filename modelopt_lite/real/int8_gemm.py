@@ -51,7 +51,8 @@ def onednn_available() -> bool:
     """True when this torch build has the oneDNN quantized linear/conv ops with float outputs."""
     ops = torch.ops.onednn
     return torch.backends.mkldnn.is_available() and all(
-        hasattr(ops, n) for n in ("qlinear_prepack", "qlinear_pointwise", "qconv_prepack", "qconv2d_pointwise"))
+        hasattr(ops, n) for n in ("qlinear_prepack", "qlinear_pointwise", "qconv_prepack", "qconv2d_pointwise")
+    )
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -70,8 +71,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 def _float32_gemm_is_ieee() -> bool:
     mk = getattr(torch.backends.mkldnn, "matmul", None)
-    return torch.get_float32_matmul_precision() == "highest" and getattr(mk, "fp32_precision", "none") in ("none",
-                                                                                                          "ieee")
+    return torch.get_float32_matmul_precision() == "highest" and getattr(mk, "fp32_precision", "none") in (
+        "none",
+        "ieee",
+    )
 
 
 def _float32_conv_is_ieee(device: torch.device) -> bool:
@@ -123,8 +126,9 @@ def onednn_mode() -> str:
 
 
 def _onednn_linear_call(u, zp, x_scale, packed, w_scale, w_zp, bias):
-    return torch.ops.onednn.qlinear_pointwise(u, float(x_scale), int(zp), packed, w_scale, w_zp, bias, 1.0, 0,
-                                              torch.float32, "none", [], "")
+    return torch.ops.onednn.qlinear_pointwise(
+        u, float(x_scale), int(zp), packed, w_scale, w_zp, bias, 1.0, 0, torch.float32, "none", [], ""
+    )
 
 
 def _chunks_exact(col_max: torch.Tensor, x_max: int) -> list[tuple[int, int]]:
@@ -179,7 +183,9 @@ class LinearKernel:
 
     def __init__(self, weight: torch.Tensor, w_scale: torch.Tensor, backend: str = "auto"):
         if weight.dtype != torch.int8 or weight.dim() != 2:
-            raise TypeError(f"LinearKernel needs 2-D int8 weight codes, got {weight.dtype} of shape {tuple(weight.shape)}")
+            raise TypeError(
+                f"LinearKernel needs 2-D int8 weight codes, got {weight.dtype} of shape {tuple(weight.shape)}"
+            )
         self.weight, self.w_scale = weight, w_scale.float().reshape(-1).expand(weight.shape[0]).contiguous()
         self.backend = resolve_backend(backend, weight.device)
         self._cache: dict = {}
@@ -229,7 +235,9 @@ class Conv2dKernel:
 
     def __init__(self, weight, w_scale, stride, dilation, groups: int, backend: str = "auto"):
         if weight.dtype != torch.int8 or weight.dim() != 4:
-            raise TypeError(f"Conv2dKernel needs 4-D int8 weight codes, got {weight.dtype} of shape {tuple(weight.shape)}")
+            raise TypeError(
+                f"Conv2dKernel needs 4-D int8 weight codes, got {weight.dtype} of shape {tuple(weight.shape)}"
+            )
         self.weight = weight
         self.w_scale = w_scale.float().reshape(-1).expand(weight.shape[0]).contiguous()
         self.stride, self.dilation, self.groups = tuple(stride), tuple(dilation), int(groups)
@@ -272,8 +280,9 @@ class Conv2dKernel:
         cols = cols.view(b, g, cin_g * kh * kw, oh * ow)
         accs = []
         for gi in range(g):
-            wg = self._get(("w", gi), lambda gi=gi: self.weight[gi * cout_g:(gi + 1) * cout_g].reshape(cout_g, -1)
-                           .contiguous())
+            wg = self._get(
+                ("w", gi), lambda gi=gi: self.weight[gi * cout_g : (gi + 1) * cout_g].reshape(cout_g, -1).contiguous()
+            )
             a = cols[:, gi].transpose(1, 2).reshape(b * oh * ow, -1)
             accs.append(int_mm_acc(a, wg, self._cache.setdefault(("c", gi), {}), unsigned))
         acc = torch.cat(accs, 1) if g > 1 else accs[0]
@@ -286,12 +295,32 @@ class Conv2dKernel:
         y = None
         parts = split_codes(q, unsigned, onednn_mode() == "direct")
         for i, (u, zp) in enumerate(parts):
-            packed = self._get(("packed", sx, zp), lambda zp=zp: torch.ops.onednn.qconv_prepack(
-                self.weight, self.w_scale, sx, zp, list(self.stride), [0, 0], list(self.dilation), self.groups, None))
+            packed = self._get(
+                ("packed", sx, zp),
+                lambda zp=zp: torch.ops.onednn.qconv_prepack(
+                    self.weight, self.w_scale, sx, zp, list(self.stride), [0, 0], list(self.dilation), self.groups, None
+                ),
+            )
             b = bias.float() if (bias is not None and i == len(parts) - 1) else None
             part = torch.ops.onednn.qconv2d_pointwise(
-                u.contiguous(memory_format=torch.channels_last), sx, zp, packed, self.w_scale, w_zp, b,
-                list(self.stride), [0, 0], list(self.dilation), self.groups, 1.0, 0, torch.float32, "none", [], None)
+                u.contiguous(memory_format=torch.channels_last),
+                sx,
+                zp,
+                packed,
+                self.w_scale,
+                w_zp,
+                b,
+                list(self.stride),
+                [0, 0],
+                list(self.dilation),
+                self.groups,
+                1.0,
+                0,
+                torch.float32,
+                "none",
+                [],
+                None,
+            )
             y = part if y is None else y.add_(part)
         return y.contiguous()
 
@@ -313,5 +342,9 @@ def error_bound(abs_terms: torch.Tensor, k: int, dtype: torch.dtype = torch.floa
 def warn_slow_int_mm(device: torch.device) -> None:
     """Warn once when ``torch._int_mm`` is forced on a CPU (a naive fallback there)."""
     if device.type == "cpu":
-        warnings.warn("backend='int_mm' on CPU uses torch's naive int8 fallback (two orders of magnitude slower "
-                      "than float32); use 'auto'", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "backend='int_mm' on CPU uses torch's naive int8 fallback (two orders of magnitude slower "
+            "than float32); use 'auto'",
+            RuntimeWarning,
+            stacklevel=3,
+        )

@@ -80,15 +80,13 @@ class _RealQuantModule(nn.Module):
         if w["storage"] == "int8":
             self.register_buffer("weight", torch.zeros(shape, dtype=torch.int8))
         else:
-            self.register_buffer("weight_packed", torch.zeros(shape[:-1] + ((shape[-1] + 1) // 2,),
-                                                              dtype=torch.uint8))
+            self.register_buffer("weight_packed", torch.zeros(shape[:-1] + ((shape[-1] + 1) // 2,), dtype=torch.uint8))
         self.register_buffer("weight_scale", torch.ones(weight_scale_shape(spec), dtype=torch.float32))
         bias = spec.get("bias")
         self.register_buffer("bias", None if bias is None else torch.zeros(shape[0], dtype=_dtype(bias)))
         inp = spec.get("input")
         self.num_steps = 1 if inp is None else int(inp["num_steps"])
-        self.register_buffer("input_scale", None if inp is None else torch.ones(self.num_steps,
-                                                                                dtype=torch.float32))
+        self.register_buffer("input_scale", None if inp is None else torch.ones(self.num_steps, dtype=torch.float32))
         pqs = inp is not None and inp.get("pre_quant_scale", False)
         self.register_buffer("pre_quant_scale", torch.ones(shape[-1], dtype=torch.float32) if pqs else None)
         if inp is not None:
@@ -101,8 +99,9 @@ class _RealQuantModule(nn.Module):
     def compute(self) -> str:
         """``"int8"`` (integer GEMM) or ``"dequant"`` (float op on dequantized weights); see the module doc."""
         w, inp = self.spec["weight"], self.spec.get("input")
-        ok_w = w["layout"] == "tensor" or (w["layout"] == "channel" and [a % len(self.spec["weight_shape"])
-                                                                         for a in w["axis"]] == [0])
+        ok_w = w["layout"] == "tensor" or (
+            w["layout"] == "channel" and [a % len(self.spec["weight_shape"]) for a in w["axis"]] == [0]
+        )
         ok_w = ok_w and w["num_bits"] <= 8
         ok_in = inp is not None and inp["num_bits"] <= 8
         return "int8" if ok_w and ok_in and not self.spec.get("force_dequant", False) else "dequant"
@@ -117,8 +116,11 @@ class _RealQuantModule(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weights as the fake-quant module sees them (``q * scale`` in float32, then the weight dtype)."""
-        bs = block_sizes_from_json(self.spec["weight"]["block_sizes"]) if self.spec["weight"]["layout"] == "block" \
+        bs = (
+            block_sizes_from_json(self.spec["weight"]["block_sizes"])
+            if self.spec["weight"]["layout"] == "block"
             else None
+        )
         scale = self.weight_scale
         if self.spec["weight"]["layout"] == "channel" and scale.dim() == 1:
             scale = scale.view((-1,) + (1,) * (len(self.spec["weight_shape"]) - 1))
@@ -147,8 +149,14 @@ class _RealQuantModule(nn.Module):
 
     def _get_kernel(self, make):
         w = self.weight_codes if self.spec["weight"]["storage"] == "int8" else self.weight_packed
-        key = (w.device, w.data_ptr(), w._version, self.weight_scale.data_ptr(), self.weight_scale._version,
-               self.backend)
+        key = (
+            w.device,
+            w.data_ptr(),
+            w._version,
+            self.weight_scale.data_ptr(),
+            self.weight_scale._version,
+            self.backend,
+        )
         if self._kernel is None or self._kernel_key != key:
             scale = self.weight_scale.reshape(-1)
             codes = self.weight_codes
@@ -242,8 +250,10 @@ class QuantizedConv2d(_RealQuantModule):
         self.padding_mode = c["padding_mode"]
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, groups={self.groups}, " + super().extra_repr())
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, groups={self.groups}, " + super().extra_repr()
+        )
 
     def _pads(self) -> list[int]:
         """Explicit ``F.pad`` amounts (left, right, top, bottom) equivalent to the conv's padding."""
@@ -260,8 +270,9 @@ class QuantizedConv2d(_RealQuantModule):
 
     def _float_conv(self, x, w, b):
         if self.padding_mode != "zeros":
-            return F.conv2d(F.pad(x, self._pads(), mode=self.padding_mode), w, b, self.stride, 0, self.dilation,
-                            self.groups)
+            return F.conv2d(
+                F.pad(x, self._pads(), mode=self.padding_mode), w, b, self.stride, 0, self.dilation, self.groups
+            )
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
 
     def padded_codes(self, x: torch.Tensor) -> torch.Tensor:
@@ -275,8 +286,9 @@ class QuantizedConv2d(_RealQuantModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.compute == "dequant":
             return self._float_conv(self.fake_quant_input(x), self.dequantized_weight(), self.bias)
-        kernel = self._get_kernel(lambda w, s: int8_gemm.Conv2dKernel(w, s, self.stride, self.dilation, self.groups,
-                                                                      self.backend))
+        kernel = self._get_kernel(
+            lambda w, s: int8_gemm.Conv2dKernel(w, s, self.stride, self.dilation, self.groups, self.backend)
+        )
         q = self.padded_codes(x)
         nan = torch.isnan(q)
         has_nan = bool(nan.any())
@@ -299,7 +311,8 @@ class QuantizedConv2d(_RealQuantModule):
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Bound on ``|forward(x) - fake_quant_module(x)|`` per output (0 for the bit-identical dequant path)."""
         if self.compute == "dequant":
-            return torch.zeros_like(self._float_conv(x, self.dequantized_weight().to(x.dtype), None),
-                                    dtype=torch.float64)
+            return torch.zeros_like(
+                self._float_conv(x, self.dequantized_weight().to(x.dtype), None), dtype=torch.float64
+            )
         k = self.spec["weight_shape"][1] * self.kernel_size[0] * self.kernel_size[1]
         return int8_gemm.error_bound(self.abs_terms(x), k, x.dtype)

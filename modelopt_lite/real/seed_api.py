@@ -29,8 +29,10 @@ _PENDING = "_modelopt_lite_pending_calibration"
 
 def _check_params(p: dict, what: str) -> tuple[int, bool, str, dict]:
     if not isinstance(p, dict):
-        raise TypeError(f"fake_quant: {what} must be a dict like {{'n_bits': 8, 'channel_wise': True, "
-                        f"'scale_method': 'max'}}, got {type(p).__name__}")
+        raise TypeError(
+            f"fake_quant: {what} must be a dict like {{'n_bits': 8, 'channel_wise': True, "
+            f"'scale_method': 'max'}}, got {type(p).__name__}"
+        )
     unknown = sorted(set(p) - _PARAM_KEYS)
     if unknown:
         raise TypeError(f"fake_quant: {what} has unknown key(s) {unknown}; allowed: {sorted(_PARAM_KEYS)}")
@@ -58,20 +60,31 @@ def seed_config(wq_params: dict, aq_params: dict, num_steps: int = 1) -> dict:
     wn, wcw, wm, _ = _check_params(wq_params, "wq_params")
     an, acw, am, _ = _check_params(aq_params, "aq_params")
     if acw:
-        raise ValueError("fake_quant: aq_params['channel_wise']=True is not supported: activations are quantized "
-                         "per tensor (one scale per step), as integer GEMMs need")
+        raise ValueError(
+            "fake_quant: aq_params['channel_wise']=True is not supported: activations are quantized "
+            "per tensor (one scale per step), as integer GEMMs need"
+        )
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"fake_quant: num_steps must be an int >= 1, got {num_steps!r}")
     cfg = copy.deepcopy(INT8_DEFAULT_CFG)
     qc = cfg["quant_cfg"]
-    w = {"num_bits": wn, "axis": 0 if wcw else None, "calib_method": "max" if wm == "max" else "histogram",
-         "enable": True}
+    w = {
+        "num_bits": wn,
+        "axis": 0 if wcw else None,
+        "calib_method": "max" if wm == "max" else "histogram",
+        "enable": True,
+    }
     qc["*weight_quantizer"] = w
     for sub in qc.values():  # ConvTranspose weights keep the project's channel axis for them
         if isinstance(sub, dict) and "*weight_quantizer" in sub and isinstance(sub["*weight_quantizer"], dict):
             sub["*weight_quantizer"] = dict(w, axis=CONVTRANSPOSE_WEIGHT_AXIS if wcw else None)
-    qc["*input_quantizer"] = {"num_bits": an, "axis": None, "enable": True, "num_steps": num_steps,
-                              "calib_method": "max" if am == "max" else "histogram"}
+    qc["*input_quantizer"] = {
+        "num_bits": an,
+        "axis": None,
+        "enable": True,
+        "num_steps": num_steps,
+        "calib_method": "max" if am == "max" else "histogram",
+    }
     cfg["algorithm"] = None
     return cfg
 
@@ -101,8 +114,13 @@ def _calibrate_weights(model: nn.Module, method: str, kwargs: dict) -> None:
         q.enable_quant()
 
 
-def fake_quant(model: nn.Module, wq_params: dict, aq_params: dict, num_steps: int = 1,
-               forward_loop: Callable[[nn.Module], object] | None = None) -> nn.Module:
+def fake_quant(
+    model: nn.Module,
+    wq_params: dict,
+    aq_params: dict,
+    num_steps: int = 1,
+    forward_loop: Callable[[nn.Module], object] | None = None,
+) -> nn.Module:
     """Quantize ``model`` in place with the seed-style parameters and return it.
 
     Weight quantizers are calibrated immediately from the weights (``wq_params['scale_method']``). Activation

@@ -51,8 +51,10 @@ def assert_same(got, want, what: str) -> None:
     bad = (got.contiguous().view(view) != want.contiguous().view(view)) & ~wn
     if bool(bad.any()):
         i = int(bad.flatten().nonzero()[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {want.numel()} elements differ; first at flat index {i}: "
-                             f"got {got.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {want.numel()} elements differ; first at flat index {i}: "
+            f"got {got.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}"
+        )
 
 
 def run_check(mod, device: str, check: Check) -> None:
@@ -106,6 +108,7 @@ def layouts(bound: float):
     def per_axis(keep):
         def f(x):
             return x, scale_from_amax(_dead(_reduce_amax(x, keep)) * 0.7, bound)
+
         return f
 
     def per_tensor(x):
@@ -119,6 +122,7 @@ def layouts(bound: float):
                 s_scale = scale_from_amax(scale.amax(), 255.0)
                 scale = ref.fake_quant_int(scale, s_scale, 0, 255)
             return xb, blocks.expand_amax(scale, sizes)
+
         return f
 
     return [
@@ -158,10 +162,18 @@ def int_checks(dtypes=DTYPES, bits=BITS, shape=SHAPE):
                         g = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
                         return g.to(device), x, scale, qmin, qmax, need
 
-                    out.append(Check(f"fake_quant_int {tag}", "fake_quant_int",
-                                     lambda d, m=make, lo=qmin, hi=qmax: (*m(d), lo, hi)))
-                    out.append(Check(f"quantize_int {tag}", "quantize_int",
-                                     lambda d, m=make, lo=qmin, hi=qmax: (*m(d), lo, hi)))
+                    out.append(
+                        Check(
+                            f"fake_quant_int {tag}",
+                            "fake_quant_int",
+                            lambda d, m=make, lo=qmin, hi=qmax: (*m(d), lo, hi),
+                        )
+                    )
+                    out.append(
+                        Check(
+                            f"quantize_int {tag}", "quantize_int", lambda d, m=make, lo=qmin, hi=qmax: (*m(d), lo, hi)
+                        )
+                    )
                     out.append(Check(f"int_backward {tag}", "int_backward", make_bwd))
     return out
 
@@ -171,6 +183,7 @@ def e4m3_checks(dtypes=DTYPES, shape=SHAPE):
     out = []
     for dtype in dtypes:
         for li, (name, layout) in enumerate(layouts(E4M3_MAX)):
+
             def make(device, li=li, layout=layout, dtype=dtype):
                 x, scale = layout(_base(shape, dtype, 1000 + li, False))
                 x = x.clone()
@@ -179,6 +192,7 @@ def e4m3_checks(dtypes=DTYPES, shape=SHAPE):
 
             out.append(Check(f"fake_e4m3 {name} {dtype}", "fake_e4m3", make))
             for need in (True, False):
+
                 def make_bwd(device, make=make, dtype=dtype, need=need):
                     x, scale = make(device)
                     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
@@ -194,6 +208,7 @@ def affine_checks(dtypes=DTYPES, shape=SHAPE):
     for dtype in dtypes:
         for b in (4, 8):
             for keep in ((), (0,), (2,)):
+
                 def make(device, dtype=dtype, b=b, keep=keep):
                     x = _base(shape, dtype, 77 + b, False)
                     dims = [d for d in range(3) if d not in keep]
@@ -221,6 +236,7 @@ def edge_checks(dtypes=DTYPES):
     """Ties, range ends, clipped negatives (-128 with narrow_range=False), tiny/zero amax, non-contiguous views."""
     out = []
     for dtype in dtypes:
+
         def ties(device, dtype=dtype):
             s = torch.tensor(2.0**-5)
             k = torch.arange(-140, 140, dtype=torch.float32)
@@ -236,15 +252,19 @@ def edge_checks(dtypes=DTYPES):
 
         out.append(Check(f"narrow_range=False clips to -128 {dtype}", "quantize_int", clipped))
         for amax in (0.0, 1e-26, 2.0**-24, 2.0**-23):
+
             def tiny(device, dtype=dtype, amax=amax):
                 x = torch.tensor([-1.0, -1e-8, 0.0, 1e-8, 1.0, math.nan]).to(dtype)
                 return x.to(device), scale_from_amax(torch.tensor(amax), 127).to(device), -128, 127
 
             out.append(Check(f"amax={amax} {dtype}", "fake_quant_int", tiny))
-        for vname, view in (("transposed", lambda t: t.transpose(0, 2)), ("strided", lambda t: t[:, :, ::2]),
-                            ("offset", lambda t: t.reshape(-1)[1:].reshape(7, 77)),
-                            ("channels_last", lambda t: t.reshape(2, 3, 10, 9).contiguous(
-                                memory_format=torch.channels_last))):
+        for vname, view in (
+            ("transposed", lambda t: t.transpose(0, 2)),
+            ("strided", lambda t: t[:, :, ::2]),
+            ("offset", lambda t: t.reshape(-1)[1:].reshape(7, 77)),
+            ("channels_last", lambda t: t.reshape(2, 3, 10, 9).contiguous(memory_format=torch.channels_last)),
+        ):
+
             def noncontig(device, dtype=dtype, view=view):
                 x = view(_base(SHAPE, dtype, 5, False).to(device))
                 amax = x.float().abs().amax(dim=0, keepdim=True) * 0.5
@@ -276,6 +296,7 @@ def binding_checks():
 
     out.append(Check("scale (5, 1) against x (4, 5, 6)", "fake_quant_int", lower_rank))
     for gd, xd in ((torch.float32, torch.float16), (torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)):
+
         def mixed(device, gd=gd, xd=xd):
             x = _special(_base((7, 9), xd, 11, False))
             s = scale_from_amax(x.float().abs().amax(dim=1, keepdim=True).nan_to_num(0, 1e3, 0) * 0.5, 7)
@@ -283,12 +304,23 @@ def binding_checks():
             return g.to(device), x.to(device), s.to(device), -8, 7, True
 
         out.append(Check(f"int_backward grad {gd} x {xd}", "int_backward", mixed))
-    out.append(Check("empty x", "fake_quant_int",
-                     lambda d: (torch.empty(0, 5, device=d), torch.ones(1, 5, device=d), -128, 127)))
-    out.append(Check("0-d x", "fake_quant_int",
-                     lambda d: (torch.tensor(1.3, device=d), torch.tensor(0.1, device=d), -128, 127)))
-    out.append(Check("0-d x codes", "quantize_int",
-                     lambda d: (torch.tensor(-7.3, device=d), torch.tensor(0.1, device=d), -128, 127)))
+    out.append(
+        Check(
+            "empty x", "fake_quant_int", lambda d: (torch.empty(0, 5, device=d), torch.ones(1, 5, device=d), -128, 127)
+        )
+    )
+    out.append(
+        Check(
+            "0-d x", "fake_quant_int", lambda d: (torch.tensor(1.3, device=d), torch.tensor(0.1, device=d), -128, 127)
+        )
+    )
+    out.append(
+        Check(
+            "0-d x codes",
+            "quantize_int",
+            lambda d: (torch.tensor(-7.3, device=d), torch.tensor(0.1, device=d), -128, 127),
+        )
+    )
 
     def alternating(device):  # 10 alternating dims: more than the general path's 8 merged dims
         x = _base((2,) * 10, torch.float16, 12, False)
@@ -296,8 +328,13 @@ def binding_checks():
         return x.to(device), s.to(device), -8, 7
 
     out.append(Check("10 alternating broadcast dims", "fake_quant_int", alternating))
-    out.append(Check("10 alternating broadcast dims, backward", "int_backward",
-                     lambda d: (torch.ones((2,) * 10, dtype=torch.float16, device=d), *alternating(d), True)))
+    out.append(
+        Check(
+            "10 alternating broadcast dims, backward",
+            "int_backward",
+            lambda d: (torch.ones((2,) * 10, dtype=torch.float16, device=d), *alternating(d), True),
+        )
+    )
     return out
 
 
@@ -310,11 +347,16 @@ def error_cases(device: str):
         (lambda m: m.fake_quant_int(x, s, 8, 7), ValueError, "qmin must be <= qmax"),
         (lambda m: m.fake_quant_int(x, torch.ones(3, 1, device=device), -8, 7), ValueError, "does not broadcast"),
         (lambda m: m.fake_quant_int(x, torch.ones(1, 1, 5, device=device), -8, 7), ValueError, "does not broadcast"),
-        (lambda m: m.fake_quant_int(x, torch.ones(1, dtype=torch.int32, device=device), -8, 7), TypeError,
-         "floating-point"),
-        (lambda m: m.int_backward(torch.ones(4, 4, device=device), x, s, -8, 7, True), ValueError,
-         "does not match"),
-        (lambda m: m.histogram_rows(x, torch.zeros(4, dtype=torch.int64, device=device), 0), ValueError,
-         "cap must be >= 1"),
+        (
+            lambda m: m.fake_quant_int(x, torch.ones(1, dtype=torch.int32, device=device), -8, 7),
+            TypeError,
+            "floating-point",
+        ),
+        (lambda m: m.int_backward(torch.ones(4, 4, device=device), x, s, -8, 7, True), ValueError, "does not match"),
+        (
+            lambda m: m.histogram_rows(x, torch.zeros(4, dtype=torch.int64, device=device), 0),
+            ValueError,
+            "cap must be >= 1",
+        ),
         (lambda m: m.histogram(x.abs(), 16, math.nan), ValueError, "max must be finite"),
     ]

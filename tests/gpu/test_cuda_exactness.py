@@ -24,8 +24,13 @@ from cuda_cases import (
 from modelopt_lite.functional import backend
 from modelopt_lite.functional import reference as ref
 
-GROUPS = {"int": int_checks, "e4m3": e4m3_checks, "affine": affine_checks, "edge": edge_checks,
-          "binding": binding_checks}
+GROUPS = {
+    "int": int_checks,
+    "e4m3": e4m3_checks,
+    "affine": affine_checks,
+    "edge": edge_checks,
+    "binding": binding_checks,
+}
 MB = 1 << 20
 
 
@@ -125,8 +130,11 @@ def test_more_than_2_31_elements(cuda_module):
     del y
     gx, term = cuda_module.int_backward(x, x, s, -128, 127, True)
     tail = slice(n - MB, n)
-    assert_same((gx[tail], term[tail]), ref.int_backward(x[tail].cpu(), x[tail].cpu(), s.cpu(), -128, 127, True),
-                "backward tail")
+    assert_same(
+        (gx[tail], term[tail]),
+        ref.int_backward(x[tail].cpu(), x[tail].cpu(), s.cpu(), -128, 127, True),
+        "backward tail",
+    )
     del gx, term, x
     x = torch.randn(3, 2**30 + 5, dtype=torch.float16, device="cuda")  # channel 2 starts past 2**31
     s = torch.tensor([[0.01], [0.02], [0.03]], device="cuda")
@@ -169,7 +177,7 @@ def test_second_device(cuda_module):
         pytest.skip("needs two GPUs")
     x = torch.randn(1000, 33, device="cuda:1")
     with torch.cuda.device(0):
-        s1 = (x.abs().amax(dim=0, keepdim=True) / 127)
+        s1 = x.abs().amax(dim=0, keepdim=True) / 127
         y = cuda_module.fake_quant_int(x, s1, -128, 127)
         y0 = cuda_module.fake_quant_int(x, s1.to("cuda:0"), -128, 127)  # scale on another device: moved to x's
         gx, _ = cuda_module.int_backward(x, x, s1, -128, 127, False)

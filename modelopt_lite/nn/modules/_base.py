@@ -58,11 +58,13 @@ class QuantModuleMixin:
         if quant_desc_weight is not None and not has_weight:
             raise TypeError(f"{type(self).__name__} has no weight; quant_desc_weight must be None")
         device = module_device(self)
-        self.input_quantizer = TensorQuantizer(self._desc(quant_desc_input, self.default_quant_desc_input,
-                                                          "quant_desc_input")).to(device)
+        self.input_quantizer = TensorQuantizer(
+            self._desc(quant_desc_input, self.default_quant_desc_input, "quant_desc_input")
+        ).to(device)
         if has_weight:
-            self.weight_quantizer = TensorQuantizer(self._desc(quant_desc_weight, self.default_quant_desc_weight,
-                                                               "quant_desc_weight")).to(device)
+            self.weight_quantizer = TensorQuantizer(
+                self._desc(quant_desc_weight, self.default_quant_desc_weight, "quant_desc_weight")
+            ).to(device)
         self.output_quantizer = TensorQuantizer(QUANT_DESC_8BIT_PER_TENSOR, disabled=True).to(device)
 
     @classmethod
@@ -75,8 +77,10 @@ class QuantModuleMixin:
         forward, which the quantized class would silently drop): register a quantized class for subclasses.
         """
         if type(module) is not cls._float_cls:
-            raise TypeError(f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}."
-                            f"{cls._float_cls.__qualname__}, got {type(module).__qualname__}")
+            raise TypeError(
+                f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}."
+                f"{cls._float_cls.__qualname__}, got {type(module).__qualname__}"
+            )
         new = copy.deepcopy(module)
         new.__class__ = cls
         new._init_quantizers(quant_desc_input, quant_desc_weight)

@@ -60,7 +60,9 @@ def unfit_reason(module: nn.Module) -> str | None:
     if not w.is_enabled:
         return "weight_quantizer is disabled"
     if is_e4m3(w.num_bits) or w.num_bits > 8 or w.unsigned:
-        return f"weight_quantizer is not signed integer of at most 8 bits (num_bits={w.num_bits}, unsigned={w.unsigned})"
+        return (
+            f"weight_quantizer is not signed integer of at most 8 bits (num_bits={w.num_bits}, unsigned={w.unsigned})"
+        )
     if w.block_sizes or w.dynamic or not w.fake_quant or w.pre_quant_scale is not None:
         return "weight_quantizer uses blocks, a dynamic amax, real quantization or a pre_quant_scale"
     axes = (w.axis,) if isinstance(w.axis, int) else w.axis

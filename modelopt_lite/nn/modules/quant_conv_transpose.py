@@ -41,10 +41,19 @@ class _QuantConvTransposeNd(QuantModuleMixin):
     def forward(self, input, output_size=None):
         if self.padding_mode != "zeros":
             raise ValueError(f"Only 'zeros' padding mode is supported for {type(self).__name__}")
-        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
-                                              self._spatial, self.dilation)
-        out = _FUNCS[self._spatial](self.input_quantizer(input), self.weight_quantizer(self.weight), self.bias,
-                                    self.stride, self.padding, output_padding, self.groups, self.dilation)
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, self._spatial, self.dilation
+        )
+        out = _FUNCS[self._spatial](
+            self.input_quantizer(input),
+            self.weight_quantizer(self.weight),
+            self.bias,
+            self.stride,
+            self.padding,
+            output_padding,
+            self.groups,
+            self.dilation,
+        )
         return self.output_quantizer(out)
 
 

@@ -44,8 +44,11 @@ class _QuantBinary(QuantModuleMixin):
 
     def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None) -> None:
         super()._init_quantizers(quant_desc_input, quant_desc_weight)
-        desc = self.default_quant_desc_input if quant_desc_input is None else as_descriptor(
-            quant_desc_input, f"{type(self).__name__} quant_desc_input")
+        desc = (
+            self.default_quant_desc_input
+            if quant_desc_input is None
+            else as_descriptor(quant_desc_input, f"{type(self).__name__} quant_desc_input")
+        )
         self.other_input_quantizer = TensorQuantizer(desc).to(module_device(self))
 
 

@@ -21,8 +21,17 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
     default_quant_desc_weight = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
     _float_cls = nn.Linear
 
-    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, quant_desc_input=None,
-                 quant_desc_weight=None):
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        bias=True,
+        device=None,
+        dtype=None,
+        *,
+        quant_desc_input=None,
+        quant_desc_weight=None,
+    ):
         super().__init__(in_features, out_features, bias, device, dtype)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 

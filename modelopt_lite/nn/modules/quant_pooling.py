@@ -26,8 +26,11 @@ class _QuantPool(QuantModuleMixin):
 
 def _make(float_cls):
     doc = f"``nn.{float_cls.__name__}`` with a quantized input (8-bit per tensor by default)."
-    return type(f"Quant{float_cls.__name__}", (_QuantPool, float_cls),
-                {"_float_cls": float_cls, "__doc__": doc, "__module__": __name__})
+    return type(
+        f"Quant{float_cls.__name__}",
+        (_QuantPool, float_cls),
+        {"_float_cls": float_cls, "__doc__": doc, "__module__": __name__},
+    )
 
 
 QuantMaxPool1d = _make(nn.MaxPool1d)
@@ -42,5 +45,8 @@ QuantAdaptiveAvgPool3d = _make(nn.AdaptiveAvgPool3d)
 
 MaxPool1d, MaxPool2d, MaxPool3d = QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
 AvgPool1d, AvgPool2d, AvgPool3d = QuantAvgPool1d, QuantAvgPool2d, QuantAvgPool3d
-AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = (QuantAdaptiveAvgPool1d, QuantAdaptiveAvgPool2d,
-                                                           QuantAdaptiveAvgPool3d)
+AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = (
+    QuantAdaptiveAvgPool1d,
+    QuantAdaptiveAvgPool2d,
+    QuantAdaptiveAvgPool3d,
+)

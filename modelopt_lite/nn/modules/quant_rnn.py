@@ -122,18 +122,20 @@ class QuantLSTM(_QuantRNNMixin, nn.LSTM):
             raise ValueError("QuantLSTM does not support proj_size > 0")
         di, dw = self._check_desc_args(quant_desc_input, quant_desc_weight)
         dev = module_device(self)
-        self.gate_quantizers = nn.ModuleDict({f"l{k}{s}": CellQuantizers(di, dw).to(dev)
-                                              for k in range(self.num_layers) for s in self._suffixes()})
+        self.gate_quantizers = nn.ModuleDict(
+            {f"l{k}{s}": CellQuantizers(di, dw).to(dev) for k in range(self.num_layers) for s in self._suffixes()}
+        )
         self.output_quantizer = TensorQuantizer(self.default_quant_desc_input, disabled=True).to(dev)
 
     input_quantizer = property(lambda self: self.gate_quantizers["l0"].ih.input_quantizer, doc="Quantizer of x.")
-    weight_quantizer = property(lambda self: self.gate_quantizers["l0"].ih.weight_quantizer,
-                                doc="Quantizer of weight_ih_l0.")
+    weight_quantizer = property(
+        lambda self: self.gate_quantizers["l0"].ih.weight_quantizer, doc="Quantizer of weight_ih_l0."
+    )
 
     def _direction(self, x, h, c, key: str, reverse: bool):
         """Run one layer in one direction over x (T, N, In); returns (outputs (T, N, H), h_T, c_T)."""
         q = self.gate_quantizers[key]
-        suffix = key[key.index("l") + 1:]
+        suffix = key[key.index("l") + 1 :]
         w_ih, w_hh = getattr(self, f"weight_ih_l{suffix}"), getattr(self, f"weight_hh_l{suffix}")
         b_ih = getattr(self, f"bias_ih_l{suffix}") if self.bias else None
         b_hh = getattr(self, f"bias_hh_l{suffix}") if self.bias else None

@@ -43,8 +43,15 @@ def has_uint8_activations(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in u8 for n in model.graph.node)
 
 
-def ort_session(path_or_model, *, threads: int | None = None, spinning: bool = True, optimize: bool = True,
-                exact: bool = True, optimized_model_path: str | None = None):
+def ort_session(
+    path_or_model,
+    *,
+    threads: int | None = None,
+    spinning: bool = True,
+    optimize: bool = True,
+    exact: bool = True,
+    optimized_model_path: str | None = None,
+):
     """An ``onnxruntime.InferenceSession`` on the CPU provider with the options above.
 
     Args:
@@ -74,5 +81,6 @@ def ort_session(path_or_model, *, threads: int | None = None, spinning: bool = T
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     if optimized_model_path is not None:
         so.optimized_model_filepath = os.fspath(optimized_model_path)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=disabled or None)
+    return ort.InferenceSession(
+        model.SerializeToString(), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled or None
+    )

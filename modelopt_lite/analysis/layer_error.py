@@ -40,6 +40,7 @@ def _capture(model: nn.Module, names: list[str], inputs) -> tuple[dict, object]:
     hooks = []
     mods = dict(model.named_modules())
     for n in names:
+
         def hook(mod, args, out, n=n):
             t = _first_tensor(out)
             if t is not None and n not in seen:  # first call of a module reused inside one forward
@@ -78,12 +79,16 @@ def compare_models(float_model: nn.Module, quant_model: nn.Module, inputs, layer
     """
     fmods, qmods = dict(float_model.named_modules()), dict(quant_model.named_modules())
     if layers is None:
-        layers = [n for n, m in float_model.named_modules()
-                  if n and not any(True for _ in m.children()) and n in qmods and not _is_quantizer(m)]
+        layers = [
+            n
+            for n, m in float_model.named_modules()
+            if n and not any(True for _ in m.children()) and n in qmods and not _is_quantizer(m)
+        ]
     for n in layers:
         if n not in fmods or n not in qmods:
-            raise ValueError(f"compare_models: layer {n!r} is missing from the "
-                             f"{'float' if n not in fmods else 'quantized'} model")
+            raise ValueError(
+                f"compare_models: layer {n!r} is missing from the {'float' if n not in fmods else 'quantized'} model"
+            )
     fout, f_final = _capture(float_model, layers, inputs)
     qout, q_final = _capture(quant_model, layers, inputs)
     order = list(fout)  # forward order of the float model
@@ -91,19 +96,34 @@ def compare_models(float_model: nn.Module, quant_model: nn.Module, inputs, layer
     for n in order:
         if n not in qout or fout[n].shape != qout[n].shape:
             continue
-        rows.append({"name": n, "float_type": type(fmods[n]).__name__, "quant_type": type(qmods[n]).__name__,
-                     "shape": tuple(fout[n].shape), **calculate_quantization_error(fout[n], qout[n])})
+        rows.append(
+            {
+                "name": n,
+                "float_type": type(fmods[n]).__name__,
+                "quant_type": type(qmods[n]).__name__,
+                "shape": tuple(fout[n].shape),
+                **calculate_quantization_error(fout[n], qout[n]),
+            }
+        )
     a, b = _first_tensor(f_final), _first_tensor(q_final)
     if a is not None and b is not None and a.shape == b.shape:
-        rows.append({"name": "(output)", "float_type": type(float_model).__name__,
-                     "quant_type": type(quant_model).__name__, "shape": tuple(a.shape),
-                     **calculate_quantization_error(a.detach().float(), b.detach().float())})
+        rows.append(
+            {
+                "name": "(output)",
+                "float_type": type(float_model).__name__,
+                "quant_type": type(quant_model).__name__,
+                "shape": tuple(a.shape),
+                **calculate_quantization_error(a.detach().float(), b.detach().float()),
+            }
+        )
     return rows
 
 
-def format_rows(rows: list[dict], columns=("name", "quant_type", "sqnr_db", "mse", "max_abs_error",
-                                           "cosine_similarity")) -> str:
+def format_rows(
+    rows: list[dict], columns=("name", "quant_type", "sqnr_db", "mse", "max_abs_error", "cosine_similarity")
+) -> str:
     """A plain-text table of result rows (floats with 4 significant digits)."""
+
     def fmt(v):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 

@@ -46,13 +46,13 @@ def cache_dir() -> Path:
 
 def ort_session(path, threads: int | None = None):
     """A CPU ONNX Runtime session that runs ``path`` exactly as written (the export layer's
-    :func:`modelopt_lite.onnx_export.runtime.ort_session`: it turns off the ORT rewrites that break FP8 graphs or
+    :func:`modelopt_lite.onnx_export.ort_runner.ort_session`: it turns off the ORT rewrites that break FP8 graphs or
     saturate on signed INT8 weights)."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("the demo runs the exports in ONNX Runtime: pip install onnxruntime") from e
-    from ..onnx_export.runtime import ort_session as _session
+    from ..onnx_export.ort_runner import ort_session as _session
 
     return _session(str(path), threads=threads)
 

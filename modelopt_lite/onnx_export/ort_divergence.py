@@ -25,7 +25,7 @@ import torch
 from onnx import helper
 
 from .graph import Graph, attr
-from .runtime import ort_session
+from .ort_runner import ort_session
 
 _FUSABLE = ("Conv", "Gemm", "MatMul")
 
@@ -62,8 +62,12 @@ class DivergenceReport:
 
     def format(self) -> str:
         w = max([len("quantizer")] + [len(r.name) for r in self.rows]) + 2
-        lines = [(f"{'quantizer':<{w}}{'elements':>10}{'input max|diff|':>17}{'values differing':>18}"
-                  f"{'max |diff|/scale':>18}")]
+        lines = [
+            (
+                f"{'quantizer':<{w}}{'elements':>10}{'input max|diff|':>17}{'values differing':>18}"
+                f"{'max |diff|/scale':>18}"
+            )
+        ]
         for r in self.rows:
             inp = "-" if r.input_max_diff is None else f"{r.input_max_diff:.3g}"
             lines.append(f"{r.name:<{w}}{r.elements:>10}{inp:>17}{r.differing:>18}{r.max_steps:>18.3g}")
@@ -78,9 +82,11 @@ def _record(model: torch.nn.Module, args: tuple) -> tuple[dict, list]:
     seen: dict[str, tuple[torch.Tensor, torch.Tensor, torch.nn.Module]] = {}
     handles = []
     for name, q in named_quantizers(model):
+
         def hook(m, inp, out, name=name):
             if inp and isinstance(inp[0], torch.Tensor) and isinstance(out, torch.Tensor):
                 seen[name] = (inp[0].detach().clone(), out.detach().clone(), m)
+
         handles.append(q.register_forward_hook(hook))
     try:
         with torch.no_grad():
@@ -103,8 +109,10 @@ def compare_with_onnxruntime(model: torch.nn.Module, onnx_path, args, **session_
     inits = {t.name for t in model_proto.graph.initializer}
     inputs = [i.name for i in model_proto.graph.input if i.name not in inits]
     if len(inputs) != len(args):
-        raise ValueError(f"compare_with_onnxruntime: {os.fspath(onnx_path)} takes {len(inputs)} input(s) {inputs}, "
-                         f"got {len(args)} argument(s)")
+        raise ValueError(
+            f"compare_with_onnxruntime: {os.fspath(onnx_path)} takes {len(inputs)} input(s) {inputs}, "
+            f"got {len(args)} argument(s)"
+        )
     g = Graph(model_proto)
     prod, cons = g.producers(), g.consumers()
     seen, torch_outs = _record(model, args)
@@ -122,8 +130,9 @@ def compare_with_onnxruntime(model: torch.nn.Module, onnx_path, args, **session_
             report.skipped[name] = "scale or zero point is not a constant"
             continue
         source = prod.get(n.input[0])
-        expose_input = ((source is None or source.op_type not in _FUSABLE)
-                        and getattr(seen[name][2], "pre_quant_scale", None) is None)
+        expose_input = (source is None or source.op_type not in _FUSABLE) and getattr(
+            seen[name][2], "pre_quant_scale", None
+        ) is None
         if zp.dtype in (np.int8, np.uint8):
             value, kind = n.output[0], "codes"
         else:  # FP8 codes: compare what the DequantizeLinear reading them computes
@@ -161,8 +170,9 @@ def compare_with_onnxruntime(model: torch.nn.Module, onnx_path, args, **session_
         if inp is not None and tuple(got[inp].shape) == tuple(t_in.shape):
             in_diff = float(np.abs(got[inp].astype(np.float64) - t_in.double().numpy()).max(initial=0.0))
         steps = diff / _bcast(scale.astype(np.float64), diff.ndim, axis)
-        report.rows.append(QuantizerDiff(name, int(v.size), in_diff, int((diff > 0).sum()),
-                                         float(steps.max(initial=0.0))))
+        report.rows.append(
+            QuantizerDiff(name, int(v.size), in_diff, int((diff > 0).sum()), float(steps.max(initial=0.0)))
+        )
     for o, t in zip(graph_outputs, torch_outs):
         report.output_max_diff.append(float(np.abs(got[o].astype(np.float64) - t.double().numpy()).max(initial=0.0)))
     return report

@@ -19,7 +19,7 @@ from .utils import named_quantizers
 def temporal_quantizers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, quantizer)`` for every quantizer of ``model`` with ``num_steps > 1``, plus the temporal real modules
     of :mod:`modelopt_lite.real` (they select their per-step input scale through the same ``step`` attribute)."""
-    from ..real.temporal import temporal_real_modules
+    from ..real.real_steps import temporal_real_modules
 
     qs = [(n, q) for n, q in named_quantizers(model) if getattr(q, "num_steps", 1) > 1]
     return qs + temporal_real_modules(model)

@@ -67,22 +67,24 @@ def summary(model: nn.Module) -> list[dict]:
         amaxes = [] if d.dynamic else _step_amaxes(q)
         lo = min(float(a.min()) for a in amaxes) if amaxes else None
         hi = max(float(a.max()) for a in amaxes) if amaxes else None
-        rows.append({
-            "name": site.name,
-            "module": type(site.owner).__name__ if site.owner is not None else "",
-            "format": format_name(d),
-            "granularity": granularity_name(d),
-            "enabled": bool(q.is_enabled),
-            "quant": bool(q.is_quant_enabled),
-            "calib": bool(q.is_calib_enabled),
-            "dynamic": bool(d.dynamic),
-            "calibrated": bool(amaxes),
-            "amax_min": lo,
-            "amax_max": hi,
-            "num_steps": int(getattr(q, "num_steps", 1) or 1),
-            "learn_amax": bool(d.learn_amax),
-            "calib_method": d.calib_method,
-        })
+        rows.append(
+            {
+                "name": site.name,
+                "module": type(site.owner).__name__ if site.owner is not None else "",
+                "format": format_name(d),
+                "granularity": granularity_name(d),
+                "enabled": bool(q.is_enabled),
+                "quant": bool(q.is_quant_enabled),
+                "calib": bool(q.is_calib_enabled),
+                "dynamic": bool(d.dynamic),
+                "calibrated": bool(amaxes),
+                "amax_min": lo,
+                "amax_max": hi,
+                "num_steps": int(getattr(q, "num_steps", 1) or 1),
+                "learn_amax": bool(d.learn_amax),
+                "calib_method": d.calib_method,
+            }
+        )
     return rows
 
 

@@ -12,8 +12,8 @@ from typing import TextIO
 import torch
 from torch import nn
 
-from .compare import format_rows
 from .int8_quantizer import Int8Quantizer
+from .layer_error import format_rows
 from .metrics import calculate_quantization_error
 
 
@@ -31,11 +31,21 @@ def _int8_quantizer_rows(q: Int8Quantizer, tensor) -> list[dict]:
     p = q.get_quantization_params()
     scale, zp = p["scale"], p["zero_point"]
     mode = "symmetric" if q.symmetric else "asymmetric"
-    gran = f"group_size={q.group_size}" if q.group_size else (f"axis={q.channel_axis}" if q.per_channel else
-                                                              "per-tensor")
-    row = {"name": "Int8Quantizer", "mode": mode, "granularity": gran, "qmin": p["qmin"], "qmax": p["qmax"],
-           "scale_min": float(scale.min()), "scale_max": float(scale.max()), "num_scales": scale.numel(),
-           "zero_point_min": int(zp.min()), "zero_point_max": int(zp.max())}
+    gran = (
+        f"group_size={q.group_size}" if q.group_size else (f"axis={q.channel_axis}" if q.per_channel else "per-tensor")
+    )
+    row = {
+        "name": "Int8Quantizer",
+        "mode": mode,
+        "granularity": gran,
+        "qmin": p["qmin"],
+        "qmax": p["qmax"],
+        "scale_min": float(scale.min()),
+        "scale_max": float(scale.max()),
+        "num_scales": scale.numel(),
+        "zero_point_min": int(zp.min()),
+        "zero_point_max": int(zp.max()),
+    }
     if tensor is not None:
         codes = q.quantize(tensor)
         row.update(_tensor_rows(codes, q.dequantize(codes), tensor.float(), p["qmin"], p["qmax"]))
@@ -52,13 +62,24 @@ def _tensor_quantizer_rows(q, tensor) -> list[dict]:
     )
 
     info = q.export_info()
-    row = {"name": q.name or "TensorQuantizer", "kind": info["kind"], "num_bits": str(info["num_bits"]),
-           "granularity": str(info["block_sizes"] or (f"axis={info['axis']}" if info["axis"] is not None else
-                                                       "per-tensor")),
-           "enabled": q.is_enabled, "qmin": info["qmin"], "qmax": info["qmax"]}
+    row = {
+        "name": q.name or "TensorQuantizer",
+        "kind": info["kind"],
+        "num_bits": str(info["num_bits"]),
+        "granularity": str(
+            info["block_sizes"] or (f"axis={info['axis']}" if info["axis"] is not None else "per-tensor")
+        ),
+        "enabled": q.is_enabled,
+        "qmin": info["qmin"],
+        "qmax": info["qmax"],
+    }
     if info["amax"] is not None:
-        row.update(amax_min=float(info["amax"].min()), amax_max=float(info["amax"].max()),
-                   scale_min=float(info["scale"].min()), scale_max=float(info["scale"].max()))
+        row.update(
+            amax_min=float(info["amax"].min()),
+            amax_max=float(info["amax"].max()),
+            scale_min=float(info["scale"].min()),
+            scale_max=float(info["scale"].max()),
+        )
     if tensor is not None:
         if info["amax"] is None:
             raise ValueError(f"print_quantization_summary: {row['name']} has no amax (dynamic or uncalibrated)")
@@ -71,8 +92,10 @@ def _tensor_quantizer_rows(q, tensor) -> list[dict]:
             codes = block_quant(tensor, info["block_sizes"], amax, nb, info["unsigned"], info["narrow_range"])[0]
         else:
             if amax.numel() > 1 and amax.dim() != tensor.dim():
-                raise ValueError(f"print_quantization_summary: amax of shape {tuple(amax.shape)} does not fit a "
-                                 f"tensor of shape {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"print_quantization_summary: amax of shape {tuple(amax.shape)} does not fit a "
+                    f"tensor of shape {tuple(tensor.shape)}"
+                )
             xq = fake_tensor_quant(tensor, amax, nb, info["unsigned"], info["narrow_range"])
             codes = tensor_quant(tensor, amax, nb, info["unsigned"], info["narrow_range"])[0]
         row.update(_tensor_rows(codes, xq.float(), tensor.float(), info["qmin"], info["qmax"]))
@@ -80,22 +103,31 @@ def _tensor_quantizer_rows(q, tensor) -> list[dict]:
 
 
 def _model_rows(model: nn.Module) -> list[dict]:
-    from ..conversion.summary import summary
+    from ..conversion.quantizer_table import summary
     from ..real.convert import real_modules
 
     rows = [dict(r, kind="quantizer") for r in summary(model)]
     for name, m in real_modules(model):
         w, inp = m.spec["weight"], m.spec.get("input")
         nbytes = sum(t.numel() * t.element_size() for t in m.buffers())
-        rows.append({"name": name, "kind": "real", "module": type(m).__name__,
-                     "format": f"w:int{w['num_bits']} {w['layout']}" + (f" a:{'u' if inp['unsigned'] else ''}"
-                                                                        f"int{inp['num_bits']}" if inp else ""),
-                     "compute": m.compute, "bytes": nbytes, "num_steps": m.num_steps})
+        rows.append(
+            {
+                "name": name,
+                "kind": "real",
+                "module": type(m).__name__,
+                "format": f"w:int{w['num_bits']} {w['layout']}"
+                + (f" a:{'u' if inp['unsigned'] else ''}int{inp['num_bits']}" if inp else ""),
+                "compute": m.compute,
+                "bytes": nbytes,
+                "num_steps": m.num_steps,
+            }
+        )
     return rows
 
 
-def print_quantization_summary(quantizer_or_model, tensor: torch.Tensor | None = None,
-                               file: TextIO | None = None) -> list[dict]:
+def print_quantization_summary(
+    quantizer_or_model, tensor: torch.Tensor | None = None, file: TextIO | None = None
+) -> list[dict]:
     """Summarize a quantizer (optionally applied to ``tensor``) or a model; write a table to ``file``.
 
     - :class:`~modelopt_lite.analysis.Int8Quantizer` or ``TensorQuantizer``: its parameters (mode, granularity,
@@ -119,8 +151,10 @@ def print_quantization_summary(quantizer_or_model, tensor: torch.Tensor | None =
             raise TypeError("print_quantization_summary: tensor= applies to a quantizer, not to a model")
         rows = _model_rows(quantizer_or_model)
     else:
-        raise TypeError(f"print_quantization_summary expects an Int8Quantizer, a TensorQuantizer or an nn.Module, "
-                        f"got {type(quantizer_or_model).__name__}")
+        raise TypeError(
+            f"print_quantization_summary expects an Int8Quantizer, a TensorQuantizer or an nn.Module, "
+            f"got {type(quantizer_or_model).__name__}"
+        )
     out = file if file is not None else sys.stdout
     columns = list(dict.fromkeys(k for r in rows for k in r))
     out.write(format_rows(rows, columns) + "\n")
