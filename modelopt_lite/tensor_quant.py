@@ -28,7 +28,7 @@ from .descriptor import (  # noqa: F401  (re-exported API)
     QuantDescriptor,
     ScaledQuantDescriptor,
 )
-from .formats import E4M3_MAX, int_range, is_e4m3
+from .formats import CODE_TYPES, E4M3_MAX, TORCH_CODE_TYPES, e4m3_codes, int_range, is_e4m3, torch_dtype_range
 from .functional import blocks, library, reference
 from .functional.checks import (
     as_amax,
@@ -37,13 +37,6 @@ from .functional.checks import (
     check_unsigned_input,
 )
 from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
-
-_INT_DTYPES = {
-    torch.int8: (-128, 127),
-    torch.uint8: (0, 255),
-    torch.int16: (-(2**15), 2**15 - 1),
-    torch.int32: (-(2**31), 2**31 - 1),
-}
 
 
 def _int_scale(inputs, amax, num_bits, unsigned, narrow_range):
@@ -85,9 +78,7 @@ def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True, dt
     if is_e4m3(num_bits):
         check_input(inputs)
         scale = scale_from_amax(as_amax(amax, inputs), E4M3_MAX)
-        safe = positive_scale(scale)
-        q = torch.where(scale == 0, 0.0, reference.e4m3_round(inputs.float() / safe)).to(torch.float8_e4m3fn)
-        return q, safe
+        return e4m3_codes(inputs, scale), positive_scale(scale)
     scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
     q = library.quantize_int(inputs, scale, qmin, qmax)
     return _cast_codes(q, dtype, qmin, qmax), positive_scale(scale)
@@ -96,9 +87,11 @@ def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True, dt
 def _cast_codes(q: torch.Tensor, dtype, qmin: int, qmax: int) -> torch.Tensor:
     if dtype in (None, torch.float32):
         return q
-    if dtype not in _INT_DTYPES:
-        raise TypeError(f"dtype must be float32 or one of {list(_INT_DTYPES)}, got {dtype}")
-    lo, hi = _INT_DTYPES[dtype]
+    dtype_range = torch_dtype_range(dtype)
+    if dtype_range is None:
+        choices = [CODE_TYPES[n].torch_dtype for n in TORCH_CODE_TYPES]
+        raise TypeError(f"dtype must be float32 or one of {choices}, got {dtype}")
+    lo, hi = dtype_range
     if qmin < lo or qmax > hi:
         raise ValueError(f"codes in [{qmin}, {qmax}] do not fit {dtype} [{lo}, {hi}]")
     if bool(torch.isnan(q).any()):

@@ -1,3 +1,7 @@
+"""Shared fixtures. ``pytest -m "not slow" tests`` is the quick developer loop: it skips the tests marked
+``@pytest.mark.slow`` (over ~3 s each: real-model MiniLM exports, demo runs, multi-process calibration); CI and
+the README's command run them all."""
+
 import os
 
 import pytest

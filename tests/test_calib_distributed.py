@@ -11,6 +11,8 @@ import torch.multiprocessing as mp
 
 from modelopt_lite.calib import HistogramCalibrator, MaxCalibrator
 
+pytestmark = pytest.mark.slow  # the module fixture spawns two gloo ranks (several seconds)
+
 WORLD = 2
 HIST_METHODS = [("percentile", {"percentile": 99.9}), ("mse", {}), ("entropy", {}), ("entropy", {"stride": 3})]
 

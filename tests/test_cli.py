@@ -84,6 +84,7 @@ def test_demo_out_must_be_a_folder_and_missing_extras_are_named(capsys, monkeypa
     assert err.strip() == "modelopt-lite demo: error: the MiniLM demo needs transformers: pip install transformers"
 
 
+@pytest.mark.slow
 def test_demo_fast_prints_one_table_and_the_output_folder(capsys, monkeypatch, tmp_path_factory):
     from _fast_demo import fast_digits_result
 

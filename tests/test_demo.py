@@ -65,6 +65,7 @@ def test_report_is_one_table_then_the_output_folder(result):
     assert "targets: all 14 met" in text
 
 
+@pytest.mark.slow
 def test_cached_model_is_reused(tmp_path):
     a = digits.trained_cnn(tmp_path)
     files = list(tmp_path.glob("*.pt"))
@@ -101,6 +102,7 @@ def test_format_table_layout():
         report.format_table(["a", "b"], [["x"]])
 
 
+@pytest.mark.slow
 def test_minilm_demo_targets_torch_side(tmp_path):
     """The MiniLM demo's accuracy targets on its fast version (torch metrics; no export, no sensitivity pass)."""
     pytest.importorskip("transformers")

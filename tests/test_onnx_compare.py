@@ -76,6 +76,7 @@ def test_argument_count_is_checked(tmp_path, data):
         compare_with_onnxruntime(q, tmp_path / "m.onnx", (data.x_test, data.x_test))
 
 
+@pytest.mark.slow
 def test_nested_containers_export_their_module_paths(tmp_path):
     class Inner(torch.nn.Module):
         def __init__(self):

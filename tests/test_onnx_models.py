@@ -196,6 +196,7 @@ def _minilm_config(name):
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config,min_cos,max_quality_gap",
     [
@@ -234,6 +235,7 @@ def test_minilm(tmp_path, minilm, config, min_cos, max_quality_gap):
     assert abs(cos(got, fp32) - cos(want, fp32)) <= max_quality_gap  # ORT is as good as torch
 
 
+@pytest.mark.slow
 def test_minilm_disagreement_starts_at_float_rounding(tmp_path, minilm):
     """Why MiniLM INT8 in ORT is not bit-identical to torch: every Q node agrees with torch on its own input; the
     first quantized value to differ is one step at a quantizer whose input ORT's float kernels (Erf, LayerNorm,

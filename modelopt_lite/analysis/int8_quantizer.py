@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..formats import int_range
 from ..functional import blocks
 from ..functional.checks import check_axes, check_input
 from ..functional.scales import affine_params, positive_scale, scale_from_amax
@@ -194,13 +195,13 @@ class Int8Quantizer:
             "group_size": self.group_size,
         }
         if self.symmetric:
-            scale = positive_scale(scale_from_amax(self._hi, 127.0))
-            qmin = -127 if self.narrow_range else -128
+            bound, qmin, qmax = int_range(8, False, self.narrow_range)
+            scale = positive_scale(scale_from_amax(self._hi, bound))
             out.update(
                 scale=scale,
                 zero_point=torch.zeros(scale.shape, dtype=torch.int32),
                 qmin=qmin,
-                qmax=127,
+                qmax=qmax,
                 amax=self._hi.clone(),
             )
         else:

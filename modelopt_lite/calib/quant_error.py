@@ -21,13 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import int_range, is_e4m3
-
-
-def e4m3_levels(device=None) -> torch.Tensor:
-    """The 127 non-negative finite E4M3 (float8_e4m3fn) values, ascending, as float64."""
-    codes = torch.arange(0, 127, dtype=torch.uint8, device=device)
-    return codes.view(torch.float8_e4m3fn).to(torch.float64)
+from ..formats import e4m3_levels, int_range, is_e4m3
 
 
 class ErrorIntegral:

@@ -17,16 +17,11 @@ import numbers
 
 import torch
 
+from ..formats import smallest_code_type
 from . import library
 from .checks import check_axes, check_input
 
 _MODES = ("simulate", "hardware")
-_CODE_DTYPES = (
-    (torch.int8, -(2**7), 2**7 - 1),
-    (torch.uint8, 0, 2**8 - 1),
-    (torch.int16, -(2**15), 2**15 - 1),
-    (torch.int32, -(2**31), 2**31 - 1),
-)
 _QLIMIT = 2**24  # integers beyond this are not exact in float32, where the kernels compute
 
 
@@ -47,10 +42,10 @@ def _check_qrange(qmin, qmax) -> tuple[int, int]:
 
 def code_dtype(qmin: int, qmax: int) -> torch.dtype:
     """The smallest integer dtype holding ``[qmin, qmax]`` (int8, uint8, int16 or int32)."""
-    for dtype, lo, hi in _CODE_DTYPES:
-        if lo <= qmin and qmax <= hi:
-            return dtype
-    raise ValueError(f"no integer dtype holds [{qmin}, {qmax}]")
+    c = smallest_code_type(qmin, qmax)
+    if c is None or c.torch_dtype is None:
+        raise ValueError(f"no integer dtype holds [{qmin}, {qmax}]")
+    return c.torch_dtype
 
 
 def _broadcast_param(value, x: torch.Tensor, axes: tuple[int, ...] | None, axis, what: str) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import E4M3_MAX
+from ..formats import E4M3_MAX, to_e4m3
 
 
 def _safe(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +44,7 @@ def fake_quant_int(x: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int) -
 
 def e4m3_round(v: torch.Tensor) -> torch.Tensor:
     """Saturating round-to-nearest-even into float8_e4m3fn, returned as float32 (NaN stays NaN)."""
-    return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    return to_e4m3(v).float()
 
 
 def fake_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+from ..formats import INT32
+
+INT32_MIN, INT32_MAX = INT32.lo, INT32.hi
 
 
 def bias_scale(input_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import AMAX_EPS, E4M3_MAX, int_range, is_e4m3
+from ..formats import AMAX_EPS, format_range, int_range
 
 
 def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
@@ -20,7 +20,7 @@ def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
 
 def bound_of(num_bits, unsigned: bool = False, narrow_range: bool = False) -> float:
     """The value amax maps to: 448 for E4M3, else ``int_range(...).bound``."""
-    return E4M3_MAX if is_e4m3(num_bits) else float(int_range(num_bits, unsigned, narrow_range).bound)
+    return float(format_range(num_bits, unsigned, narrow_range).bound)
 
 
 def positive_scale(scale: torch.Tensor) -> torch.Tensor:

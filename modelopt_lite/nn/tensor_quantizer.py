@@ -23,7 +23,7 @@ import warnings
 import torch
 
 from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
-from ..formats import E4M3_MAX, int_range, is_e4m3
+from ..formats import format_range, is_e4m3, torch_code_dtype
 from ..functional import blocks
 from ..functional.checks import check_axes
 from ..functional.scales import positive_scale, scale_from_amax
@@ -39,8 +39,6 @@ from . import _quantizer_config as cfg
 from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
 from ._pre_quant_scale import PreQuantScaleState
-
-_CODE_DTYPES = ((8, False, torch.int8), (8, True, torch.uint8), (16, False, torch.int16), (16, True, torch.int32))
 
 
 def _bool(v, what: str, label: str) -> bool:
@@ -168,9 +166,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     @property
     def maxbound(self):
         """The value amax maps to: ``2**(b-1) - 1`` signed, ``2**b - 1`` unsigned, 448.0 for E4M3."""
-        if is_e4m3(self.num_bits):
-            return E4M3_MAX
-        return int_range(self.num_bits, self.unsigned, self.narrow_range).bound
+        return format_range(self.num_bits, self.unsigned, self.narrow_range).bound
 
     def _effective_amax(self) -> torch.Tensor:
         a = self.amax
@@ -387,10 +383,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """
         d = self._desc
         kind = "block" if d.block_sizes else ("e4m3" if is_e4m3(d.num_bits) else "int")
-        if is_e4m3(d.num_bits):
-            qmin, qmax = -E4M3_MAX, E4M3_MAX
-        else:
-            _, qmin, qmax = int_range(d.num_bits, d.unsigned, d.narrow_range)
+        _, qmin, qmax = format_range(d.num_bits, d.unsigned, d.narrow_range)
         rank = self._export_rank()
         axis = None
         if d.axis is not None:
@@ -436,8 +429,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
                 if d.block_sizes:
                     raise ValueError("E4M3 block quantization has no code export; use fake quantization")
                 return tensor_quant(w, amax, d.num_bits)
-            bits = 8 if d.num_bits <= 8 else 16
-            dtype = next(t for b, u, t in _CODE_DTYPES if b == bits and u == d.unsigned)
+            dtype = torch_code_dtype(d.num_bits, d.unsigned)
             if d.block_sizes:
                 q, s = block_quant(w, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
                 if bool(torch.isnan(q).any()):

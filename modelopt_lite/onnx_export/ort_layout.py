@@ -34,8 +34,10 @@ import functools
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from ..functional import requant
 from .graph import Graph, attr
 
 
@@ -170,10 +172,9 @@ def quantize_biases(g: Graph) -> int:
         sw = _per_channel_scale(g, prod.get(n.input[1]), out_axis, bias.size)
         if sw is None:
             continue
-        scale = (sx.reshape(()) * sw).astype(np.float32)  # float32 products, as requant.bias_scale
-        with np.errstate(over="ignore", invalid="ignore"):
-            q = np.rint(bias / scale)  # float32 true division, half to even, as requant.bias_codes
-        q = np.clip(q.astype(np.float64), -(2**31), 2**31 - 1).astype(np.int32)  # float64: holds 2**31 - 1
+        st = requant.bias_scale(torch.tensor(sx), torch.tensor(sw))  # the functions the torch layers use
+        q = requant.bias_codes(torch.tensor(bias), st).numpy().astype(np.int32)
+        scale = st.numpy()
         qname = g.add_init(f"{n.input[2]}.int32", q)
         sname = g.add_init(f"{n.input[2]}.scale", scale)
         out = g.fresh(f"{n.input[2]}_dq")

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..formats import ONNX_ACTIVATION_TYPES, smallest_code_type
 from .graph import Graph, OpsetTooLow
 from .symbolic import AFFINE_MARKER, E4M3_MARKER
 
@@ -28,27 +29,20 @@ from .symbolic import AFFINE_MARKER, E4M3_MARKER
 DEAD_SCALE = np.float32(2.0**126)
 TRT_DOMAIN = "trt"
 
-_CONTAINERS = [  # (onnx type, numpy type, lo, hi, min opset)
-    (TensorProto.INT8, np.int8, -128, 127, 10),
-    (TensorProto.UINT8, np.uint8, 0, 255, 10),
-    (TensorProto.INT16, np.int16, -(2**15), 2**15 - 1, 21),
-    (TensorProto.UINT16, np.uint16, 0, 2**16 - 1, 21),
-]
-
 
 def container(qmin: int, qmax: int, opset: int, label: str):
     """``(onnx type, numpy type, lo, hi)`` of the Q output holding the grid ``[qmin, qmax]``."""
-    for t, np_t, lo, hi, min_opset in _CONTAINERS:
-        if lo <= qmin and qmax <= hi:
-            if opset < min_opset:
-                bits = math.ceil(math.log2(qmax - qmin + 1))
-                raise OpsetTooLow(
-                    f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
-                    f"QuantizeLinear (opset >= 21); opset {opset} has no ONNX representation for it",
-                    21,
-                )
-            return t, np_t, lo, hi
-    raise ValueError(f"{label}: the activation grid [{qmin}, {qmax}] does not fit any ONNX quantized type")
+    c = smallest_code_type(qmin, qmax, ONNX_ACTIVATION_TYPES)
+    if c is None:
+        raise ValueError(f"{label}: the activation grid [{qmin}, {qmax}] does not fit any ONNX quantized type")
+    if opset < c.onnx_opset:
+        bits = math.ceil(math.log2(qmax - qmin + 1))
+        raise OpsetTooLow(
+            f"{label}: a {bits}-bit activation grid [{qmin}, {qmax}] needs a 16-bit "
+            f"QuantizeLinear (opset >= {c.onnx_opset}); opset {opset} has no ONNX representation for it",
+            c.onnx_opset,
+        )
+    return getattr(TensorProto, c.onnx_type), c.numpy_dtype, c.lo, c.hi
 
 
 def activation_axis(scale: np.ndarray, label: str):

@@ -21,6 +21,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
+from ..formats import CODE_TYPES, E4M3_DTYPE, E4M3_ONNX_TYPE, ONNX_WEIGHT_TYPES, e4m3_codes, smallest_code_type
 from ..functional import reference
 from .graph import Graph, OpsetTooLow, attr
 from .symbolic import AFFINE_MARKER, E4M3_MARKER
@@ -28,20 +29,7 @@ from .symbolic import AFFINE_MARKER, E4M3_MARKER
 #: shape-only ops a folded weight absorbs (the same op is applied to codes and scales)
 ABSORBABLE = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
-_INT_TYPES = [  # (onnx type, lo, hi, min opset)
-    (TensorProto.INT4, -8, 7, 21),
-    (TensorProto.UINT4, 0, 15, 21),
-    (TensorProto.INT8, -128, 127, 10),
-    (TensorProto.UINT8, 0, 255, 10),
-    (TensorProto.INT16, -(2**15), 2**15 - 1, 21),
-    (TensorProto.UINT16, 0, 2**16 - 1, 21),
-]
-_NP = {
-    TensorProto.INT8: np.int8,
-    TensorProto.UINT8: np.uint8,
-    TensorProto.INT16: np.int16,
-    TensorProto.UINT16: np.uint16,
-}
+_NP = {getattr(TensorProto, c.onnx_type): c.numpy_dtype for c in CODE_TYPES.values() if c.numpy_dtype is not None}
 
 
 @dataclass
@@ -70,10 +58,7 @@ def fold(kind: str, x: np.ndarray, scale: np.ndarray, zero_point, qmin: int, qma
         st = st.reshape(st.shape[st.dim() - xt.dim() :]) if st.numel() > 1 else st.reshape(())
     zp = torch.zeros_like(st)
     if kind == E4M3_MARKER:
-        dead = st == 0
-        safe = torch.where(dead, torch.ones_like(st), st)
-        codes = torch.where(dead, torch.zeros(()), reference.e4m3_round(xt / safe))
-        codes_np = codes.numpy().astype(np.float32)
+        codes_np = e4m3_codes(xt, st).float().numpy()
     elif kind == AFFINE_MARKER:
         zp = torch.from_numpy(np.ascontiguousarray(zero_point, dtype=np.float32)).reshape(st.shape)
         codes_np = reference.quantize_affine(xt, st, zp, qmin, qmax).numpy().astype(np.int64)
@@ -202,10 +187,10 @@ def _line(a: np.ndarray, ax: int) -> np.ndarray:
 def storage_type(kind: str, qmin: int, qmax: int, opset: int, label: str) -> int:
     """The ONNX element type that holds codes in ``[qmin, qmax]`` at ``opset``."""
     if kind == E4M3_MARKER:
-        return TensorProto.FLOAT8E4M3FN
-    for t, lo, hi, min_opset in _INT_TYPES:
-        if lo <= qmin and qmax <= hi and opset >= min_opset:
-            return t
+        return getattr(TensorProto, E4M3_ONNX_TYPE)
+    c = smallest_code_type(qmin, qmax, [n for n in ONNX_WEIGHT_TYPES if CODE_TYPES[n].onnx_opset <= opset])
+    if c is not None:
+        return getattr(TensorProto, c.onnx_type)
     bits = math.ceil(math.log2(qmax - qmin + 1))
     raise OpsetTooLow(
         f"{label}: integer codes in [{qmin}, {qmax}] ({bits} bits) have no ONNX storage type at "
@@ -231,7 +216,7 @@ def make_tensor(name: str, values: np.ndarray, elem_type: int) -> onnx.TensorPro
     elif elem_type == TensorProto.FLOAT8E4M3FN:
         t.raw_data = (
             torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-            .to(torch.float8_e4m3fn)
+            .to(E4M3_DTYPE)
             .view(torch.uint8)
             .numpy()
             .tobytes()

@@ -126,7 +126,7 @@ def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
             if amax.numel() != 1:
                 _fail(name, "input_quantizer", f"has an amax of shape {tuple(amax.shape)}; expected per tensor")
             scale = scale_from_amax(amax.reshape(()), bound)
-            probe = _probe(amax.reshape(()))
+            probe = _probe(amax.reshape(()), bound)
             probe = probe.abs() if info["unsigned"] else probe
             with torch.no_grad():
                 if not torch.equal(library.fake_quant_int(probe, scale, qmin, qmax), iq(probe)):
@@ -148,11 +148,11 @@ def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
     return spec, torch.stack(scales).float().contiguous()
 
 
-def _probe(amax: torch.Tensor) -> torch.Tensor:
-    """Values across (and beyond) the range, including exact rounding ties."""
+def _probe(amax: torch.Tensor, bound: int) -> torch.Tensor:
+    """Values across (and beyond) the range, including the grid's exact rounding ties."""
     a = float(amax) if float(amax) > 0 else 1.0
     grid = torch.linspace(-1.3 * a, 1.3 * a, 1031)
-    ties = (torch.arange(-130, 130) + 0.5) * (a / 127.0)
+    ties = (torch.arange(-(bound + 3), bound + 3) + 0.5) * (a / float(bound))
     return torch.cat([grid, ties]).to(amax.device).view(1, -1)
 
 

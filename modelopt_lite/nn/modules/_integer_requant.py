@@ -13,20 +13,51 @@ tensor or per output channel (axis 0), static; output quantizer 8-bit per tensor
 tensors; a Linear sees a 2-D input (a Gemm in ONNX), a Conv pads with zeros. Otherwise, and while any of the three
 quantizers calibrates, the float path runs (:func:`unfit_reason` says why). Training works: the forward value is
 the integer one, gradients are those of the float path (straight-through).
+
+The layers opt in by subclassing :class:`IntegerRequantLayer` and saying what is specific to them (the exact
+integer product, an extra reason not to fit, the input rank they accept): this module imports no layer module.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ...formats import int_range, is_e4m3
 from ...functional import requant as R
+from ..tensor_quantizer import TensorQuantizer
 
 REQUANT_MODES = ("float", "integer")
 
 
-def _int8_per_tensor(q, what: str) -> str | None:
+class IntegerRequantLayer(nn.Module):
+    """Base of the quantized layers an int8 kernel can run with ``requant="integer"`` (Linear, ConvNd).
+
+    A subclass builds the three quantizers (``QuantModuleMixin``) and overrides :meth:`_integer_product`;
+    :meth:`_integer_unfit` and :meth:`_integer_input_fits` add what else keeps it on the float path.
+    """
+
+    input_quantizer: TensorQuantizer
+    weight_quantizer: TensorQuantizer
+    output_quantizer: TensorQuantizer
+    weight: torch.Tensor
+
+    def _integer_product(self, codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor:
+        """The layer's op on integer codes held in float64 (exact), without the bias."""
+        raise NotImplementedError(f"{type(self).__name__} does not define its integer product")
+
+    def _integer_unfit(self) -> str | None:
+        """A layer-specific reason not to run the integer path (None: none)."""
+        return None
+
+    def _integer_input_fits(self, x: torch.Tensor) -> bool:
+        """Whether this input maps to one fused ONNX Runtime kernel (e.g. a Linear needs a 2-D input)."""
+        return True
+
+
+def _int8_per_tensor(q: TensorQuantizer, what: str) -> str | None:
     if not q.is_enabled:
         return f"{what} is disabled"
     if is_e4m3(q.num_bits) or q.num_bits != 8:
@@ -40,13 +71,11 @@ def _int8_per_tensor(q, what: str) -> str | None:
 
 def unfit_reason(module: nn.Module) -> str | None:
     """Why ``module``'s quantizers do not fit an int8 kernel with integer requantization (None: they fit)."""
-    from .quant_conv import _QuantConvNd
-    from .quant_linear import QuantLinear
-
-    if not isinstance(module, (QuantLinear, _QuantConvNd)):
+    if not isinstance(module, IntegerRequantLayer):
         return f"{type(module).__name__} is not a quantized Linear or Conv"
-    if isinstance(module, _QuantConvNd) and module.padding_mode != "zeros":
-        return f"padding_mode={module.padding_mode!r} (only 'zeros')"
+    reason = module._integer_unfit()
+    if reason:
+        return reason
     for q, what in ((module.input_quantizer, "input_quantizer"), (module.output_quantizer, "output_quantizer")):
         reason = _int8_per_tensor(q, what)
         if reason:
@@ -71,7 +100,7 @@ def unfit_reason(module: nn.Module) -> str | None:
     return None
 
 
-def active(module: nn.Module, x: torch.Tensor) -> bool:
+def active(module: IntegerRequantLayer, x: torch.Tensor) -> bool:
     """True when this forward of ``module`` runs the integer requantization."""
     if getattr(module, "requant", "float") != "integer":
         return False
@@ -79,7 +108,7 @@ def active(module: nn.Module, x: torch.Tensor) -> bool:
         return False  # export/trace the standard graph; the ONNX layout adds the int32 bias itself
     if x.dtype != torch.float32 or module.weight.dtype != torch.float32:
         return False
-    if not _is_conv(module) and x.dim() != 2:
+    if not module._integer_input_fits(x):
         return False
     qs = (module.input_quantizer, module.weight_quantizer, module.output_quantizer)
     if any(q.is_calib_enabled or not q.is_quant_enabled or not q.is_enabled or not q.has_amax for q in qs):
@@ -87,13 +116,9 @@ def active(module: nn.Module, x: torch.Tensor) -> bool:
     return unfit_reason(module) is None
 
 
-def _is_conv(module: nn.Module) -> bool:
-    from .quant_conv import _QuantConvNd
-
-    return isinstance(module, _QuantConvNd)
-
-
-def integer_forward(module: nn.Module, x: torch.Tensor, float_forward) -> torch.Tensor:
+def integer_forward(
+    module: IntegerRequantLayer, x: torch.Tensor, float_forward: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     """The integer-requantized output of ``module`` for ``x``; ``float_forward(input_quantizer(x))`` (the float
     path from the quantized input on) gives the gradients when they are needed."""
     inq, wq, outq = module.input_quantizer, module.weight_quantizer, module.output_quantizer
@@ -103,16 +128,13 @@ def integer_forward(module: nn.Module, x: torch.Tensor, float_forward) -> torch.
     xc = torch.round(fx / sx)
     wc, sw = wq.quantize_weight_codes(module.weight)
     so = outq.scale
-    if _is_conv(module):
-        acc = module._conv_forward(xc.double(), wc.double(), None)
-        shape = (1, -1) + (1,) * (acc.dim() - 2)
-    else:
-        acc = torch.nn.functional.linear(xc.double(), wc.double())
-        shape = (1, -1)
+    acc = module._integer_product(xc.double(), wc.double())
+    shape = (1, -1) + (1,) * (acc.dim() - 2)  # the output channels are dim 1 (Linear: (N, C); Conv: (N, C, ...))
     out_channels = module.weight.shape[0]
     sw = sw.reshape(-1).expand(out_channels) if sw.numel() == 1 else sw.reshape(-1)
-    if module.bias is not None:
-        acc = acc + R.bias_codes(module.bias, R.bias_scale(sx, sw)).reshape(shape)
+    bias = module.bias  # a Parameter or None
+    if isinstance(bias, torch.Tensor):
+        acc = acc + R.bias_codes(bias, R.bias_scale(sx, sw)).reshape(shape)
     _, qmin, qmax = int_range(8, outq.unsigned, False)
     codes = R.requantize(acc, R.multiplier(sx, sw, so).reshape(shape), 0, qmin, qmax)
     y = codes * so

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
 from ...descriptor import (
@@ -11,9 +14,10 @@ from ...descriptor import (
 )
 from . import _integer_requant
 from ._base import QuantModuleMixin
+from ._integer_requant import IntegerRequantLayer
 
 
-class _QuantConvNd(QuantModuleMixin):
+class _QuantConvNd(IntegerRequantLayer, QuantModuleMixin):
     """Shared body: ``output_quantizer(conv(input_quantizer(x), weight_quantizer(W), b))``.
 
     Accepts the float class's arguments plus ``quant_desc_input=`` / ``quant_desc_weight=`` (keyword only);
@@ -21,6 +25,8 @@ class _QuantConvNd(QuantModuleMixin):
     ``(out, in/groups, *k)``). Every ``padding_mode`` of the float module works (padding is applied to the
     quantized input, as the float module pads its input).
     """
+
+    _conv_forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # nn.ConvNd's
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -30,6 +36,12 @@ class _QuantConvNd(QuantModuleMixin):
         """The float path from the input quantizer's output on."""
         out = self._conv_forward(quantized_input, self.weight_quantizer(self.weight), self.bias)
         return self.output_quantizer(out)
+
+    def _integer_product(self, codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(codes, weight_codes, None)
+
+    def _integer_unfit(self) -> str | None:
+        return None if self.padding_mode == "zeros" else f"padding_mode={self.padding_mode!r} (only 'zeros')"
 
     def forward(self, input):
         if _integer_requant.active(self, input):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 from . import _integer_requant
 from ._base import QuantModuleMixin
+from ._integer_requant import IntegerRequantLayer
 
 
-class QuantLinear(QuantModuleMixin, nn.Linear):
+class QuantLinear(IntegerRequantLayer, QuantModuleMixin, nn.Linear):
     """``nn.Linear`` with quantized input and weight.
 
     Defaults: input 8-bit per tensor, weight 8-bit per row (axis 0, one amax per output feature). The output is
@@ -39,6 +41,12 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
         """The float path from the input quantizer's output on."""
         out = F.linear(quantized_input, self.weight_quantizer(self.weight), self.bias)
         return self.output_quantizer(out)
+
+    def _integer_product(self, codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor:
+        return F.linear(codes, weight_codes)
+
+    def _integer_input_fits(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2  # a Gemm in ONNX
 
     def forward(self, input):
         if _integer_requant.active(self, input):
