@@ -303,7 +303,7 @@ def test_bad_attribute_value_names_quantizer_and_patterns_and_leaves_model_uncha
         match=r"quantizer 'lm_head.weight_quantizer': the attributes from "
         r"quant_cfg\['\*weight_quantizer'\] \+ "
         r"quant_cfg\['nn.Linear'\]\['\*weight_quantizer'\] \(merged: "
-        r"\{'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99",
+        r"\{'enable': True, 'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99",
     ):
         mtq.quantize(model, cfg)
     assert [type(m) for m in model.modules()] == [type(m) for m in ref.modules()]  # conversion undone

@@ -44,6 +44,7 @@ deep-copies the config it is given and never mutates it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Callable
@@ -400,8 +401,19 @@ def check_method(method: Any, params: dict) -> None:
                 raise QuantConfigError(f"{k} must be an int >= {lo}, got {v!r}")
 
 
-def normalize_config(config: Any) -> QuantConfig:
+def _enabled(attrs: dict | list[dict]) -> dict | list[dict]:
+    if isinstance(attrs, list):
+        return [{"enable": True, **a} for a in attrs]
+    return {"enable": True, **attrs}
+
+
+def normalize_config(config: Any, *, enable_by_default: bool = False) -> QuantConfig:
     """Validate ``config`` and return its rules (``"default"`` first) and algorithm; never mutates ``config``.
+
+    ``enable_by_default`` (what :func:`modelopt_lite.quantize` uses, as ModelOpt's ``mtq.quantize`` does): an
+    entry that does not say ``"enable"`` turns the quantizers it selects on, so ModelOpt's own preset literals such
+    as ``{"*weight_quantizer": {"num_bits": 8, "axis": 0}, ..., "default": {"enable": False}}`` mean the same here.
+    Without it (``set_quantizer_by_cfg``), an entry patches only the keys it names.
 
     Raises:
         QuantConfigError (a ValueError): what is wrong and where (the pattern and the key).
@@ -444,4 +456,7 @@ def normalize_config(config: Any) -> QuantConfig:
             raise QuantConfigError(
                 f"quant_cfg key must be a pattern string, 'default', a class or a callable, got {key!r}"
             )
-    return QuantConfig(tuple(default_rules + rules), normalize_algorithm(config.get("algorithm", "max")), requant)
+    all_rules = default_rules + rules
+    if enable_by_default:
+        all_rules = [dataclasses.replace(r, attrs=_enabled(r.attrs)) for r in all_rules]
+    return QuantConfig(tuple(all_rules), normalize_algorithm(config.get("algorithm", "max")), requant)

@@ -176,7 +176,8 @@ def quantize(
         model: a float (or partly quantized) model. It is modified in place and returned; if the model itself is
             of a registered type (e.g. a bare ``nn.Linear``) the converted module is returned instead.
         config: ``{"quant_cfg": {pattern: attrs}, "algorithm": ...}`` (see :mod:`modelopt_lite.conversion.config`),
-            e.g. ``modelopt_lite.INT8_DEFAULT_CFG``. Deep-copied, never mutated.
+            e.g. ``modelopt_lite.INT8_DEFAULT_CFG``. Deep-copied, never mutated. As in ModelOpt, an entry that does
+            not say ``"enable"`` turns the quantizers it selects on.
         forward_loop: ``forward_loop(model)`` runs calibration data through the model (see :func:`calibrate_loop`);
             a ``forward_loop()`` that takes no argument is called without one (ModelOpt accepts both). None leaves
             the quantizers uncalibrated (call :func:`calibrate` yourself).
@@ -186,7 +187,7 @@ def quantize(
         QuantConfigError (ValueError): a malformed config; the model is left unchanged.
         TypeError: ``forward_loop`` is not callable.
     """
-    cfg = normalize_config(config)
+    cfg = normalize_config(config, enable_by_default=True)
     if forward_loop is not None and not callable(forward_loop):
         raise TypeError(
             f"forward_loop must be a callable taking the model (or nothing), got {type(forward_loop).__name__}"
