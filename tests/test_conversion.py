@@ -57,7 +57,10 @@ def test_preset_contents():
             r"quant_cfg\['\*weight_quantizer'\]: attributes must be a dict, got int",
         ),
         ({"quant_cfg": {"*weight_quantizer": []}}, r"an empty list of attribute dicts"),
-        ({"quant_cfg": {"*weight_quantizer": [{"num_bits": 4}, 8]}}, r"\['\*weight_quantizer'\]\[1\]: attributes must be"),
+        (
+            {"quant_cfg": {"*weight_quantizer": [{"num_bits": 4}, 8]}},
+            r"\['\*weight_quantizer'\]\[1\]: attributes must be",
+        ),
         (
             {"quant_cfg": {"*weight_quantizer": {"num_bit": 8}}},
             r"quant_cfg\['\*weight_quantizer'\]: unknown quantizer attribute 'num_bit'",

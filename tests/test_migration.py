@@ -231,10 +231,11 @@ def test_modelopt_custom_config_script():
 _HAS_DEFAULT_DESC = hasattr(quant_nn.QuantLinear, "set_default_quant_desc_input") and hasattr(
     quant_nn.QuantConv2d, "set_default_quant_desc_input"
 )
-_HAS_ONNX_CTX = hasattr(quant_modules, "enable_onnx_export")
+# pytorch-quantization has it in quant_modules and at the package top level
+_ONNX_CTX = getattr(quant_modules, "enable_onnx_export", None) or getattr(mtq, "enable_onnx_export", None)
 
 
-@pytest.mark.skipif(not (_HAS_DEFAULT_DESC and _HAS_ONNX_CTX), reason="set_default_quant_desc_* / enable_onnx_export")
+@pytest.mark.skipif(not (_HAS_DEFAULT_DESC and _ONNX_CTX), reason="set_default_quant_desc_* / enable_onnx_export")
 def test_pytorch_quantization_script_with_class_defaults_and_torch_onnx_export(tmp_path):
     quant_desc_input = QuantDescriptor(calib_method="histogram")
     quant_nn.QuantConv2d.set_default_quant_desc_input(quant_desc_input)
@@ -254,7 +255,7 @@ def test_pytorch_quantization_script_with_class_defaults_and_torch_onnx_export(t
         ref.collect(b)
     assert torch.equal(model.conv.input_quantizer.amax, ref.compute_amax("percentile", percentile=99.99))
     path = tmp_path / "quant_net.onnx"
-    with warnings.catch_warnings(), quant_modules.enable_onnx_export():
+    with warnings.catch_warnings(), _ONNX_CTX():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, data[0], str(path), opset_version=13, dynamo=False)
     assert "QuantizeLinear" in {n.op_type for n in onnx.load(str(path)).graph.node}
