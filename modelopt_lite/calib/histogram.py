@@ -197,8 +197,8 @@ class HistogramCalibrator(Calibrator):
                 f"{self._label()}.compute_amax(method={method!r}) got unexpected keyword argument(s) "
                 f"{', '.join(sorted(kwargs))}; it accepts {', '.join(_PEER_KWARGS)}"
             )
-        method, args = self._check_kwargs(method, {})
-        args = {"stride": stride, "start_bin": start_bin, "percentile": percentile}
+        method = self._check_kwargs(method, {})[0]
+        args: dict = {"stride": stride, "start_bin": start_bin, "percentile": percentile}
         what = f"{self._label()}.compute_amax({method!r})"
         if method == "percentile":
             p = args["percentile"]

@@ -138,7 +138,7 @@ class SequentialQuantizer(nn.Sequential):
         else:
             raise TypeError(f"expected a TensorQuantizer or a SequentialQuantizer, got {type(quantizers).__name__}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` through every quantizer in order (a new tensor; ``x`` is never modified)."""
         for q in self:
             x = q(x)
