@@ -275,3 +275,32 @@ def test_quant_modules_enable_and_calibrate_restore_global_state_on_errors():
     _assert_same_state(before, _state(model))
     m2 = mtq.quantize(nn.Sequential(nn.Linear(2, 2)), mtq.INT8_DEFAULT_CFG)
     assert type(m2[0]) is QuantLinear
+
+
+def test_max_after_an_entropy_pass_loads_the_max_not_a_histogram_amax():
+    """Issue 13: the entropy pass left calib_method="histogram"; a later "max" pass answered with its percentile."""
+    model = _model()
+    x = _x(7, n=512)
+    x[0, 0, 0, 0] = 40.0  # one outlier among 32768 values: the 99.99th percentile leaves it out, max does not
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mtq.calibrate(model, "entropy"):
+            model(x)
+        q = model.conv.input_quantizer
+        assert q.quant_desc.calib_method == "histogram" and float(q.amax) < 10.0
+        with mtq.calibrate(model, method="max"):
+            model(x)
+    assert q.quant_desc.calib_method == "max"
+    assert torch.equal(q.amax, x.abs().max())
+    assert isinstance(q.calibrator, mtq.calib.MaxCalibrator)
+    # None still means "each quantizer's own calibrator": a histogram-configured quantizer keeps its percentile
+    cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    cfg["quant_cfg"]["*input_quantizer"]["calib_method"] = "histogram"
+    model = _model(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mtq.calibrate(model, None):
+            model(x)
+    ref = HistogramCalibrator(8)
+    ref.collect(x)
+    assert torch.equal(model.conv.input_quantizer.amax, ref.compute_amax("percentile"))

@@ -56,7 +56,11 @@ def test_preset_contents():
             {"quant_cfg": {"*weight_quantizer": 8}},
             r"quant_cfg\['\*weight_quantizer'\]: attributes must be a dict, got int",
         ),
-        ({"quant_cfg": {"*weight_quantizer": [{"num_bits": 4}, {"num_bits": 8}]}}, r"sequential quantizers"),
+        ({"quant_cfg": {"*weight_quantizer": []}}, r"an empty list of attribute dicts"),
+        (
+            {"quant_cfg": {"*weight_quantizer": [{"num_bits": 4}, 8]}},
+            r"\['\*weight_quantizer'\]\[1\]: attributes must be",
+        ),
         (
             {"quant_cfg": {"*weight_quantizer": {"num_bit": 8}}},
             r"quant_cfg\['\*weight_quantizer'\]: unknown quantizer attribute 'num_bit'",
@@ -302,7 +306,7 @@ def test_bad_attribute_value_names_quantizer_and_patterns_and_leaves_model_uncha
         match=r"quantizer 'lm_head.weight_quantizer': the attributes from "
         r"quant_cfg\['\*weight_quantizer'\] \+ "
         r"quant_cfg\['nn.Linear'\]\['\*weight_quantizer'\] \(merged: "
-        r"\{'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99",
+        r"\{'enable': True, 'num_bits': 99\}\) were rejected: .*num_bits must be in 1..16, got 99",
     ):
         mtq.quantize(model, cfg)
     assert [type(m) for m in model.modules()] == [type(m) for m in ref.modules()]  # conversion undone

@@ -26,6 +26,21 @@ from ..functional.checks import check_axes
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+class UnknownMethodError(ValueError, TypeError):
+    """``compute_amax`` got a method the calibrator does not have.
+
+    A ValueError here; also a TypeError, which is what pytorch-quantization and ModelOpt raise for an unknown
+    method, so code written against them catches it unchanged.
+    """
+
+
+class AmaxShapeChangedError(RuntimeError, ValueError):
+    """A batch's per-channel amax shape differs from the earlier batches' ("amax shape changed!").
+
+    A RuntimeError, as pytorch-quantization's and ModelOpt's ``MaxCalibrator`` raise, and a ValueError (bad input).
+    """
+
+
 def check_num_bits(num_bits):
     """Validate ``num_bits``: an int (an integer grid) or ``(4, 3)`` (FP8 E4M3). Returns the normalized value."""
     if isinstance(num_bits, (tuple, list)):
@@ -140,7 +155,9 @@ class Calibrator:
         """Resolve ``method`` and fill defaults; unknown methods raise ValueError, unknown kwargs TypeError."""
         m = self._DEFAULT_METHOD if method is None else method
         if m not in self._METHODS:
-            raise ValueError(f"{self._label()}: unknown method {method!r}; expected one of {sorted(self._METHODS)}")
+            raise UnknownMethodError(
+                f"{self._label()}: unknown method {method!r}; expected one of {sorted(self._METHODS)}"
+            )
         allowed = self._METHODS[m]
         bad = sorted(set(kwargs) - set(allowed))
         if bad:
@@ -215,8 +232,8 @@ class Calibrator:
             shape = tuple(x.shape[d] if d in self._keep else 1 for d in range(x.dim()))
         if shape != self._amax_shape:
             now = shape if shape is not None else f"(rank {x.dim()} instead of {self._in_rank})"
-            raise ValueError(
-                f"{self._label()}: amax shape changed between batches: {self._amax_shape} before, "
+            raise AmaxShapeChangedError(
+                f"{self._label()}: amax shape changed! {self._amax_shape} before, "
                 f"{now} now (input shape {tuple(x.shape)}, axis={self._axis!r})"
             )
         return shape

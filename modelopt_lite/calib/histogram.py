@@ -28,6 +28,12 @@ _METHOD_ARGS = {
 }
 
 
+#: accepted for pytorch-quantization compatibility; they all mean the same here (see the class docstring)
+_GROW_METHODS = (None, "stretch", "append")
+#: the keywords of pytorch-quantization's ``compute_amax(method, *, stride, start_bin, percentile)``
+_PEER_KWARGS = ("stride", "start_bin", "percentile")
+
+
 def _check_int(what: str, v, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"{what} must be an int, got {v!r}")
@@ -42,19 +48,29 @@ class HistogramCalibrator(Calibrator):
     Args:
         num_bits, axis, unsigned, skip_nonfinite, name, group, sync_ranks: see :class:`Calibrator`.
         num_bins: bins of the grid (>= 2): the occupied histogram spans ``num_bins/2 .. num_bins`` of them.
-        grow_method: accepted for compatibility with pytorch-quantization (where it is unused); only None.
+        grow_method: None, ``"stretch"`` or ``"append"``, accepted for compatibility with pytorch-quantization
+            (deprecated there and ignored): the histogram here always grows by merging bins on its power-of-two
+            grid, which is exact, so the two old strategies give the same counts. Anything else: ValueError.
         skip_zeros: leave exact zeros out of the histogram (e.g. after ReLU).
+        torch_hist: accepted for compatibility (pytorch-quantization's choice between ``torch.histc`` and
+            ``np.histogram``); the int64 counts here are exact either way, so it changes nothing.
 
-    ``compute_amax(method=None, **kwargs)``: ``method`` None means ``"percentile"``.
+    The positional order ``(num_bits, axis, unsigned, num_bins, grow_method, skip_zeros, torch_hist)`` is the
+    peers'; ``skip_nonfinite``, ``name``, ``group`` and ``sync_ranks`` are keyword-only.
 
-    - ``"percentile"``, kwarg ``percentile=99.99`` (0 < p <= 100): the left edge of the bin where the cumulative
+    ``compute_amax(method=None, *, stride=1, start_bin=128, percentile=99.99)`` (the peers' signature; ``method``
+    None means ``"percentile"``). As in the peers, every method accepts all three keywords and ignores the ones it
+    does not use; any other keyword raises TypeError.
+
+    - ``"percentile"``, ``percentile=99.99`` (0 < p <= 100): the left edge of the bin where the cumulative
       count reaches p %, so the inverted-CDF quantile lies in ``[amax, amax + bin_width)``.
-    - ``"mse"``, kwargs ``start_bin=128, stride=1``: the bin center minimizing the expected squared
+    - ``"mse"``, ``start_bin=128, stride=1``: the bin center minimizing the expected squared
       fake-quantization error (project numerics; E4M3 uses the E4M3 formula); first minimum.
-    - ``"entropy"``, kwargs ``start_bin=128, stride=1``: TensorRT's KL-divergence search; last minimum; integer
+    - ``"entropy"``, ``start_bin=128, stride=1``: TensorRT's KL-divergence search; last minimum; integer
       formats only (ValueError for E4M3).
 
-    Any other keyword raises TypeError naming it and the method. Returns a float32 tensor on the data's device,
+    An unknown method raises :class:`~modelopt_lite.calib.calibrator.UnknownMethodError` (a ValueError and a
+    TypeError). Returns a float32 tensor on the data's device,
     shape ``()`` or keepdims per channel, or None before any data. With ``torch.distributed`` initialized, the
     ranks' histograms are merged first (exactly; see ``distributed.py``). All three methods work per channel.
 
@@ -77,9 +93,10 @@ class HistogramCalibrator(Calibrator):
         num_bins=2048,
         grow_method=None,
         skip_zeros=False,
+        torch_hist=True,
+        *,
         skip_nonfinite=False,
         name=None,
-        *,
         group=None,
         sync_ranks=True,
     ):
@@ -87,13 +104,17 @@ class HistogramCalibrator(Calibrator):
             num_bits, axis, unsigned, skip_nonfinite=skip_nonfinite, name=name, group=group, sync_ranks=sync_ranks
         )
         self._num_bins = _check_int("num_bins", num_bins, 2)
-        if grow_method is not None:
+        if grow_method not in _GROW_METHODS:
             raise ValueError(
-                f"grow_method={grow_method!r} is not supported: the histogram always grows by merging "
-                "bins on its power-of-two grid (pass None)"
+                f"grow_method={grow_method!r} is not supported: pass None, 'stretch' or 'append' (all three "
+                "grow the same way here: by merging bins on the power-of-two grid)"
             )
         if not isinstance(skip_zeros, bool):
             raise TypeError(f"skip_zeros must be a bool, got {skip_zeros!r}")
+        if not isinstance(torch_hist, bool):
+            raise TypeError(f"torch_hist must be a bool, got {torch_hist!r}")
+        self._grow_method = grow_method
+        self._torch_hist = torch_hist
         self._skip_zeros = skip_zeros
         self._counts = None  # int64 (rows, num_bins)
         self._exp = None  # int64 (rows,)
@@ -169,9 +190,15 @@ class HistogramCalibrator(Calibrator):
             return None
         return self._counts, self._exp, self._amax_shape
 
-    def compute_amax(self, method=None, **kwargs):
+    def compute_amax(self, method=None, *, stride=1, start_bin=128, percentile=99.99, **kwargs):
         """amax from the histogram with ``method`` (``"percentile"`` (default), ``"mse"`` or ``"entropy"``)."""
-        method, args = self._check_kwargs(method, kwargs)
+        if kwargs:
+            raise TypeError(
+                f"{self._label()}.compute_amax(method={method!r}) got unexpected keyword argument(s) "
+                f"{', '.join(sorted(kwargs))}; it accepts {', '.join(_PEER_KWARGS)}"
+            )
+        method = self._check_kwargs(method, {})[0]
+        args: dict = {"stride": stride, "start_bin": start_bin, "percentile": percentile}
         what = f"{self._label()}.compute_amax({method!r})"
         if method == "percentile":
             p = args["percentile"]

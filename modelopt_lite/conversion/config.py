@@ -19,10 +19,18 @@ A config is a plain dict::
 ``block_sizes``, ``unsigned``, ``narrow_range``, ``fake_quant``, ``learn_amax``, ``calib_method``, ``dynamic``,
 ``amax``, ``scale_amax``) plus ``enable`` and ``num_steps``. Granularity is one setting: an entry that sets
 ``block_sizes`` without ``axis`` also clears ``axis`` and vice versa. A pattern that matches nothing is fine.
+ModelOpt's attribute names work too: ``"type": "static" | "dynamic"`` (our ``dynamic``) and ``"calibrator"``
+(``"max"``, ``"histogram"``, or the class ``MaxCalibrator`` / ``HistogramCalibrator``; our ``calib_method``; a
+string is a name, never an import path). ``attrs`` may also be a *list* of dicts: the selected quantizer becomes a
+:class:`~modelopt_lite.nn.SequentialQuantizer` with one fresh quantizer per dict (ModelOpt's W4A8 AWQ weight
+entry ``[{"num_bits": 4, "block_sizes": {-1: 128, "type": "static"}}, {"num_bits": (4, 3), "axis": None}]``); a
+later dict entry matching it patches every quantizer of the sequence.
 
 ``algorithm`` is the calibration method used when :func:`modelopt_lite.quantize` gets a ``forward_loop`` (see
-:func:`modelopt_lite.calibrate` for what each method does; ``"max"`` also works for quantizers configured with
-``calib_method="histogram"``, which then use their default, the 99.99th percentile). ``"smoothquant"``
+:func:`modelopt_lite.calibrate` for what each method does). As in ModelOpt's ``max_calibrate``, the algorithm
+``"max"`` runs each quantizer's own calibrator (``calibrate(model, None)``): quantizers configured with
+``calib_method="histogram"`` then use their default, the 99.99th percentile, while ``calibrate(model, "max")``
+itself always loads the max. ``"smoothquant"``
 (``alpha=``, default 0.5) first rescales every quantized Linear (see :mod:`.smoothquant`), then calibrates with
 max. None: no calibration.
 
@@ -36,6 +44,7 @@ deep-copies the config it is given and never mutates it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Callable
@@ -44,6 +53,7 @@ from typing import Any
 
 from torch import nn
 
+from ..calib import HistogramCalibrator, MaxCalibrator
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
 from ..descriptor import QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL as _CT_DESC
 from ..nn.modules._integer_requant import REQUANT_MODES
@@ -51,6 +61,10 @@ from ..nn.modules._integer_requant import REQUANT_MODES
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
 ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps"}
+#: ModelOpt attribute names, translated on normalization: ``type`` -> ``dynamic``, ``calibrator`` -> ``calib_method``
+MODELOPT_KEYS = frozenset({"type", "calibrator"})
+#: the calibrators a config may name (``"calibrator": "max"`` or ``"calibrator": MaxCalibrator``)
+CALIBRATORS: dict[str, type] = {"max": MaxCalibrator, "histogram": HistogramCalibrator}
 
 #: calibration methods and the parameters each accepts
 METHOD_PARAMS: dict[str | None, frozenset] = {
@@ -185,7 +199,7 @@ class Rule:
     label: str
     pattern: str | Callable[[str], bool]
     owner_cls: type | str | None
-    attrs: dict = field(hash=False)
+    attrs: dict | list[dict] = field(hash=False)
 
     def matches(self, name: str, local: str, owner: nn.Module | None, float_cls: type | None = None) -> bool:
         """Whether the quantizer at ``name`` (``local`` inside ``owner``; owner's float class) is selected."""
@@ -221,18 +235,48 @@ class QuantConfig:
     requant: str | None = None
 
 
-def _check_attrs(label: str, attrs: Any) -> dict:
-    if isinstance(attrs, (list, tuple)):
+def _modelopt_type(label: str, attrs: dict) -> None:
+    """ModelOpt's ``type: "static" | "dynamic"`` -> our ``dynamic`` (in place)."""
+    t = attrs.pop("type")
+    if t not in ("static", "dynamic"):
+        raise QuantConfigError(f"quant_cfg[{label}]: 'type' must be 'static' or 'dynamic', got {t!r}")
+    dynamic = t == "dynamic"
+    if "dynamic" in attrs and attrs["dynamic"] != dynamic:
+        raise QuantConfigError(f"quant_cfg[{label}]: 'type': {t!r} contradicts 'dynamic': {attrs['dynamic']!r}")
+    attrs["dynamic"] = dynamic
+
+
+def _modelopt_calibrator(label: str, attrs: dict) -> None:
+    """ModelOpt's ``calibrator`` (a name or one of our calibrator classes) -> our ``calib_method`` (in place).
+
+    Strings are looked up in :data:`CALIBRATORS` and never imported: a dotted path is rejected, as is any other
+    class or a ModelOpt constructor tuple (a quantizer builds its calibrator from ``calib_method``).
+    """
+    c = attrs.pop("calibrator")
+    if isinstance(c, str):
+        name = c if c in CALIBRATORS else None
+    else:
+        name = next((k for k, cls in CALIBRATORS.items() if c is cls), None)
+    if name is None:
+        what = f"{c.__module__}.{c.__qualname__}" if isinstance(c, type) else repr(c)
         raise QuantConfigError(
-            f"quant_cfg[{label}]: a list of attribute dicts (sequential quantizers) is not "
-            f"supported; give one dict of attributes"
+            f"quant_cfg[{label}]: calibrator {what} is not supported: give one of {sorted(CALIBRATORS)} or "
+            f"{', '.join(cls.__name__ for cls in CALIBRATORS.values())} (names are never imported)"
         )
+    if "calib_method" in attrs and attrs["calib_method"] != name:
+        raise QuantConfigError(
+            f"quant_cfg[{label}]: 'calibrator': {c!r} contradicts 'calib_method': {attrs['calib_method']!r}"
+        )
+    attrs["calib_method"] = name
+
+
+def _check_attr_dict(label: str, attrs: Any) -> dict:
     if not isinstance(attrs, dict):
         raise QuantConfigError(f"quant_cfg[{label}]: attributes must be a dict, got {type(attrs).__name__} {attrs!r}")
     for k in attrs:
-        if k not in ATTR_KEYS:
+        if k not in ATTR_KEYS and k not in MODELOPT_KEYS:
             raise QuantConfigError(
-                f"quant_cfg[{label}]: unknown quantizer attribute {k!r}; allowed: {sorted(ATTR_KEYS)}"
+                f"quant_cfg[{label}]: unknown quantizer attribute {k!r}; allowed: {sorted(ATTR_KEYS | MODELOPT_KEYS)}"
             )
     if "enable" in attrs and not isinstance(attrs["enable"], bool):
         raise QuantConfigError(f"quant_cfg[{label}]: 'enable' must be a bool, got {attrs['enable']!r}")
@@ -240,7 +284,13 @@ def _check_attrs(label: str, attrs: Any) -> dict:
         n = attrs["num_steps"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise QuantConfigError(f"quant_cfg[{label}]: 'num_steps' must be an int >= 1, got {n!r}")
-    out = copy.deepcopy(attrs)
+    calibrator = attrs.get("calibrator")
+    out = copy.deepcopy({k: v for k, v in attrs.items() if k != "calibrator"})
+    if "calibrator" in attrs:
+        out["calibrator"] = calibrator  # a class: kept as is (deep-copying a class is the class anyway)
+        _modelopt_calibrator(label, out)
+    if "type" in out:
+        _modelopt_type(label, out)
     if out.get("block_sizes") is not None and "axis" not in out:
         out["axis"] = None
     if out.get("axis") is not None and "block_sizes" not in out:
@@ -248,12 +298,22 @@ def _check_attrs(label: str, attrs: Any) -> dict:
     return out
 
 
+def _check_attrs(label: str, attrs: Any) -> dict | list[dict]:
+    """One entry's attributes, validated and translated (ModelOpt's ``type``/``calibrator`` become ``dynamic``/
+    ``calib_method``); a list of dicts (one per quantizer of a :class:`SequentialQuantizer`) gives a list."""
+    if isinstance(attrs, (list, tuple)):
+        if not attrs:
+            raise QuantConfigError(f"quant_cfg[{label}]: an empty list of attribute dicts")
+        return [_check_attr_dict(f"{label}][{i}", a) for i, a in enumerate(attrs)]
+    return _check_attr_dict(label, attrs)
+
+
 def _looks_nested(value: Any) -> bool:
     return (
         isinstance(value, dict)
         and bool(value)
-        and all(isinstance(v, dict) for v in value.values())
-        and not any(isinstance(k, str) and k in ATTR_KEYS for k in value)
+        and all(isinstance(v, (dict, list)) for v in value.values())
+        and not any(isinstance(k, str) and (k in ATTR_KEYS or k in MODELOPT_KEYS) for k in value)
     )
 
 
@@ -341,8 +401,19 @@ def check_method(method: Any, params: dict) -> None:
                 raise QuantConfigError(f"{k} must be an int >= {lo}, got {v!r}")
 
 
-def normalize_config(config: Any) -> QuantConfig:
+def _enabled(attrs: dict | list[dict]) -> dict | list[dict]:
+    if isinstance(attrs, list):
+        return [{"enable": True, **a} for a in attrs]
+    return {"enable": True, **attrs}
+
+
+def normalize_config(config: Any, *, enable_by_default: bool = False) -> QuantConfig:
     """Validate ``config`` and return its rules (``"default"`` first) and algorithm; never mutates ``config``.
+
+    ``enable_by_default`` (what :func:`modelopt_lite.quantize` uses, as ModelOpt's ``mtq.quantize`` does): an
+    entry that does not say ``"enable"`` turns the quantizers it selects on, so ModelOpt's own preset literals such
+    as ``{"*weight_quantizer": {"num_bits": 8, "axis": 0}, ..., "default": {"enable": False}}`` mean the same here.
+    Without it (``set_quantizer_by_cfg``), an entry patches only the keys it names.
 
     Raises:
         QuantConfigError (a ValueError): what is wrong and where (the pattern and the key).
@@ -385,4 +456,7 @@ def normalize_config(config: Any) -> QuantConfig:
             raise QuantConfigError(
                 f"quant_cfg key must be a pattern string, 'default', a class or a callable, got {key!r}"
             )
-    return QuantConfig(tuple(default_rules + rules), normalize_algorithm(config.get("algorithm", "max")), requant)
+    all_rules = default_rules + rules
+    if enable_by_default:
+        all_rules = [dataclasses.replace(r, attrs=_enabled(r.attrs)) for r in all_rules]
+    return QuantConfig(tuple(all_rules), normalize_algorithm(config.get("algorithm", "max")), requant)

@@ -12,6 +12,7 @@ forward loop), the replaced children are put back and every quantizer that exist
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import warnings
 from collections.abc import Callable, Iterable
@@ -19,18 +20,20 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from .cfg_sites import apply_attrs, config_sites, merge_attrs
 from .config import (
     ALGORITHM_PARAMS,
     QuantConfig,
     QuantConfigError,
     check_method,
+    normalize_algorithm,
     normalize_config,
 )
 from .registry import REGISTRY, QuantModuleRegistry
 from .requant import set_requant
 from .smoothquant import smooth_quant
 from .state import ModuleSnapshot, snapshot_quantizers
-from .utils import named_quantizers, quantizer_sites
+from .utils import named_quantizers
 
 log = logging.getLogger(__name__)
 
@@ -105,28 +108,32 @@ def set_quantizer_by_cfg(model: nn.Module, quant_cfg: dict | QuantConfig) -> dic
     """Apply a ``quant_cfg`` dict (or a whole config) to the model's quantizers; returns ``{quantizer: [labels]}``.
 
     For each quantizer, the attributes of every matching rule are merged in order (later rules win) and applied in
-    one :meth:`TensorQuantizer.set_from_attribute_config` call.
+    one :meth:`TensorQuantizer.set_from_attribute_config` call. A rule whose attributes are a list of dicts makes
+    the quantizer a :class:`~modelopt_lite.nn.SequentialQuantizer` (one fresh quantizer per dict, replacing it in
+    its owner); a ``SequentialQuantizer`` is matched by its own path, and a dict applies to all its members.
 
     Raises:
         QuantConfigError: a malformed config, or a quantizer rejecting the merged attributes (the message names the
             quantizer and the patterns that matched it).
     """
+    return _apply_cfg(model, quant_cfg, [])
+
+
+def _apply_cfg(model: nn.Module, quant_cfg: dict | QuantConfig, replaced: list) -> dict[str, list[str]]:
     if not isinstance(quant_cfg, QuantConfig):
         cfg = quant_cfg if "quant_cfg" in quant_cfg or "algorithm" in quant_cfg else {"quant_cfg": quant_cfg}
         quant_cfg = normalize_config({**cfg, "algorithm": None})
     applied: dict[str, list[str]] = {}
-    for site in quantizer_sites(model):
+    for site in config_sites(model):
         float_cls = None
         if site.owner is not None:
             float_cls = REGISTRY.float_class_of(type(site.owner)) or getattr(type(site.owner), "_float_cls", None)
         hits = [r for r in quant_cfg.rules if r.matches(site.name, site.local, site.owner, float_cls)]
         if not hits:
             continue
-        merged: dict = {}
-        for r in hits:
-            merged.update(r.attrs)
+        merged = merge_attrs([r.attrs for r in hits])
         try:
-            site.quantizer.set_from_attribute_config(merged)
+            apply_attrs(site, merged, replaced)
         except (ValueError, TypeError) as e:
             labels = " + ".join(f"quant_cfg[{r.label}]" for r in hits)
             raise QuantConfigError(
@@ -134,6 +141,26 @@ def set_quantizer_by_cfg(model: nn.Module, quant_cfg: dict | QuantConfig) -> dic
             ) from e
         applied[site.name] = [r.label for r in hits]
     return applied
+
+
+def _call_forward_loop(forward_loop: Callable, model: nn.Module):
+    """``forward_loop(model)``, or ``forward_loop()`` when it takes no argument (ModelOpt accepts both)."""
+    try:
+        sig = inspect.signature(forward_loop)
+    except (TypeError, ValueError):  # no signature (some builtins): the documented form
+        return forward_loop(model)
+    try:
+        sig.bind(model)
+    except TypeError:
+        try:
+            sig.bind()
+        except TypeError:
+            raise TypeError(
+                f"forward_loop {getattr(forward_loop, '__name__', forward_loop)!r}{sig} must take the model as its "
+                "only argument, or no argument"
+            ) from None
+        return forward_loop()
+    return forward_loop(model)
 
 
 def quantize(
@@ -149,18 +176,22 @@ def quantize(
         model: a float (or partly quantized) model. It is modified in place and returned; if the model itself is
             of a registered type (e.g. a bare ``nn.Linear``) the converted module is returned instead.
         config: ``{"quant_cfg": {pattern: attrs}, "algorithm": ...}`` (see :mod:`modelopt_lite.conversion.config`),
-            e.g. ``modelopt_lite.INT8_DEFAULT_CFG``. Deep-copied, never mutated.
+            e.g. ``modelopt_lite.INT8_DEFAULT_CFG``. Deep-copied, never mutated. As in ModelOpt, an entry that does
+            not say ``"enable"`` turns the quantizers it selects on.
         forward_loop: ``forward_loop(model)`` runs calibration data through the model (see :func:`calibrate_loop`);
-            None leaves the quantizers uncalibrated (call :func:`calibrate` yourself).
+            a ``forward_loop()`` that takes no argument is called without one (ModelOpt accepts both). None leaves
+            the quantizers uncalibrated (call :func:`calibrate` yourself).
         registry: the float -> quant class map (default: the global one, see :func:`modelopt_lite.register`).
 
     Raises:
         QuantConfigError (ValueError): a malformed config; the model is left unchanged.
         TypeError: ``forward_loop`` is not callable.
     """
-    cfg = normalize_config(config)
+    cfg = normalize_config(config, enable_by_default=True)
     if forward_loop is not None and not callable(forward_loop):
-        raise TypeError(f"forward_loop must be a callable taking the model, got {type(forward_loop).__name__}")
+        raise TypeError(
+            f"forward_loop must be a callable taking the model (or nothing), got {type(forward_loop).__name__}"
+        )
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize expects an nn.Module, got {type(model).__name__}")
     before = snapshot_quantizers(q for _, q in named_quantizers(model))
@@ -170,7 +201,7 @@ def quantize(
     try:
         model = _convert_tree(model, registry or REGISTRY, record)
         set_quantizer_names(model)
-        set_quantizer_by_cfg(model, cfg)
+        _apply_cfg(model, cfg, record.done)
         if cfg.requant is not None:
             modes = {m: m.requant for m in model.modules() if hasattr(m, "requant")}
             set_requant(model, cfg.requant)
@@ -183,10 +214,11 @@ def quantize(
                 method, params = cfg.algorithm
                 if method in ALGORITHM_PARAMS:  # smoothquant: rescale the Linears, then calibrate with max
                     weights = ModuleSnapshot(m for m in model.modules() if isinstance(m, nn.Linear))
-                    smooth_quant(model, forward_loop, **params)
+                    smooth_quant(model, lambda m: _call_forward_loop(forward_loop, m), **params)
                     method, params = "max", {}
-                with calibrate(model, method, **params):
-                    forward_loop(model)
+                # the algorithm "max" is ModelOpt's max_calibrate: every quantizer's own calibrator (method None)
+                with _calibration(model, None if method == "max" else method, params):
+                    _call_forward_loop(forward_loop, model)
     except BaseException:
         for m, mode in modes.items():
             m.requant = mode
@@ -227,8 +259,13 @@ def _collected(cal) -> bool:
 
 
 def _start(q, method) -> None:
-    if method in _HIST_METHODS and _is_per_tensor(q) and q.quant_desc.calib_method != "histogram":
+    d = q.quant_desc
+    if method in _HIST_METHODS and _is_per_tensor(q) and d.calib_method != "histogram":
         q.set_from_attribute_config({"calib_method": "histogram"})
+    elif method == "max" and d.calib_method != "max" and not d.block_sizes:
+        # exactly the method asked for: a histogram left by an earlier entropy/mse/percentile pass (or configured)
+        # must not answer a "max" pass with its percentile (issue 13)
+        q.set_from_attribute_config({"calib_method": "max"})
     for cal in _calibrators(q):
         cal.reset()
     q.disable_quant()
@@ -252,27 +289,70 @@ def _finish(q, method, params: dict) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def calibrate(model: nn.Module, method: str | None = "max", **compute_amax_kwargs):
-    """Collect calibration statistics for the block, then load amax into every quantizer.
+_UNSET = object()
+
+
+def calibrate(
+    model: nn.Module,
+    method: str | dict | None = "max",
+    forward_loop: Callable | None = None,
+    *,
+    algorithm=_UNSET,
+    **compute_amax_kwargs,
+):
+    """Calibrate the quantizers on the data run inside a ``with`` block (or by ``forward_loop``), then load amax.
+
+    Two forms::
+
+        with mtq.calibrate(model, "entropy"):        # a context manager
+            for x in batches:
+                model(x)
+
+        mtq.calibrate(model, algorithm="max", forward_loop=loop)   # ModelOpt's form: runs loop now, returns model
 
     Every enabled, static quantizer without a fixed ``amax`` switches to collect mode (quantization off) for the
     block; on exit it computes and loads amax and turns quantization back on (calibration off). If the block (or the
     amax computation) raises, every quantizer's state (flags, amax, calibrator statistics, descriptor) is restored
     exactly and the exception propagates. Statistics start fresh at entry.
 
-    Methods:
-        ``"max"`` (or None): each quantizer's own calibrator with its default (max; a quantizer configured with
-        ``calib_method="histogram"`` uses the 99.99th percentile). ``"histogram"``/``"percentile"``
-        (``percentile=``), ``"mse"``/``"entropy"`` (``start_bin=``, ``stride=``): per-tensor quantizers collect a
-        histogram (their ``calib_method`` becomes ``"histogram"``) and use that method; per-channel and block
-        quantizers keep max calibration.
+    Methods (exactly the one asked for is used):
+        ``"max"``: the max of ``|x|`` for every quantizer (one left on ``calib_method="histogram"`` by an earlier
+        histogram pass, or by its config, switches back to ``"max"``; block quantizers always use a running
+        block max). None: each quantizer's own calibrator with its default (max; ``calib_method="histogram"``: the
+        99.99th percentile), which is what a config's ``"algorithm": "max"`` runs, as ModelOpt's max_calibrate
+        does. ``"histogram"``/``"percentile"`` (``percentile=``), ``"mse"``/``"entropy"`` (``start_bin=``,
+        ``stride=``): per-tensor quantizers collect a histogram (their ``calib_method`` becomes ``"histogram"``)
+        and use that method; per-channel and block quantizers keep max calibration. ``method`` (or ModelOpt's
+        ``algorithm=``) may also be a dict ``{"method": ..., **params}``.
 
     A quantizer that saw no data is left exactly as it was before the block, and a warning names it.
+
+    Args:
+        forward_loop: ``forward_loop(model)`` (or ``forward_loop()``); given, the calibration runs at once and the
+            model is returned. None: a context manager is returned.
 
     Raises:
         QuantConfigError (ValueError): an unknown method or parameter, before anything runs.
     """
+    if algorithm is not _UNSET:
+        if method != "max":
+            raise TypeError("calibrate: give the method positionally or as algorithm=, not both")
+        method = algorithm
+    if isinstance(method, dict):
+        method, params = normalize_algorithm(method)
+        compute_amax_kwargs = {**params, **compute_amax_kwargs}
+    if forward_loop is None:
+        return _calibration(model, method, compute_amax_kwargs)
+    if not callable(forward_loop):
+        raise TypeError(f"forward_loop must be callable, got {type(forward_loop).__name__}")
+    with _calibration(model, method, compute_amax_kwargs):
+        _call_forward_loop(forward_loop, model)
+    return model
+
+
+@contextlib.contextmanager
+def _calibration(model: nn.Module, method, compute_amax_kwargs: dict):
+    """The calibration block of :func:`calibrate`."""
     check_method(method, compute_amax_kwargs)
     snaps = [(n, q, snapshot_quantizers([q])) for n, q in named_quantizers(model)]
     targets = [

@@ -8,6 +8,7 @@ name the quantized classes, as in pytorch-quantization's ``quant_nn``.
 
 from . import modules as _modules
 from .modules import *
+from .sequential_quantizer import SequentialQuantizer
 from .tensor_quantizer import TensorQuantizer
 
-__all__ = ["TensorQuantizer", *_modules.__all__]  # noqa: PLE0604
+__all__ = ["SequentialQuantizer", "TensorQuantizer", *_modules.__all__]  # noqa: PLE0604

@@ -35,8 +35,10 @@ class BlockMaxCollector:
             self._amax = a.clone()
             return
         if a.shape != self._amax.shape:
-            raise ValueError(
-                f"block amax shape changed from {tuple(self._amax.shape)} to {tuple(a.shape)} "
+            from ..calib.calibrator import AmaxShapeChangedError
+
+            raise AmaxShapeChangedError(
+                f"block amax shape changed! from {tuple(self._amax.shape)} to {tuple(a.shape)} "
                 f"(input shape {tuple(x.shape)}); static block quantization needs a fixed input shape"
             )
         self._amax = torch.maximum(self._amax, a.to(self._amax.device))

@@ -232,17 +232,20 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """Store ``calibrator.compute_amax(method, **kwargs)`` (every step) as the amax.
 
         A calibrator that saw no data raises RuntimeError naming the quantizer (``strict=False``: a warning, the
-        amax is left as it was; temporal steps without data get the max of the others). Dynamic: no-op.
+        amax is left as it was; temporal steps without data get the max of the others). Dynamic, or disabled with
+        no data at all (pytorch-quantization's loop calls this on every quantizer): no-op.
         """
         if self.dynamic:
             return
         results = compute_step_amaxes(self._calibrator_list(), method, kwargs)
         missing = [t for t, a in enumerate(results) if a is None]
+        if missing and self._disabled and len(missing) == len(results):
+            return  # off and never fed: peers' loops load every quantizer, default-off output quantizers too
         if missing:
             where = f" for step(s) {missing}" if self._num_steps > 1 else ""
             msg = f"{self._label()}: the calibrator returned no amax{where}: it never saw calibration data"
             if strict:
-                raise RuntimeError(msg + "; run data through it with enable_calib() first, or pass strict=False")
+                raise RuntimeError(msg + " (Calibrator returned None); run data through it first, or pass strict=False")
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             present = [a for a in results if a is not None]
             if not present:
