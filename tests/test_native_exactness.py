@@ -55,7 +55,7 @@ def impl(request, native):
 
 
 def same(a, b, what=""):
-    """Bit-level agreement: dtype, shape, NaN positions, and torch.equal elsewhere."""
+    """Bit-level agreement: dtype, shape, NaN positions, and torch.equal plus the sign bit elsewhere."""
     if a is None or b is None:
         assert a is None and b is None, what
         return
@@ -63,6 +63,9 @@ def same(a, b, what=""):
     na, nb = torch.isnan(a), torch.isnan(b)
     assert torch.equal(na, nb), f"{what}: NaN positions differ"
     assert torch.equal(a[~na], b[~nb]), f"{what}: values differ at {(a != b).nonzero()[:5].tolist()}"
+    if a.is_floating_point():  # torch.equal treats -0.0 == 0.0: the sign of zero must agree too
+        sa, sb = torch.signbit(a[~na]), torch.signbit(b[~nb])
+        assert torch.equal(sa, sb), f"{what}: the sign of zero differs at {(sa != sb).nonzero()[:5].tolist()}"
 
 
 def both(fn, *args):
