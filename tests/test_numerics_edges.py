@@ -355,3 +355,39 @@ def test_low_precision_dynamic_blocks_peak_memory(dtype, which, limit):
     assert out.returncode == 0, out.stderr
     ratio = float(out.stdout.strip().splitlines()[-1])
     assert 0.9 < ratio < limit, ratio
+
+
+# --- calibrators near the top of float32 ---------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["percentile", "mse", "entropy"])
+def test_histogram_amax_stays_finite_near_float32_max(method):
+    from modelopt_lite.calib import HistogramCalibrator
+
+    top = torch.finfo(torch.float32).max
+    cal = HistogramCalibrator(8)
+    cal.collect(torch.tensor([top, -top, 1.0, 3e38]))
+    amax = cal.compute_amax(method, **({"percentile": 100.0} if method == "percentile" else {}))
+    assert amax.dtype == torch.float32 and amax.shape == ()
+    assert bool(torch.isfinite(amax)) and amax.item() > 3e38, amax
+    y = tq.fake_tensor_quant(torch.tensor([top, -top]), amax, 8)  # usable: a finite scale, no NaN
+    assert bool(torch.isfinite(y).all()), y
+
+
+@pytest.mark.parametrize("num_bits,narrow", [(8, True), (8, False), (4, False), ((4, 3), False)])
+def test_amax_near_float32_max_gives_a_finite_grid(impl, num_bits, narrow):
+    """amax = float32's largest value: float32(amax / bound) rounds up so far that bound * scale is Inf for 8 bits;
+    the scale is then the float32 just below (identical on every backend), and finite inputs stay finite."""
+    top = torch.finfo(torch.float32).max
+    x = torch.tensor([top, -top, 3e38, -1.0, 0.0] * 2)
+    amax = torch.tensor(top)
+    if num_bits == (4, 3):
+        y = tq.scaled_e4m3(x, amax)
+        scale = tq.tensor_quant(x, amax, num_bits)[1]
+    else:
+        y = tq.fake_tensor_quant(x, amax, num_bits, narrow_range=narrow)
+        scale = tq.tensor_quant(x, amax, num_bits, narrow_range=narrow)[1]
+    assert bool(torch.isfinite(y).all()), y
+    bound = 448.0 if num_bits == (4, 3) else float(2 ** (num_bits - 1) - 1)
+    plain = amax / torch.tensor(bound)
+    want = plain if bool(torch.isfinite(plain * bound)) else torch.nextafter(plain, torch.tensor(0.0))
+    assert torch.equal(scale, want)
+    assert y[0].item() == (bound * want).item() and y[1].item() == -(bound * want).item()

@@ -11,11 +11,20 @@ import torch
 
 from ..formats import AMAX_EPS, E4M3_MAX, int_range, is_e4m3
 
+_ONE_ULP_DOWN = 1.0 - 2.0**-24  # s * this == the float32 just below s (for any normal s > 0)
+
 
 def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
-    """float32 scale, 0 where amax <= 2**-24."""
+    """float32 scale, 0 where amax <= 2**-24.
+
+    Where ``float32(amax / bound)`` rounds up far enough that the grid's end ``bound * scale`` overflows float32
+    (an amax within a rounding step of float32's largest value, ~3.4e38), the scale is the float32 just below it,
+    so that every finite input quantizes to a finite value (the stored and exported scale is that value too)."""
     a = amax.float()
-    return torch.where(a <= AMAX_EPS, torch.zeros_like(a), a / torch.tensor(float(bound), dtype=torch.float32))
+    b = torch.tensor(float(bound), dtype=torch.float32, device=a.device)
+    s = a / b
+    s = torch.where(torch.isinf(s * b) & torch.isfinite(a), s * _ONE_ULP_DOWN, s)
+    return torch.where(a <= AMAX_EPS, torch.zeros_like(a), s)
 
 
 def bound_of(num_bits, unsigned: bool = False, narrow_range: bool = False) -> float:
