@@ -214,6 +214,32 @@ def test_e4m3_every_code_and_every_midpoint(harness):
     assert torch.equal(cols[: finite.numel(), 2], finite)  # every code is a fixed point
 
 
+def test_zero_has_the_sign_onnxruntime_gives(harness):
+    """Integer code 0 is +0.0 (a negative x that rounds to 0, -0.0 itself), as ORT's DequantizeLinear of code 0;
+    E4M3 keeps -0.0 (ORT's FP8 QuantizeLinear gives the -0 code and its DequantizeLinear -0.0); affine q - zp is
+    +0.0. Checked on bit patterns, in the element math and through the fp16/bf16 launchers."""
+    x = torch.tensor([-0.0, -1e-45, -1e-30, -0.25, -0.5, -0.4999, 0.0, 0.25, -1.5, -2.5, -300.0, float("nan")])
+    s = torch.ones_like(x)
+    zp = torch.zeros_like(x)
+    out = harness.file()
+    cmd = f"elem {x.numel()} -128 127 {harness.file(x)} {harness.file(s)} {harness.file(zp)} {harness.file(s)} {out}"
+    assert harness.run([cmd]) == ["ok 0"]
+    cols = read(out, torch.float32, (x.numel(), 12))
+    want_int = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0, -2.0, -128.0, float("nan")])
+    assert_bits(cols[:, 0], want_int, "fake_int: code 0 is +0.0")
+    assert_bits(cols[:, 1], want_int, "quantize_int: code 0 is +0.0")
+    assert_bits(cols[:, 3], want_int, "fake_affine: q - zp is +0.0")
+    want_e4m3 = torch.tensor([-0.0, -0.0, -0.0, -0.25, -0.5, -0.5, 0.0, 0.25, -1.5, -2.5, -288.0, float("nan")])
+    assert_bits(cols[:, 2], want_e4m3, "fake_e4m3 keeps -0.0")
+    for dtype, code in DTYPES.items():
+        xd = x.repeat(3).to(dtype)  # 36 elements: 16-byte vectors and scalar tails
+        sd = torch.ones(1)
+        out = harness.file()
+        line = f"fwd 0 {code} -128 127 0 {bcast(xd.shape, (1,))} {harness.file(xd)} {harness.file(sd)} "
+        assert harness.run([line + f"{harness.file(torch.zeros(1))} {out}"]) == ["ok 0"]
+        assert_bits(read(out, dtype, xd.shape), want_int.repeat(3).to(dtype), f"fake_int launcher {dtype}")
+
+
 # --- launchers: layouts, dtypes, alignment --------------------------------------------------------------------------
 def bcast(x_shape, s_shape):
     s_shape = (1,) * (len(x_shape) - len(s_shape)) + tuple(s_shape)

@@ -112,7 +112,11 @@ def test_low_precision_return_dtype(bk, dtype):
         (lambda x: tq.fake_tensor_quant(x, torch.ones(3, 1)), ValueError, r"amax of shape \(3, 1\) does not broadcast"),
         (lambda x: tq.fake_tensor_quant(x, torch.ones(3)), ValueError, "must keep the input's rank 2"),
         (lambda x: tq.fake_tensor_quant(x, 1.0, 17), ValueError, "1..16, got 17"),
-        (lambda x: tq.fake_block_quant(x, {-1: 0}), ValueError, "block size for axis -1 must be positive, got 0"),
+        (
+            lambda x: tq.fake_block_quant(x, {-1: 0}),
+            ValueError,
+            r"block size for axis -1 must be positive \(an int, or None for the whole axis\), got 0",
+        ),
         (lambda x: tq.fake_block_quant(x, {2: 4}), ValueError, "axis=.*out of range for a tensor of rank 2"),
         (lambda x: tq.fake_block_quant(x, {-1: 2}, torch.ones(2, 3)), ValueError, r"expected \(2, 2\)"),
         (lambda x: quantize(x, 0.1, axis=2), ValueError, "axis=2 is out of range for a tensor of rank 2"),

@@ -140,10 +140,10 @@ class Calibrator:
         return f"{type(self).__name__} {self.name!r}" if self.name is not None else type(self).__name__
 
     def _reset_shape(self):
-        self._in_rank = None  # rank of the first batch (per-axis only)
-        self._keep = None  # normalized kept dims
-        self._amax_shape = None  # keepdims shape of amax
-        self._device = None
+        self._in_rank: int | None = None  # rank of the first batch (per-axis only)
+        self._keep: tuple[int, ...] | None = None  # normalized kept dims
+        self._amax_shape: tuple[int, ...] | None = None  # keepdims shape of amax
+        self._device: torch.device | None = None
 
     def reset(self):
         """Forget everything collected (statistics, shapes, ``num_nonfinite``)."""
@@ -227,32 +227,37 @@ class Calibrator:
             shape = tuple(x.shape[d] if d in keep else 1 for d in range(x.dim()))
             self._keep, self._in_rank, self._amax_shape = keep, x.dim(), shape
             return shape
-        shape = None
-        if x.dim() == self._in_rank:
-            shape = tuple(x.shape[d] if d in self._keep else 1 for d in range(x.dim()))
-        if shape != self._amax_shape:
-            now = shape if shape is not None else f"(rank {x.dim()} instead of {self._in_rank})"
+        keep = self._keep
+        now_shape = tuple(x.shape[d] if d in keep else 1 for d in range(x.dim())) if x.dim() == self._in_rank else None
+        if now_shape != self._amax_shape:
+            now = now_shape if now_shape is not None else f"(rank {x.dim()} instead of {self._in_rank})"
             raise AmaxShapeChangedError(
                 f"{self._label()}: amax shape changed! {self._amax_shape} before, "
                 f"{now} now (input shape {tuple(x.shape)}, axis={self._axis!r})"
             )
-        return shape
+        return now_shape
 
     def _to_rows(self, x: torch.Tensor) -> torch.Tensor:
         if self._axis is None:
             return x.reshape(1, -1)
-        rest = [d for d in range(x.dim()) if d not in self._keep]
+        keep = self._keep
+        if keep is None:
+            raise RuntimeError(f"{self._label()}: the kept dims are set by the first collect()")
+        rest = [d for d in range(x.dim()) if d not in keep]
         n_ch = 1
-        for d in self._keep:
+        for d in keep:
             n_ch *= x.shape[d]
-        return x.permute(*self._keep, *rest).reshape(n_ch, -1)
+        return x.permute(*keep, *rest).reshape(n_ch, -1)
 
     def _shape_amax(self, flat: torch.Tensor, shape=None) -> torch.Tensor:
         """(channels,) -> the public amax shape (``shape``, else the one seen in collect), float32."""
         flat = flat.to(torch.float32)
         if self._axis is None:
             return flat.reshape(())
-        return flat.reshape(self._amax_shape if shape is None else shape)
+        target = self._amax_shape if shape is None else shape
+        if target is None:
+            raise RuntimeError(f"{self._label()}: the amax shape is set by the first collect()")
+        return flat.reshape(target)
 
     def _repr_fields(self) -> str:
         return f"name={self.name!r}, num_bits={self._num_bits!r}, axis={self._axis!r}, unsigned={self._unsigned}"

@@ -70,7 +70,9 @@ def merge_histograms(counts: torch.Tensor | None, exp: torch.Tensor | None, layo
     layout = _agree(None if counts is None else layout, group, label)
     if layout is None:
         return None
-    if counts is None:
+    if counts is not None and exp is None:
+        raise ValueError(f"{label}: merge_histograms got counts without their bin exponents")
+    if counts is None or exp is None:
         dev = _comm_device(group)
         rows, cap = layout[0], layout[1]
         counts = torch.zeros(rows, cap, dtype=torch.int64, device=dev)

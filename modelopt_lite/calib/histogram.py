@@ -21,7 +21,7 @@ from .calibrator import Calibrator
 from .grid import E_MIN, histogram_rows, needed_exp, regrid, widths
 from .mse import mse_amax
 
-_METHOD_ARGS = {
+_METHOD_ARGS: dict[str, dict] = {
     "percentile": {"percentile": 99.99},
     "mse": {"start_bin": 128, "stride": 1},
     "entropy": {"start_bin": 128, "stride": 1},
@@ -166,11 +166,12 @@ class HistogramCalibrator(Calibrator):
             return
         a, cap = prep.rows, self._num_bins
         need = needed_exp(prep.row_max, cap)
-        if self._counts is None:
-            self._counts = torch.zeros(a.shape[0], cap, dtype=torch.int64, device=a.device)
-            self._exp = torch.full((a.shape[0],), E_MIN, dtype=torch.int64, device=a.device)
-        new_exp = torch.maximum(self._exp, need)
-        self._counts = regrid(self._counts, self._exp, new_exp)
+        old_counts, old_exp = self._counts, self._exp
+        if old_counts is None or old_exp is None:
+            old_counts = torch.zeros(a.shape[0], cap, dtype=torch.int64, device=a.device)
+            old_exp = torch.full((a.shape[0],), E_MIN, dtype=torch.int64, device=a.device)
+        new_exp = torch.maximum(old_exp, need)
+        self._counts = regrid(old_counts, old_exp, new_exp)
         self._exp = new_exp
         counts = histogram_rows(a, new_exp, cap, inplace=True)
         n_new = a.numel()

@@ -173,4 +173,7 @@ def entropy_amax(
             )
     best = pick(scores, i_all.reshape(1, -1) <= n.reshape(-1, 1), last=True)
     amax = i_all[best].to(torch.float64) * widths(exp)
+    # the top bin's upper edge may lie past float32's range (data near 3.4e38): its largest finite value covers the
+    # data there, where float32 rounding would give an Inf amax
+    amax = amax.clamp(max=torch.finfo(torch.float32).max)
     return torch.where(live, amax.to(torch.float32), out)

@@ -73,8 +73,9 @@ def calibrate_weights(
         axis = q.axis if perchannel else None
         label = f"{name}.weight_quantizer" if name else "weight_quantizer"
         if method == "max":
+            cal: MaxCalibrator | HistogramCalibrator
             cal = MaxCalibrator(q.num_bits, axis, q.unsigned, name=label, sync_ranks=False)
-            kwargs = {}
+            kwargs: dict[str, float] = {}
         else:
             cal = HistogramCalibrator(q.num_bits, axis, q.unsigned, num_bins=num_bins, name=label, sync_ranks=False)
             kwargs = (

@@ -61,7 +61,8 @@ MOL_TGT void int_fwd_t(const float* x, const float* s, float qmin, float qmax, f
       dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
       ss = _mm256_blendv_ps(sv, one, dead);
     }
-    const __m256 q = clampv(rintv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss)), lo, hi);
+    // + 0.0 turns a -0.0 code into +0.0 (int_code_elem)
+    const __m256 q = _mm256_add_ps(clampv(rintv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss)), lo, hi), zero);
     const __m256 r = CODES ? q : _mm256_mul_ps(q, ss);
     _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
   }

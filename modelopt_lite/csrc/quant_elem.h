@@ -35,6 +35,12 @@ static inline float clamp_elem(float v, float lo, float hi) {
 
 static inline float rint_elem(float v) { return std::nearbyint(v); }
 
+// An integer code as float32: clamp(rint(v), qmin, qmax) with -0.0 turned into +0.0 (an integer code has no sign;
+// ONNX Runtime's DequantizeLinear of code 0 is +0.0). IEEE x + 0.0 is x for every x but -0.0 (no -ffast-math).
+static inline float int_code_elem(float v, float qmin, float qmax) {
+  return clamp_elem(rint_elem(v), qmin, qmax) + 0.0f;
+}
+
 // Round-to-nearest-even into float8_e4m3fn and back; c must already be clamped to [-448, 448] (or NaN).
 static inline float e4m3_elem(float c) {
   if (c != c) return c;

@@ -5,7 +5,7 @@
 // bodies element for element, which is how exactness is checked on machines without a GPU.
 //
 // Numerics (the contract of modelopt_lite/functional/reference.py), all in float32:
-//   integer:  q = clamp(rint(x / s), qmin, qmax), y = q * s
+//   integer:  q = clamp(rint(x / s), qmin, qmax) + 0.0 (code 0 is +0.0), y = q * s
 //   E4M3:     y = e4m3(clamp(x / s, -448, 448)) * s   (round to nearest even, saturating)
 //   affine:   q = clamp(rint(x / s) + zp, qmin, qmax), y = (q - zp) * s
 //   s == 0 marks a dead slice: exact +0 (codes: 0, affine codes: zp).
@@ -164,8 +164,10 @@ MLQ_HD float load_param(const float* p) {
 enum class Fwd : int { IntFake = 0, IntCodes = 1, E4m3Fake = 2, AffineFake = 3, AffineCodes = 4 };
 enum class Bwd : int { Int = 0, E4m3 = 1, Affine = 2 };
 
+// An integer code has no sign: + 0.0 turns a -0.0 code (a negative x that rounds to 0) into +0.0, as ONNX Runtime's
+// DequantizeLinear of code 0 gives (x + 0.0 == x for every other x, NaN included).
 MLQ_HD float int_code(float x, float s, float qmin, float qmax) {
-  return clamp_keep_nan(rint_even(div_rn(x, s)), qmin, qmax);
+  return add_rn(clamp_keep_nan(rint_even(div_rn(x, s)), qmin, qmax), 0.0f);
 }
 MLQ_HD float affine_code(float x, float s, float zp, float qmin, float qmax) {
   return clamp_keep_nan(add_rn(rint_even(div_rn(x, s)), zp), qmin, qmax);

@@ -15,7 +15,7 @@ void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, f
       out[i] = 0.0f;
       continue;
     }
-    const float q = clamp_elem(rint_elem(x[i] / sv), qmin, qmax);
+    const float q = int_code_elem(x[i] / sv, qmin, qmax);
     out[i] = codes ? q : q * sv;
   }
 }

@@ -20,7 +20,7 @@ from . import reference
 
 _VALID = ("auto", "native", "reference")
 _lock = threading.Lock()
-_state = {"backend": None}
+_state: dict[str, str | None] = {"backend": None}
 _loaded: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}
 
@@ -33,13 +33,14 @@ def _check(name: str) -> str:
 
 def get_backend() -> str:
     """The backend in force: ``"auto"``, ``"native"`` or ``"reference"``."""
-    if _state["backend"] is None:
+    current = _state["backend"]
+    if current is None:
         env = os.environ.get("MODELOPT_LITE_BACKEND", "auto").strip().lower() or "auto"
         try:
-            _state["backend"] = _check(env)
+            current = _state["backend"] = _check(env)
         except ValueError as e:
             raise ValueError(f"MODELOPT_LITE_BACKEND: {e}") from None
-    return _state["backend"]
+    return current
 
 
 def set_backend(name: str) -> None:

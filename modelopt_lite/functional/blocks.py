@@ -3,29 +3,73 @@
 ``block_sizes = {axis: size}`` (size None = the whole axis). Per-block amax has shape "number of blocks per axis"
 (an unblocked axis keeps its full size, i.e. block size 1 there). A last partial block is zero-padded: padding
 never changes a block's amax or the output of real elements.
+
+Axis keys are ints; a string that spells an int (``"-1"``, as a JSON object gives) is read as that int. The other
+string keys are the settings ``"type"``, ``"scale_bits"`` and ``"scale_block_sizes"``; any other key is an error
+(never silently ignored: a dict without an axis would quantize per tensor).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import re
 
 import torch
 import torch.nn.functional as F
 
-from .checks import check_axes
+from .checks import _compiling, check_axes
+
+#: The string keys of a block_sizes dict that are settings, not axes.
+SETTING_KEYS = ("type", "scale_bits", "scale_block_sizes")
+_INT_KEY = re.compile(r"[+-]?\d+")
+
+
+def _axis_key(k) -> int | None:
+    """The axis a block_sizes key names, None for a setting key; ValueError/TypeError for anything else."""
+    if isinstance(k, str):
+        if k in SETTING_KEYS:
+            return None
+        if _INT_KEY.fullmatch(k.strip()):
+            return int(k)
+        raise ValueError(
+            f"block_sizes: key {k!r} is neither an axis (an int, or a string spelling one such as '-1') nor one of "
+            f"the settings {SETTING_KEYS}"
+        )
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"block_sizes: keys must be axes (ints) or one of {SETTING_KEYS}, got {k!r}")
+    return int(k)
+
+
+def axis_sizes(block_sizes) -> dict[int, int | None]:
+    """The ``{axis: size}`` entries of a block_sizes dict, keys as ints (``"-1"`` -> ``-1``), settings left out.
+
+    Raises ValueError for a key that is neither an axis nor a setting, an axis given twice (``-1`` and ``"-1"``),
+    a size that is not a positive int or None, or a dict without any axis."""
+    if not isinstance(block_sizes, dict):
+        raise TypeError(f"block_sizes must be a dict {{axis: size, ...}}, got {type(block_sizes).__name__}")
+    out: dict[int, int | None] = {}
+    for k, v in block_sizes.items():
+        axis = _axis_key(k)
+        if axis is None:
+            continue
+        if axis in out:
+            raise ValueError(f"block_sizes: axis {axis} is given twice (keys {list(block_sizes)})")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0):
+            raise ValueError(
+                f"block_sizes: block size for axis {k!r} must be positive (an int, or None for the whole axis), got {v!r}"
+            )
+        out[axis] = None if v is None else int(v)
+    if not out:
+        raise ValueError(f"block_sizes needs at least one {{axis: size}} entry, got {block_sizes!r}")
+    return out
 
 
 def normalize(block_sizes: dict, shape) -> dict[int, int]:
-    """``{positive axis: size}`` for a tensor of ``shape`` (string keys dropped, None -> full axis)."""
-    sizes = {k: v for k, v in block_sizes.items() if not isinstance(k, str)}
+    """``{non-negative axis: size}`` for a tensor of ``shape`` (settings left out, None -> the full axis)."""
+    sizes = axis_sizes(block_sizes)
     axes = check_axes(tuple(sizes), len(shape), "block_sizes axis")
-    out = {}
-    for a, (k, v) in zip(axes, sizes.items()):
-        size = shape[a] if v is None else v
-        if size <= 0:
-            raise ValueError(f"block size for axis {k} must be positive, got {v}")
-        out[a] = max(1, size)
-    return out
+    return {a: max(1, shape[a] if v is None else v) for a, v in zip(axes, sizes.values())}
 
 
 def blocks_shape(shape, sizes: dict[int, int]) -> tuple[int, ...]:
@@ -63,10 +107,20 @@ def expand_amax(a: torch.Tensor, sizes: dict[int, int]) -> torch.Tensor:
     return a.reshape(shape)
 
 
-def block_amax(x: torch.Tensor, block_sizes: dict) -> torch.Tensor:
-    """max |x| of every block, shaped as the blocks per axis (float32)."""
+def block_amax(x: torch.Tensor, block_sizes: dict, what: str = "the input") -> torch.Tensor:
+    """max |x| of every block, shaped as the blocks per axis (float32).
+
+    Computed as ``max(max(x), -min(x))`` in x's own dtype (exact: no rounding happens), so a float16/bfloat16
+    input needs no float32 copy; the zero padding of a partial block never changes its amax. A block holding NaN
+    or Inf raises ValueError naming ``what`` and the block (a dynamic amax must be finite, as the calibrators and
+    the per-tensor/per-channel dynamic path require)."""
     sizes = normalize(block_sizes, x.shape)
-    xb, _ = to_blocks(x.detach().float().abs(), sizes)
+    if x.numel() == 0:
+        return torch.zeros(blocks_shape(x.shape, sizes), dtype=torch.float32, device=x.device)
+    xd = x.detach()
+    if not xd.is_floating_point():
+        xd = xd.to(torch.float64)  # integer data: exact, and -min cannot overflow
+    xb, _ = to_blocks(xd, sizes)
     red = []
     i = 0
     for d in range(x.dim()):
@@ -75,6 +129,14 @@ def block_amax(x: torch.Tensor, block_sizes: dict) -> torch.Tensor:
             i += 2
         else:
             i += 1
-    if xb.numel() == 0:
-        return torch.zeros(blocks_shape(x.shape, sizes), dtype=torch.float32, device=x.device)
-    return torch.amax(xb, dim=red)
+    hi = torch.amax(xb, dim=red)
+    a = torch.maximum(hi, torch.amin(xb, dim=red).neg_()).float()
+    if not _compiling():
+        bad = ~torch.isfinite(a)
+        if bool(bad.any()):
+            idx = tuple(int(v) for v in bad.nonzero()[0])
+            raise ValueError(
+                f"{what} contains NaN or Inf, so its block amax is not finite (block {idx} of "
+                f"{tuple(a.shape)} blocks has amax {a[idx].item()!r}); clean the input"
+            )
+    return a

@@ -33,7 +33,7 @@ def _check_qrange(qmin, qmax) -> tuple[int, int]:
     for name, v in (("qmin", qmin), ("qmax", qmax)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"quantize: {name} must be an int, got {v!r}")
-        if not -_QLIMIT <= v <= _QLIMIT:
+        if not -_QLIMIT <= int(v) <= _QLIMIT:
             raise ValueError(f"quantize: {name}={v} is outside [-2**24, 2**24] (not exact in float32)")
     if qmin >= qmax:
         raise ValueError(f"quantize: qmin must be < qmax, got qmin={qmin}, qmax={qmax}")
@@ -93,7 +93,7 @@ def _check_zero_point(zp: torch.Tensor, qmin: int | None = None, qmax: int | Non
     bad = ~torch.isfinite(zp) | (zp != torch.round(zp))
     if bool(bad.any()):
         raise ValueError(f"zero_point must hold integers, got {zp[bad].flatten()[0].item()!r}")
-    if qmin is None:
+    if qmin is None or qmax is None:
         return
     out = (zp < qmin) | (zp > qmax)
     if bool(out.any()):

@@ -23,6 +23,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _STALE_LOCK_S = 300.0  # a CPU build takes ~1 min; used only where fcntl is unavailable
@@ -131,6 +132,8 @@ def _import_built(name: str, build_dir: Path):
         return None
     loader = importlib.machinery.ExtensionFileLoader(name, str(lib))
     spec = importlib.util.spec_from_file_location(name, str(lib), loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot make an import spec for {lib}")
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
@@ -179,7 +182,7 @@ def load(kind: str):
     from torch.utils import cpp_extension
 
     build_dir.mkdir(parents=True, exist_ok=True)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "name": name,
         "sources": [str(CSRC / s) for s in SOURCES[kind]],
         "build_directory": str(build_dir),

@@ -11,11 +11,20 @@ import torch
 
 from ..formats import AMAX_EPS, format_range, int_range
 
+_ONE_ULP_DOWN = 1.0 - 2.0**-24  # s * this == the float32 just below s (for any normal s > 0)
+
 
 def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
-    """float32 scale, 0 where amax <= 2**-24."""
+    """float32 scale, 0 where amax <= 2**-24.
+
+    Where ``float32(amax / bound)`` rounds up far enough that the grid's end ``bound * scale`` overflows float32
+    (an amax within a rounding step of float32's largest value, ~3.4e38), the scale is the float32 just below it,
+    so that every finite input quantizes to a finite value (the stored and exported scale is that value too)."""
     a = amax.float()
-    return torch.where(a <= AMAX_EPS, torch.zeros_like(a), a / torch.tensor(float(bound), dtype=torch.float32))
+    b = torch.tensor(float(bound), dtype=torch.float32, device=a.device)
+    s = a / b
+    s = torch.where(torch.isinf(s * b) & torch.isfinite(a), s * _ONE_ULP_DOWN, s)
+    return torch.where(a <= AMAX_EPS, torch.zeros_like(a), s)
 
 
 def bound_of(num_bits, unsigned: bool = False, narrow_range: bool = False) -> float:
@@ -31,15 +40,32 @@ def positive_scale(scale: torch.Tensor) -> torch.Tensor:
 def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: int):
     """``(scale, zero_point, qmin, qmax)`` for asymmetric quantization with b bits stored signed.
 
-    The range is widened to include 0; ``scale = (hi - lo) / (2**b - 1)``;
-    ``zp = clamp(rint(qmin - lo / scale), qmin, qmax)``. A degenerate range (``hi - lo <= 2**-24``) is dead.
+    The range is widened to include 0; ``scale = float32(hi - lo) / (2**b - 1)``;
+    ``zp = clamp(rint(qmin - lo / scale), qmin, qmax)`` (``+0.0``, never ``-0.0``). A degenerate range
+    (``hi - lo <= 2**-24``) is dead. A range wider than float32 holds (``hi - lo`` above ~3.4e38, e.g.
+    ``[-3e38, 3e38]``) gets the same scale computed in float64 (``hi - lo`` of two float32 values is exact there,
+    and rounding it to float32 first gives the float32 result whenever that is finite, so ordinary ranges keep their
+    bit pattern). A range whose grid ends ``(qmin - zp) * scale`` / ``(qmax - zp) * scale`` overflow float32 (only
+    ranges reaching ~3.4e38) raises ValueError.
     """
     _, qmin, qmax = int_range(num_bits, False, False)
     lo = torch.clamp(min_range.float(), max=0.0)
     hi = torch.clamp(max_range.float(), min=0.0)
     width = hi - lo
     scale = scale_from_amax(width, float(2**num_bits - 1))
+    wide = torch.isinf(width) & torch.isfinite(lo) & torch.isfinite(hi)
+    if bool(wide.any()):  # float32(hi - lo) overflowed: the float64 width and division, rounded once to float32
+        wide_scale = ((hi.double() - lo.double()) / float(2**num_bits - 1)).float()
+        scale = torch.where(wide, wide_scale, scale)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    zp = torch.clamp(torch.round(qmin - lo / safe), qmin, qmax)
+    zp = torch.clamp(torch.round(qmin - lo / safe), qmin, qmax).add_(0.0)
     zp = torch.where(scale == 0, torch.zeros_like(zp), zp)
+    if not torch.compiler.is_compiling():
+        ends = torch.stack([(qmin - zp) * scale, (qmax - zp) * scale])
+        if not bool(torch.isfinite(ends).all()):
+            bad = (~torch.isfinite(ends)).any(dim=0)
+            raise ValueError(
+                f"the affine range [{lo[bad].flatten()[0].item()!r}, {hi[bad].flatten()[0].item()!r}] is too wide "
+                f"for {num_bits}-bit quantization in float32: its grid ends dequantize to Inf; narrow the range"
+            )
     return scale, zp.detach(), qmin, qmax
