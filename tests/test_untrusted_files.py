@@ -185,3 +185,129 @@ def test_include_weights_entries_are_checked(tmp_path):
     mtq.save(model, tmp_path / "q", include_weights=True)
     fresh = mtq.restore(_float_model(), tmp_path / "q")
     assert [n for n, _ in named_quantizers(fresh)] == [n for n, _ in named_quantizers(model)]
+
+
+# --- real checkpoints (load_real) ------------------------------------------------------------------------------------
+def _real_checkpoint(tmp_path):
+    from modelopt_lite.real import fake2real
+
+    torch.manual_seed(1)
+    batches = [torch.randn(8, 1, 8, 8) for _ in range(2)]
+    model = mtq.quantize(_float_model(), mtq.INT8_DEFAULT_CFG, lambda m: [m(b) for b in batches])
+    return fake2real(model, tmp_path)
+
+
+def _edit_checkpoint(tmp_path, edit_cfg=None, edit_tensors=None):
+    from modelopt_lite.real import read_checkpoint
+
+    cfg, tensors = read_checkpoint(tmp_path)
+    if edit_cfg:
+        edit_cfg(cfg)
+    if edit_tensors:
+        edit_tensors(tensors)
+    save_file(tensors, str(tmp_path / "model_int8.safetensors"), metadata={"modelopt_lite": json.dumps(cfg)})
+    (tmp_path / "model_int8.json").unlink(missing_ok=True)
+
+
+def _load_fails(tmp_path, match):
+    from modelopt_lite.real import load_real
+
+    fresh = _float_model()
+    types_before = [type(m) for m in fresh.modules()]
+    with pytest.raises(ValueError, match=r"load_real: .*model_int8.safetensors: (modules\[.0.\]\.)?" + match):
+        load_real(fresh, tmp_path)
+    assert [type(m) for m in fresh.modules()] == types_before  # untouched
+
+
+def test_load_real_valid_checkpoint(tmp_path):
+    from modelopt_lite.real import load_real
+
+    real = _real_checkpoint(tmp_path)
+    _edit_checkpoint(tmp_path)  # rewritten unchanged: still loads
+    loaded = load_real(_float_model(), tmp_path)
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(real(x), loaded(x))
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("0.weight_scale", float("nan"), r"0.weight_scale: weight scales must be finite and > 0, got nan"),
+        ("0.weight_scale", -0.5, r"0.weight_scale: weight scales must be finite and > 0, got -0.5"),
+        ("0.weight_scale", 0.0, r"0.weight_scale: weight scales must be finite and > 0, got 0.0"),
+        ("3.weight_scale", float("inf"), r"3.weight_scale: weight scales must be finite and > 0, got inf"),
+        ("3.input_scale", float("inf"), r"3.input_scale: input scales must be finite and >= 0, got inf"),
+        ("0.input_scale", -1.0, r"0.input_scale: input scales must be finite and >= 0, got -1.0"),
+    ],
+)
+def test_load_real_rejects_bad_scales(tmp_path, key, value, match):
+    _real_checkpoint(tmp_path)
+    _edit_checkpoint(tmp_path, edit_tensors=lambda t: t[key].view(-1)[0].fill_(value))
+    _load_fails(tmp_path, match)
+
+
+def test_load_real_rejects_out_of_range_codes_and_wrong_dtypes(tmp_path):
+    _real_checkpoint(tmp_path)
+
+    def four_bits(cfg):
+        cfg["modules"]["0"]["weight"]["num_bits"] = 4
+
+    _edit_checkpoint(tmp_path, edit_cfg=four_bits)
+    _load_fails(tmp_path, r"0.weight: weight codes must lie in \[-8, 7\], got -?\d+")
+    _real_checkpoint(tmp_path)
+    _edit_checkpoint(tmp_path, edit_tensors=lambda t: t.__setitem__("0.weight", t["0.weight"].to(torch.int16)))
+    _load_fails(tmp_path, r"tensor '0.weight': checkpoint has torch.int16 \(4, 1, 3, 3\), the model expects torch.int8")
+    _real_checkpoint(tmp_path)
+    _edit_checkpoint(tmp_path, edit_tensors=lambda t: t.__setitem__("0.weight", t["0.weight"][:2].clone()))
+    _load_fails(tmp_path, r"tensor '0.weight': checkpoint has torch.int8 \(2, 1, 3, 3\)")
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            lambda c: c["modules"]["0"].__setitem__("type", "os.system"),
+            r"modules\['0'\].type: unknown real module type",
+        ),
+        (lambda c: c["modules"]["3"].__setitem__("type", "QuantizedConv2d"), r"modules\['3'\]: is missing key\(s\)"),
+        (lambda c: c["modules"]["0"].__setitem__("extra", 1), r"modules\['0'\]: has unknown key\(s\) \['extra'\]"),
+        (lambda c: c["modules"]["0"]["weight"].__setitem__("layout", "diag"), r"weight.layout: must be 'tensor'"),
+        (lambda c: c["modules"]["0"]["weight"].__setitem__("axis", [7]), r"modules\['0'\].weight: axis=\(7,\)"),
+        (lambda c: c["modules"]["0"]["weight"].__setitem__("dtype", "object"), r"weight.dtype: must be one of"),
+        (lambda c: c["modules"]["0"]["input"].__setitem__("num_steps", 10**12), r"0.input_scale: has shape \(1,\)"),
+        (lambda c: c["modules"]["0"]["input"].__setitem__("num_bits", 99), r"input.num_bits: must be an int in 2..8"),
+        (lambda c: c["modules"]["0"]["conv"].__setitem__("groups", 0), r"conv.groups: must be an int >= 1"),
+        (lambda c: c["modules"]["0"]["conv"].__setitem__("stride", [2, 2]), r"modules\['0'\].conv: is .*Conv2d has"),
+        (lambda c: c["modules"]["3"].__setitem__("bias", "int8"), r"modules\['3'\].bias: must be null or one of"),
+        (lambda c: c.__setitem__("modules", []), r"modules: must be an object"),
+    ],
+)
+def test_load_real_validates_every_spec_entry(tmp_path, edit, match):
+    _real_checkpoint(tmp_path)
+    _edit_checkpoint(tmp_path, edit_cfg=edit)
+    _load_fails(tmp_path, match)
+
+
+def test_load_real_rejects_corrupt_files(tmp_path):
+    from modelopt_lite.real import load_real
+
+    _real_checkpoint(tmp_path)
+    path = tmp_path / "model_int8.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"load_real: .*model_int8.safetensors is not a readable safetensors file"):
+        load_real(_float_model(), tmp_path)
+    path.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match=r"model_int8.safetensors is not a readable safetensors file"):
+        load_real(_float_model(), tmp_path)
+    _real_checkpoint(tmp_path)
+    from modelopt_lite.real import read_checkpoint
+
+    _, tensors = read_checkpoint(tmp_path)
+    save_file(tensors, str(path), metadata={"modelopt_lite": '{"format": "modelopt_lite.real", "version": 1, "mod'})
+    with pytest.raises(ValueError, match=r"model_int8.safetensors: the config is not valid JSON"):
+        load_real(_float_model(), tmp_path)
+    save_file(tensors, str(path), metadata={"modelopt_lite": '{"format": "modelopt_lite.real", "version": NaN}'})
+    with pytest.raises(ValueError, match=r"the config is not valid JSON \(the JSON literal NaN is not allowed"):
+        load_real(_float_model(), tmp_path)
