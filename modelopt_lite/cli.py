@@ -2,30 +2,33 @@
 
 Sub-commands: ``demo`` (the built-in end-to-end example), ``quantize`` (quantize, calibrate and export a model of
 yours), ``inspect`` (report on an exported ONNX file) and ``precompile`` (build the native kernels ahead of time).
-Errors that the user can fix print one line to stderr and exit with status 1 (argparse usage errors exit with 2).
+Errors print one line to stderr and exit with status 1 (argparse usage errors exit with 2); ``--debug`` adds the
+full traceback. Heavy modules (torch, the demo, ONNX) are imported only by the sub-command that needs them, so
+``--help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
+from . import __version__
+from .cli_errors import CLIError
+from .cli_quantize import run_quantize
+
 PROG = "modelopt-lite"
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line on stderr, exit status 1."""
+__all__ = ["PROG", "CLIError", "main"]
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Descriptor-driven quantization for PyTorch, bit-exact with ONNX Runtime's Q/DQ.",
     )
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument("--debug", action="store_true", help="print the full traceback of an error")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -126,8 +129,6 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_quantize(args) -> int:
-    from .cli_quantize import run_quantize
-
     print(run_quantize(args), flush=True)
     return 0
 
@@ -166,10 +167,22 @@ def main(argv=None) -> int:
         return int(args.func(args) or 0)
     except CLIError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr, flush=True)
+        _debug_traceback(args, e)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug or an unforeseen failure: one line, the traceback with --debug
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        hint = "" if args.debug else " (run with --debug for the traceback)"
+        print(f"{PROG} {args.command}: error: {type(e).__name__}: {first}{hint}", file=sys.stderr, flush=True)
+        _debug_traceback(args, e)
+        return 1
+
+
+def _debug_traceback(args, e: BaseException) -> None:
+    if getattr(args, "debug", False):
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,10 @@
 """``modelopt-lite quantize``: model factory + state dict + calibration inputs + config -> calibrated ONNX export.
 
 Every problem the user can fix (a bad path, factory, config name, JSON file or input file) raises
-:class:`modelopt_lite.cli.CLIError` with a message saying what to change.
+:class:`modelopt_lite.cli.CLIError` with a message saying what to change. Every file read is untrusted: state dicts
+and calibration tensors are loaded without unpickling (``weights_only=True``, ``allow_pickle=False``) and checked
+(names, tensor types, finite values), JSON configs are parsed strictly and validated before use. The only module
+imported by name is the one the user typed after ``--model``; nothing a file names is ever imported.
 """
 
 from __future__ import annotations
@@ -11,9 +14,24 @@ import json
 import re
 from pathlib import Path
 
-from .cli import CLIError
+from .cli_errors import CLIError
 
 _INT_KEY = re.compile(r"^-?\d+$")
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _first_bad_value(t):
+    """The first non-finite value of a floating tensor, or None."""
+    import torch
+
+    if not t.dtype.is_floating_point:
+        return None
+    bad = ~torch.isfinite(t)
+    return t[bad].flatten()[0].item() if bool(bad.any()) else None
 
 
 def load_factory_model(spec: str):
@@ -30,6 +48,8 @@ def load_factory_model(spec: str):
             f"--model: cannot import module {mod_name!r} ({e}); check the name and that it is on "
             "PYTHONPATH (run from the folder that contains it)"
         ) from e
+    except Exception as e:  # the user's module failed while importing: one line (--debug shows the traceback)
+        raise CLIError(f"--model: importing module {mod_name!r} raised {_one_line(e)}") from e
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -41,6 +61,8 @@ def load_factory_model(spec: str):
         model = obj()
     except TypeError as e:
         raise CLIError(f"--model: calling {spec}() failed ({e}); the factory must take no arguments") from e
+    except Exception as e:  # the factory itself failed: one line (--debug shows the traceback)
+        raise CLIError(f"--model: calling {spec}() raised {_one_line(e)}") from e
     if not isinstance(model, nn.Module):
         raise CLIError(f"--model: {spec}() returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -61,6 +83,14 @@ def load_state_dict(model, path: str) -> None:
         sd = sd["state_dict"]
     if not isinstance(sd, dict):
         raise CLIError(f"--state-dict: {p} holds a {type(sd).__name__}, expected a state dict (name -> tensor)")
+    for k, v in sd.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise CLIError(
+                f"--state-dict: {p}: entry {k!r} holds a {type(v).__name__}; a state dict maps names to tensors"
+            )
+        bad = _first_bad_value(v)
+        if bad is not None:
+            raise CLIError(f"--state-dict: {p}: entry {k!r} holds a non-finite value ({bad})")
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
@@ -90,9 +120,14 @@ def load_calib_batches(path: str, batch_size: int) -> list:
     except Exception as e:
         raise CLIError(f"--calib: cannot read {p} ({type(e).__name__}: {e})") from e
 
-    def _fix(t):
+    def _fix(t, where: str = ""):
         if not isinstance(t, torch.Tensor):
             raise CLIError(f"--calib: {p} must hold a tensor or a list of tensors, found {type(t).__name__}")
+        if t.dtype == torch.bool or t.dtype.is_complex:
+            raise CLIError(f"--calib: {p}{where} holds {t.dtype} values; give real numbers")
+        bad = _first_bad_value(t)
+        if bad is not None:
+            raise CLIError(f"--calib: {p}{where} holds a non-finite value ({bad}); calibration data must be finite")
         if t.dtype == torch.float64:
             t = t.float()
         if t.ndim == 0 or t.shape[0] == 0:
@@ -105,7 +140,7 @@ def load_calib_batches(path: str, batch_size: int) -> list:
     if isinstance(data, (list, tuple)):
         if not data:
             raise CLIError(f"--calib: {p} holds an empty list")
-        return [_fix(t) for t in data]
+        return [_fix(t, f" (batch {i})") for i, t in enumerate(data)]
     data = _fix(data)
     return [data[i : i + batch_size] for i in range(0, data.shape[0], batch_size)]
 
@@ -125,11 +160,15 @@ def _int_keys(obj):
     return obj
 
 
+def _no_constants(name: str):
+    raise ValueError(f"the JSON literal {name} is not allowed")
+
+
 def load_config(spec: str):
     """A preset name (``modelopt_lite.conversion.config.PRESETS``) or a JSON file shaped like the presets."""
     import copy
 
-    from .conversion.config import PRESETS
+    from .conversion.config import PRESETS, normalize_config
 
     if spec in PRESETS:
         return copy.deepcopy(PRESETS[spec])
@@ -138,12 +177,17 @@ def load_config(spec: str):
         if not p.is_file():
             raise CLIError(f"--config: no such file: {p}")
         try:
-            cfg = json.loads(p.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            cfg = json.loads(p.read_text(encoding="utf-8"), parse_constant=_no_constants)
+        except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
             raise CLIError(f"--config: {p} is not valid JSON ({e})") from e
         if not isinstance(cfg, dict):
             raise CLIError(f"--config: {p} must hold a JSON object (like the presets), got {type(cfg).__name__}")
-        return _int_keys(cfg)
+        cfg = _int_keys(cfg)
+        try:
+            normalize_config(cfg)
+        except (ValueError, TypeError, KeyError) as e:
+            raise CLIError(f"--config: {p}: {_one_line(e)}") from e
+        return cfg
     raise CLIError(
         f"--config: unknown preset {spec!r}; use one of {', '.join(PRESETS)} or a .json file "
         '(a JSON object {"quant_cfg": {...}, "algorithm": ...})'

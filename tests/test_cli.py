@@ -300,3 +300,86 @@ def test_precompile_prints_each_kind(capsys, monkeypatch, status, code):
     got, out, _ = _run(capsys, "precompile")
     assert got == code
     assert out.splitlines() == [f"{k.ljust(4)}  {v}" for k, v in status.items()]
+
+
+# --- untrusted inputs and failing factories -------------------------------------------------------------------------
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    (tmp_path / "h2_cli_factories.py").write_text(
+        "def boom():\n    raise RuntimeError('no weights for this model\\nsecond line of the message')\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "h2_cli_broken.py").write_text("raise ValueError('broken at import')\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (
+            "h2_cli_factories:boom",
+            "--model: calling h2_cli_factories:boom() raised RuntimeError: no weights for this model",
+        ),
+        ("h2_cli_broken:anything", "--model: importing module 'h2_cli_broken' raised ValueError: broken at import"),
+    ],
+)
+def test_failing_factory_is_one_line_and_debug_shows_the_traceback(capsys, files, user_modules, model, message):
+    code, out, err = _quantize(capsys, files, model=model)
+    assert code == 1, (out, err)
+    assert err.strip() == f"modelopt-lite quantize: error: {message}"
+    assert "Traceback" not in err
+    argv = [
+        "--debug",
+        "quantize",
+        "--model",
+        model,
+        "--calib",
+        str(files / "calib.npy"),
+        "--config",
+        "INT8_DEFAULT_CFG",
+    ]
+    code, _, err = _run(capsys, *argv, "--export", str(files / "d.onnx"))
+    assert code == 1
+    assert err.startswith(f"modelopt-lite quantize: error: {message}\n") and "Traceback (most recent call last)" in err
+
+
+def test_untrusted_input_files_are_validated(capsys, files, tmp_path):
+    x = torch.rand(8, 1, 8, 8)
+    x[3, 0, 2, 2] = float("nan")
+    np.save(tmp_path / "nan.npy", x.numpy())
+    torch.save([torch.rand(4, 1, 8, 8), x], tmp_path / "nan.pt")
+    torch.save([torch.ones(4, 1, 8, 8, dtype=torch.bool)], tmp_path / "bool.pt")
+    sd = torch.load(files / "cnn.pt")
+    sd_nan = dict(sd, **{"conv1.weight": sd["conv1.weight"].clone().fill_(float("inf"))})
+    torch.save(sd_nan, tmp_path / "inf.pt")
+    torch.save(dict(sd, **{"conv1.weight": 3}), tmp_path / "notensor.pt")
+    (tmp_path / "nan.json").write_text('{"quant_cfg": {"*input_quantizer": {"amax": NaN}}}', encoding="utf-8")
+    (tmp_path / "cls.json").write_text('{"quant_cfg": {"nn.h2_cli_cls_module": {"*": {"enable": false}}}}')
+    cases = [
+        ({"calib": str(tmp_path / "nan.npy")}, (), f"--calib: {tmp_path / 'nan.npy'} holds a non-finite value (nan)"),
+        ({"calib": str(tmp_path / "nan.pt")}, (), f"--calib: {tmp_path / 'nan.pt'} (batch 1) holds a non-finite value"),
+        ({"calib": str(tmp_path / "bool.pt")}, (), "(batch 0) holds torch.bool values; give real numbers"),
+        ({}, ("--state-dict", str(tmp_path / "inf.pt")), "entry 'conv1.weight' holds a non-finite value (inf)"),
+        ({}, ("--state-dict", str(tmp_path / "notensor.pt")), "entry 'conv1.weight' holds a int; a state dict maps"),
+        ({"config": str(tmp_path / "nan.json")}, (), "is not valid JSON (the JSON literal NaN is not allowed"),
+        ({"config": str(tmp_path / "cls.json")}, (), f"--config: {tmp_path / 'cls.json'}: QuantConfigError: "),
+    ]
+    for kwargs, extra, message in cases:
+        code, out, err = _quantize(capsys, files, *extra, **kwargs)
+        assert code == 1, (kwargs, out, err)
+        assert message in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert "h2_cli_cls_module" not in sys.modules
+
+
+def test_cli_modules_do_not_import_each_other_in_a_cycle():
+    import ast
+
+    tree = ast.parse((ROOT / "modelopt_lite" / "cli_quantize.py").read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "cli" not in imported and "cli_errors" in imported
+    from modelopt_lite.cli import CLIError
+    from modelopt_lite.cli_quantize import CLIError as C2
+
+    assert CLIError is C2

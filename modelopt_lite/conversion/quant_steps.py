@@ -9,20 +9,34 @@ activation ranges change along a process such as diffusion sampling. ``with quan
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from .utils import named_quantizers
 
+#: ``finder(model) -> [(name, module)]`` of other temporal modules (each with ``num_steps`` and a settable ``step``).
+#: Higher layers register theirs (:mod:`modelopt_lite.real` does on import), so this layer never imports them.
+_TEMPORAL_FINDERS: list[Callable[[nn.Module], list[tuple[str, nn.Module]]]] = []
+
+
+def register_temporal_finder(finder: Callable[[nn.Module], list[tuple[str, nn.Module]]]) -> Callable:
+    """Make :func:`quant_step` also select the step of the modules ``finder(model)`` returns; returns ``finder``."""
+    if not callable(finder):
+        raise TypeError(f"register_temporal_finder: finder must be callable, got {type(finder).__name__}")
+    if finder not in _TEMPORAL_FINDERS:
+        _TEMPORAL_FINDERS.append(finder)
+    return finder
+
 
 def temporal_quantizers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, quantizer)`` for every quantizer of ``model`` with ``num_steps > 1``, plus the temporal real modules
-    of :mod:`modelopt_lite.real` (they select their per-step input scale through the same ``step`` attribute)."""
-    from ..real.real_steps import temporal_real_modules
-
+    """``(name, quantizer)`` for every quantizer of ``model`` with ``num_steps > 1``, plus the temporal modules of
+    the registered finders (e.g. real modules, which select their per-step input scale through ``step``)."""
     qs = [(n, q) for n, q in named_quantizers(model) if getattr(q, "num_steps", 1) > 1]
-    return qs + temporal_real_modules(model)
+    for finder in _TEMPORAL_FINDERS:
+        qs += finder(model)
+    return qs
 
 
 def _as_step(t) -> int:

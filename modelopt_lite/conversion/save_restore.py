@@ -9,7 +9,6 @@ loads the tensors, so its outputs are bit-identical to the saved model's (given 
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -22,10 +21,9 @@ from .model_quant import _Replacements, set_quantizer_names
 from .registry import REGISTRY
 from .requant import check_mode
 from .state import snapshot_quantizers
-from .utils import named_quantizers
+from .state_file import FORMAT, VERSION, bad, check_doc, check_quantizer_tensor, decode, read_json, read_tensors
+from .utils import named_quantizers, quantizer_sites
 
-FORMAT = "modelopt_lite.quant_state"
-VERSION = 1
 _WEIGHTS_PREFIX = "__model__."
 _TAGS = ("__tuple__", "__dict__")
 
@@ -50,31 +48,8 @@ def _encode(v):
     return v
 
 
-def _decode(v):
-    if isinstance(v, dict):
-        if "__tuple__" in v:
-            return tuple(_decode(x) for x in v["__tuple__"])
-        if "__dict__" in v:
-            return {_decode(k): _decode(x) for k, x in v["__dict__"]}
-        return {k: _decode(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_decode(x) for x in v]
-    return v
-
-
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _import(qualname: str) -> type | None:
-    mod, _, name = qualname.rpartition(".")
-    try:
-        obj = importlib.import_module(mod)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return None
-    return obj if isinstance(obj, type) else None
 
 
 def _own_param_shapes(m: nn.Module) -> dict[str, list[int]]:
@@ -168,19 +143,30 @@ def _first_mismatch(model: nn.Module, records: list[dict]) -> str | None:
     return None
 
 
-def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements) -> nn.Module:
+def _quant_class_for(m: nn.Module, rec: dict, path) -> type:
+    """The registered quant class of ``m``'s type; the file's ``quant_cls`` string must name it (never imported)."""
+    quant_cls = REGISTRY.get(type(m))
+    if quant_cls is None or _qualname(quant_cls) != rec["quant_cls"]:
+        now = "nothing" if quant_cls is None else _qualname(quant_cls)
+        raise bad(
+            path,
+            f"module {rec['name']!r}",
+            f"quant_cls {rec['quant_cls']!r} is not the class registered for {_qualname(type(m))} ({now}); "
+            "classes are only taken from the quantization registry (modelopt_lite.register)",
+        )
+    return quant_cls
+
+
+def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements, path) -> nn.Module:
     memo: dict[int, nn.Module] = {}
     for rec in records:
         name = rec["name"]
         m = model.get_submodule(name) if name else model
-        if _qualname(type(m)) == rec["quant_cls"]:
+        if _qualname(type(m)) == rec["quant_cls"] and REGISTRY.float_class_of(type(m)) is not None:
             continue
-        quant_cls = _import(rec["quant_cls"]) or REGISTRY.get(type(m))
-        if quant_cls is None:
-            raise ValueError(f"restore: cannot import {rec['quant_cls']} to convert module {name!r}")
         new = memo.get(id(m))
         if new is None:
-            new = memo[id(m)] = quant_cls.from_float(m)
+            new = memo[id(m)] = _quant_class_for(m, rec, path).from_float(m)
             new.train(m.training)
         if not name:
             model = new
@@ -192,44 +178,82 @@ def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements
     return model
 
 
-def _apply_record(name: str, q, rec: dict, tensors: dict) -> None:
-    desc = ScaledQuantDescriptor(**_decode(rec["descriptor"]))
-    attrs = {k: getattr(desc, k) for k in DESCRIPTOR_KEYS}
-    if attrs.get("amax") is not None:
-        attrs["amax"] = attrs["amax"].tolist()
-    attrs["num_steps"] = rec["num_steps"]
-    q.set_from_attribute_config(attrs)
+def _apply_record(name: str, site, rec: dict, tensors: dict, json_path, path) -> None:
+    q = site.quantizer
+    entry = f"quantizers[{name!r}]"
+    try:
+        desc = ScaledQuantDescriptor(**decode(rec["descriptor"], json_path, entry + ".descriptor"))
+        attrs = {k: getattr(desc, k) for k in DESCRIPTOR_KEYS}
+        if attrs.get("amax") is not None:
+            attrs["amax"] = attrs["amax"].tolist()
+        attrs["num_steps"] = rec["num_steps"]
+        q.set_from_attribute_config(attrs)
+    except (TypeError, ValueError, KeyError) as e:
+        if str(e).startswith("restore: "):
+            raise
+        raise bad(json_path, entry + ".descriptor", f"{type(e).__name__}: {e}") from None
     (q.enable if rec["enabled"] else q.disable)()
     (q.enable_quant if rec["quant"] else q.disable_quant)()
     (q.enable_calib if rec["calib"] else q.disable_calib)()
     prefix = f"{name}." if name else ""
-    state = {k: tensors[prefix + k] for k in rec["tensors"]}
-    q.load_state_dict(state, strict=True)
+    state = {}
+    for k in rec["tensors"]:
+        key = prefix + k
+        if key not in tensors:
+            raise bad(path, key, f"is missing from the tensor file ({entry} lists it)")
+        check_quantizer_tensor(path, key, tensors[key], q, site.owner, site.local)
+        state[k] = tensors[key]
+    try:
+        q.load_state_dict(state, strict=True)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise bad(path, entry, f"{type(e).__name__}: {e}") from None
+
+
+def _load_weights(model: nn.Module, tensors: dict, quantizer_keys: set, path) -> None:
+    """The model's own tensors (``include_weights``): same names, shapes and dtypes as the model's."""
+    n = len(_WEIGHTS_PREFIX)
+    saved = {k[n:]: v for k, v in tensors.items() if k.startswith(_WEIGHTS_PREFIX)}
+    expected = model.state_dict()
+    for k, t in expected.items():
+        entry = _WEIGHTS_PREFIX + k
+        if k not in saved:
+            raise bad(path, entry, "is missing from the tensor file")
+        c = saved[k]
+        if c.dtype != t.dtype or c.shape != t.shape:
+            raise bad(path, entry, f"is {c.dtype} {tuple(c.shape)}, the model has {t.dtype} {tuple(t.shape)}")
+        if k in quantizer_keys and not torch.equal(c, tensors[k]):
+            raise bad(path, entry, f"differs from the quantizer's own entry {k!r}")
+    extra = sorted(set(saved) - set(expected))
+    if extra:
+        raise bad(path, _WEIGHTS_PREFIX + extra[0], "has no place in the model")
+    model.load_state_dict(saved, strict=True)
 
 
 def restore(model: nn.Module, path) -> nn.Module:
     """Re-create the saved quantization state on ``model`` (float, or already converted the same way); returns it.
 
-    Raises:
-        ValueError: the files are not a saved quantization state, or ``model`` differs from the saved one (the
-            message names the first differing module or quantizer); ``model`` is left unchanged then.
-    """
-    from safetensors.torch import load_file
+    The files are untrusted: every entry is validated (see :mod:`.state_file`) and module classes are taken from
+    the quantization registry only, never imported by the name the file gives.
 
+    Raises:
+        ValueError: the files are not a valid saved quantization state (the message names the file, the entry and
+            the bad value), or ``model`` differs from the saved one (the message names the first differing module
+            or quantizer); ``model`` is left unchanged then.
+        FileNotFoundError: one of the two files is missing.
+    """
     json_path, st_path = _paths(path)
-    doc = json.loads(json_path.read_text())
-    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise ValueError(f"restore: {json_path} is not a {FORMAT} v{VERSION} file")
-    tensors = load_file(str(st_path))
+    doc = read_json(json_path)
+    check_doc(doc, json_path)
+    tensors = read_tensors(st_path)
     problem = _first_mismatch(model, doc["modules"])
     if problem:
         raise ValueError(f"restore: the model does not match the saved state: {problem}")
     before = snapshot_quantizers(q for _, q in named_quantizers(model))
     undo = _Replacements()
     try:
-        model = _convert_recorded(model, doc["modules"], undo)
+        model = _convert_recorded(model, doc["modules"], undo, json_path)
         set_quantizer_names(model)
-        present = dict(named_quantizers(model))
+        present = {s.name: s for s in quantizer_sites(model)}
         saved = doc["quantizers"]
         for name in present:
             if name not in saved:
@@ -237,11 +261,15 @@ def restore(model: nn.Module, path) -> nn.Module:
         for name in saved:
             if name not in present:
                 raise ValueError(f"restore: quantizer {name!r} of the saved state does not exist in the model")
+        used = {(f"{n}." if n else "") + k for n, rec in saved.items() for k in rec["tensors"]}
+        include_weights = doc.get("include_weights", False)
+        extra = sorted(k for k in tensors if k not in used and not (include_weights and k.startswith(_WEIGHTS_PREFIX)))
+        if extra:
+            raise bad(st_path, extra[0], "is not listed by any quantizer of the saved state")
         for name, rec in saved.items():
-            _apply_record(name, present[name], rec, tensors)
-        if doc.get("include_weights"):
-            n = len(_WEIGHTS_PREFIX)
-            model.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(_WEIGHTS_PREFIX)})
+            _apply_record(name, present[name], rec, tensors, json_path, st_path)
+        if include_weights:
+            _load_weights(model, tensors, used, st_path)
         modes = [
             (model.get_submodule(r["name"]) if r["name"] else model, check_mode(r.get("requant", "float")))
             for r in doc["modules"]

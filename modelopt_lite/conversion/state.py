@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..descriptor import ScaledQuantDescriptor
+
 _IMMUTABLE = (
     type(None),
     bool,
@@ -41,8 +43,6 @@ def _is_immutable(v) -> bool:
         return True
     if isinstance(v, tuple):
         return all(_is_immutable(x) for x in v)
-    from ..descriptor import ScaledQuantDescriptor
-
     return isinstance(v, ScaledQuantDescriptor)
 
 

@@ -9,7 +9,9 @@ Layout of ``save_dir``:
   where each spec describes one real module (see :mod:`.convert`).
 
 :func:`load_real` rebuilds the real model on a fresh FLOAT model of the same architecture; anything that does not
-match raises ValueError naming the first mismatching tensor, before the model is touched.
+match raises ValueError naming the first mismatching tensor, before the model is touched. The files are untrusted:
+the config is parsed strictly and every spec validated (:mod:`.spec_checks`), the codes must lie in their declared
+range and the scales must be finite and positive; a corrupt or truncated file is a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-FORMAT, VERSION = "modelopt_lite.real", 1
+from ..conversion.utils import named_quantizers
+from .pooling import pool_args
+from .real_types import FLOAT_CLASSES, REAL_CLASSES, WEIGHTED_TYPES, all_real_modules, build_real_module
+from .spec_checks import FORMAT, VERSION, bad, check_config, check_values
+
 WEIGHTS_NAME, CONFIG_NAME = "model_int8.safetensors", "model_int8.json"
+__all__ = [
+    "CONFIG_NAME",
+    "FORMAT",
+    "VERSION",
+    "WEIGHTS_NAME",
+    "load_real",
+    "read_checkpoint",
+    "real_quant",
+    "save_real",
+]
 
 
 def _safetensors():
@@ -35,15 +51,11 @@ def _safetensors():
 
 def checkpoint_config(model: nn.Module) -> dict:
     """The JSON config describing the real modules of ``model``."""
-    from .convert import real_modules
-
-    return {"format": FORMAT, "version": VERSION, "modules": {n: m.spec for n, m in real_modules(model)}}
+    return {"format": FORMAT, "version": VERSION, "modules": {n: m.spec for n, m in all_real_modules(model)}}
 
 
 def save_real(model: nn.Module, save_dir) -> Path:
     """Write ``model``'s real checkpoint into ``save_dir`` (created if needed); returns the safetensors path."""
-    from ..conversion.utils import named_quantizers
-
     leftover = [n for n, _ in named_quantizers(model)]
     if leftover:
         raise ValueError(
@@ -74,31 +86,83 @@ def _resolve(path) -> Path:
     return p
 
 
+def _no_constants(name: str):
+    raise ValueError(f"the JSON literal {name} is not allowed")
+
+
 def read_checkpoint(path) -> tuple[dict, dict]:
-    """``(config, tensors)`` of a real checkpoint (directory or safetensors file)."""
+    """``(config, tensors)`` of a real checkpoint (directory or safetensors file), with the config validated.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        ValueError: a corrupt or truncated file, invalid JSON, or a malformed config (naming file and entry).
+    """
     _, load_file, safe_open = _safetensors()
     p = _resolve(path)
-    with safe_open(str(p), framework="pt") as f:
-        meta = f.metadata() or {}
-    text = meta.get("modelopt_lite")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(p))
+    except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
+        raise ValueError(f"load_real: {p} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+    text, source = meta.get("modelopt_lite"), p
     if text is None and (p.parent / CONFIG_NAME).is_file():
-        text = (p.parent / CONFIG_NAME).read_text(encoding="utf-8")
+        source = p.parent / CONFIG_NAME
+        try:
+            text = source.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"load_real: {source} is not a UTF-8 JSON file ({e})") from e
     if text is None:
         raise ValueError(f"{p}: not a modelopt_lite real checkpoint (no config in the metadata or {CONFIG_NAME})")
-    cfg = json.loads(text)
-    if cfg.get("format") != FORMAT or cfg.get("version") != VERSION:
-        raise ValueError(f"{p}: unsupported checkpoint format {cfg.get('format')!r} version {cfg.get('version')!r}")
-    return cfg, load_file(str(p))
+    try:
+        cfg = json.loads(text, parse_constant=_no_constants)
+    except ValueError as e:
+        raise ValueError(f"load_real: {source}: the config is not valid JSON ({e})") from e
+    check_config(cfg, source)
+    return cfg, tensors
 
 
-def _expected_float(spec: dict) -> type:
-    return {"QuantizedLinear": nn.Linear, "QuantizedConv2d": nn.Conv2d}[spec["type"]]
+def _check_float_module(path, name: str, spec: dict, float_mod: nn.Module) -> None:
+    """The float module the spec replaces has the spec's class and arguments."""
+    kind, want = spec["type"], FLOAT_CLASSES[spec["type"]]
+    if type(float_mod) is not want:
+        raise ValueError(
+            f"load_real: {path}: module {name!r} is {type(float_mod).__name__}, the checkpoint holds a {kind} converted "
+            f"from {want.__name__} (a different architecture?)"
+        )
+    if kind not in WEIGHTED_TYPES:
+        got = pool_args(float_mod, REAL_CLASSES[kind].dims)
+        if got != spec["pool"]:
+            raise bad(path, f"modules[{name!r}].pool", f"is {spec['pool']}, the model's {want.__name__} has {got}")
+        return
+    w = float_mod.weight
+    if list(w.shape) != list(spec["weight_shape"]):
+        raise ValueError(
+            f"load_real: {path}: tensor {name + '.weight'!r}: shape {list(spec['weight_shape'])} in the "
+            f"checkpoint, {list(w.shape)} in the model"
+        )
+    if kind == "QuantizedConv2d":
+        p = float_mod.padding
+        got = {
+            "stride": list(float_mod.stride),
+            "padding": p if isinstance(p, str) else list(p),
+            "dilation": list(float_mod.dilation),
+            "groups": float_mod.groups,
+            "padding_mode": float_mod.padding_mode,
+        }
+        if got != spec["conv"]:
+            raise bad(path, f"modules[{name!r}].conv", f"is {spec['conv']}, the model's Conv2d has {got}")
 
 
-def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str):
+def _module_device(m: nn.Module):
+    t = next(iter(m.parameters()), None)
+    if t is None:
+        t = next(iter(m.buffers()), None)
+    return None if t is None else t.device
+
+
+def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str, path=None):
     """Validate everything; returns the real modules to install (nothing is modified here)."""
-    from .convert import build_real_module
-
     specs = cfg["modules"]
     built = {}
     for name, spec in specs.items():
@@ -106,21 +170,16 @@ def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str):
             float_mod = model.get_submodule(name)
         except AttributeError:
             raise ValueError(
-                f"load_real: tensor {name + '.weight'!r}: the model has no module {name!r} (a different architecture?)"
+                f"load_real: {path}: tensor {name + '.weight'!r}: the model has no module {name!r} (a different architecture?)"
             ) from None
-        want = _expected_float(spec)
-        if type(float_mod) is not want:
-            raise ValueError(
-                f"load_real: tensor {name + '.weight'!r}: module {name!r} is {type(float_mod).__name__}, "
-                f"the checkpoint holds a {spec['type']} converted from {want.__name__}"
-            )
-        w = getattr(float_mod, "weight", None)
-        if not isinstance(w, torch.Tensor) or list(w.shape) != list(spec["weight_shape"]):
-            raise ValueError(
-                f"load_real: tensor {name + '.weight'!r}: shape {list(spec['weight_shape'])} in the "
-                f"checkpoint, {list(w.shape) if isinstance(w, torch.Tensor) else None} in the model"
-            )
-        built[name] = build_real_module(spec, None, backend, device=w.device)
+        _check_float_module(path, name, spec, float_mod)
+        inp = spec.get("input")
+        if inp is not None:  # its length sizes a buffer: check it before anything is allocated
+            t = tensors.get(f"{name}.input_scale")
+            if t is None or tuple(t.shape) != (inp["num_steps"],):
+                got = None if t is None else tuple(t.shape)
+                raise bad(path, f"{name}.input_scale", f"has shape {got}, the spec declares ({inp['num_steps']},)")
+        built[name] = build_real_module(spec, None, backend, device=_module_device(float_mod))
     # the expected state dict: float tensors of the model, with real modules' buffers in place of theirs
     expected: dict[str, torch.Tensor] = {}
     for key, t in model.state_dict().items():
@@ -132,19 +191,23 @@ def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str):
             expected[f"{n}.{k}"] = t
     for key, t in expected.items():
         if key not in tensors:
-            raise ValueError(f"load_real: tensor {key!r} is missing from the checkpoint (a different architecture?)")
+            raise ValueError(
+                f"load_real: {path}: tensor {key!r} is missing from the checkpoint (a different architecture?)"
+            )
         c = tensors[key]
         if tuple(c.shape) != tuple(t.shape) or c.dtype != t.dtype:
             raise ValueError(
-                f"load_real: tensor {key!r}: checkpoint has {c.dtype} {tuple(c.shape)}, the model "
+                f"load_real: {path}: tensor {key!r}: checkpoint has {c.dtype} {tuple(c.shape)}, the model "
                 f"expects {t.dtype} {tuple(t.shape)}"
             )
     extra = [k for k in tensors if k not in expected]
     if extra:
         raise ValueError(
-            f"load_real: tensor {extra[0]!r} in the checkpoint has no place in the model "
+            f"load_real: {path}: tensor {extra[0]!r} in the checkpoint has no place in the model "
             f"({len(extra)} unexpected tensor(s); a different architecture?)"
         )
+    for name, spec in specs.items():
+        check_values(path, name, spec, tensors)
     return built
 
 
@@ -155,13 +218,14 @@ def load_real(model: nn.Module, path, backend: str = "auto") -> nn.Module:
     the other float parameters and buffers) is loaded bit for bit. Returns ``model`` (modified in place).
 
     Raises:
-        ValueError: the architecture differs (names the first mismatching tensor); nothing is modified then.
+        ValueError: the architecture differs (names the first mismatching tensor), or the checkpoint is corrupt or
+            malformed (names the file, the entry and the bad value); nothing is modified then.
         FileNotFoundError: no checkpoint at ``path``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"load_real expects an nn.Module, got {type(model).__name__}")
     cfg, tensors = read_checkpoint(path)
-    built = _plan(model, cfg, tensors, backend)
+    built = _plan(model, cfg, tensors, backend, _resolve(path))
     for name, mod in built.items():
         old = model.get_submodule(name)
         mod.train(old.training)

@@ -12,7 +12,10 @@ What converts (anything else raises ValueError naming the module and quantizer):
   disabled (weight-only);
 - output quantizers must be disabled: a real module returns float outputs (re-quantizing them would need the
   float result to be on the same side of every rounding tie as the fake-quant model's);
-- a quantized module whose quantizers are all disabled goes back to its float class (auto_skip leaves such layers).
+- a quantized module whose quantizers are all disabled goes back to its float class (auto_skip leaves such layers);
+- ``QuantMaxPool1d/2d/3d`` become :mod:`.pooling`'s ``QuantizedMaxPool*d`` (they pool integer codes, which is exact:
+  max pooling commutes with the monotone quantizer), so the default presets' CNNs convert as a whole;
+- every enabled static quantizer must be calibrated (ValueError listing the ones without an amax).
 """
 
 from __future__ import annotations
@@ -23,26 +26,36 @@ import logging
 import torch
 from torch import nn
 
+from ..conversion.utils import is_quantizer
 from ..formats import int_range
 from ..functional import blocks, library
 from ..functional.checks import check_axes
 from ..functional.scales import scale_from_amax
-from .modules import QuantizedConv2d, QuantizedLinear
+from ..nn.modules.quant_conv import QuantConv2d
+from ..nn.modules.quant_linear import QuantLinear
+from ..nn.modules.quant_pooling import QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
+from .checkpoint import save_real
+from .int8_gemm import check_backend
 from .packing import dequantize_weight, pack_int4
+from .pooling import pool_args
+from .real_types import REAL_CLASSES, WEIGHTED_TYPES, build_real_module, real_modules
+from .seed_api import finish_calibration, has_pending_calibration
+
+__all__ = ["REAL_CLASSES", "build_real_module", "compress", "fake2real", "real_modules", "revert_to_float"]
 
 log = logging.getLogger(__name__)
 
-
-def _quant_classes():
-    from ..nn.modules.quant_conv import QuantConv2d
-    from ..nn.modules.quant_linear import QuantLinear
-
-    return QuantLinear, QuantConv2d
+#: fake-quant class (exact type) -> the real module type it converts to
+CONVERTIBLE: dict[type, str] = {
+    QuantLinear: "QuantizedLinear",
+    QuantConv2d: "QuantizedConv2d",
+    QuantMaxPool1d: "QuantizedMaxPool1d",
+    QuantMaxPool2d: "QuantizedMaxPool2d",
+    QuantMaxPool3d: "QuantizedMaxPool3d",
+}
 
 
 def _quantizers(module: nn.Module) -> dict:
-    from ..conversion.utils import is_quantizer
-
     return {n: q for n, q in module.named_children() if is_quantizer(q)}
 
 
@@ -210,20 +223,20 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
     return spec, tensors
 
 
-REAL_CLASSES = {"QuantizedLinear": QuantizedLinear, "QuantizedConv2d": QuantizedConv2d}
-
-
-def build_real_module(spec: dict, tensors: dict | None = None, backend: str = "auto", device=None) -> nn.Module:
-    """A real module from its spec (and tensors, copied in); used by :func:`fake2real` and the checkpoint loader."""
-    if spec.get("type") not in REAL_CLASSES:
-        raise ValueError(f"unknown real module type {spec.get('type')!r}; expected one of {sorted(REAL_CLASSES)}")
-    mod = REAL_CLASSES[spec["type"]](spec, backend)
-    if device is not None:
-        mod = mod.to(device)
-    if tensors is not None:
-        for k, t in tensors.items():
-            getattr(mod, k).copy_(t)
-    return mod
+def _pool_spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, dict]:
+    qs = _quantizers(module)
+    iq, oq = qs.get("input_quantizer"), qs.get("output_quantizer")
+    if oq is not None and oq.is_enabled:
+        _fail(name, "output_quantizer", "is enabled; real pooling returns the pooled input grid. Disable it")
+    if iq is None or not iq.is_enabled:
+        _fail(name, "input_quantizer", "is disabled while another quantizer is enabled")
+    if iq.is_calib_enabled or not iq.is_quant_enabled:
+        _fail(name, "input_quantizer", "is still calibrating (or has quantization off); finish calibration first")
+    if iq.pre_quant_scale is not None:
+        _fail(name, "input_quantizer", "has a SmoothQuant pre_quant_scale, which real pooling does not support")
+    spec_in, scales = _input_scales(name, iq)
+    spec = {"type": kind, "pool": pool_args(module, REAL_CLASSES[kind].dims), "input": spec_in}
+    return spec, {"input_scale": scales}
 
 
 def revert_to_float(module: nn.Module) -> nn.Module:
@@ -235,28 +248,41 @@ def revert_to_float(module: nn.Module) -> nn.Module:
     return new
 
 
+def _check_calibrated(plan) -> None:
+    """ValueError naming every enabled static quantizer of the modules to convert that has no amax."""
+    missing = []
+    for name, m, kind in plan:
+        if kind == "float":
+            continue
+        for local, q in _quantizers(m).items():
+            if q.is_enabled and not q.quant_desc.dynamic and not q.is_calib_enabled and not q.has_amax:
+                missing.append(f"{name}.{local}")
+    if missing:
+        raise ValueError(
+            f"fake2real: {len(missing)} quantizer(s) are not calibrated (no amax): {', '.join(missing)}. "
+            "Calibrate the model first (modelopt_lite.quantize(model, config, forward_loop) or "
+            "modelopt_lite.calibrate), set their amax, or disable them"
+        )
+
+
 def _all_disabled(module: nn.Module) -> bool:
     qs = _quantizers(module)
     return bool(qs) and not any(q.is_enabled for q in qs.values())
 
 
 def _targets(model: nn.Module, strict: bool):
-    quant_linear, quant_conv2d = _quant_classes()
     for name, m in model.named_modules():
         if not _quantizers(m) or name == "":
             continue
-        if type(m) is quant_linear or type(m) is quant_conv2d:
-            if _all_disabled(m):
-                yield name, m, "float"
-            else:
-                yield name, m, "QuantizedLinear" if type(m) is quant_linear else "QuantizedConv2d"
+        if type(m) in CONVERTIBLE:
+            yield name, m, "float" if _all_disabled(m) else CONVERTIBLE[type(m)]
         elif _all_disabled(m) and hasattr(m, "_float_cls"):
             yield name, m, "float"
         elif any(q.is_enabled for q in _quantizers(m).values()):
             msg = (
                 f"fake2real: module {name!r} ({type(m).__name__}) has enabled quantizers but no real INT8 "
-                "implementation (only QuantLinear and QuantConv2d convert); disable them or pass strict=False "
-                "to keep it fake-quantized"
+                f"implementation (only {', '.join(c.__name__ for c in CONVERTIBLE)} convert); disable them or "
+                "pass strict=False to keep it fake-quantized"
             )
             if strict:
                 raise ValueError(msg)
@@ -285,9 +311,6 @@ def fake2real(
     Raises:
         ValueError: a module that cannot be converted (named, with the quantizer and the reason).
     """
-    from .int8_gemm import check_backend
-    from .seed_api import finish_calibration, has_pending_calibration
-
     check_backend(backend)
     if not isinstance(model, nn.Module):
         raise TypeError(f"fake2real expects an nn.Module, got {type(model).__name__}")
@@ -298,33 +321,33 @@ def fake2real(
     plan = list(_targets(model, strict))
     if any(n == "" for n, _, _ in plan):
         raise ValueError("fake2real: the model itself is a quantized module; wrap it in a container")
+    _check_calibrated(plan)
     built = []
     for name, m, kind in plan:  # build everything first: nothing changes if a module fails
         if kind == "float":
             built.append((name, revert_to_float(m)))
             continue
-        spec, tensors = _spec_and_tensors(name, m, kind)
-        real = build_real_module(spec, tensors, backend, device=m.weight.device)
+        if kind in WEIGHTED_TYPES:
+            spec, tensors = _spec_and_tensors(name, m, kind)
+            device = m.weight.device
+        else:
+            spec, tensors = _pool_spec_and_tensors(name, m, kind)
+            device = _quantizers(m)["input_quantizer"].amax.device
+        real = build_real_module(spec, tensors, backend, device=device)
         real.train(m.training)
         built.append((name, real))
     for name, new in built:
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, new)
+    real_kinds = tuple(REAL_CLASSES.values())
     log.info(
         "fake2real: %d real modules, %d reverted to float",
-        sum(not isinstance(n, nn.Linear | nn.Conv2d) for _, n in built),
-        sum(isinstance(n, nn.Linear | nn.Conv2d) for _, n in built),
+        sum(isinstance(n, real_kinds) for _, n in built),
+        sum(not isinstance(n, real_kinds) for _, n in built),
     )
     if save_dir is not None:
-        from .checkpoint import save_real
-
         save_real(model, save_dir)
     return model
 
 
 compress = fake2real
-
-
-def real_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` of every real quantized module in ``model``."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, tuple(REAL_CLASSES.values()))]

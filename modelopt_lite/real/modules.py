@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import int_range
-from ..functional import library
+from ..functional import blocks, library
 from . import int8_gemm
 from .packing import dequantize_weight, unpack_int4
 
@@ -56,8 +56,6 @@ def weight_scale_shape(spec: dict) -> tuple[int, ...]:
     if w["layout"] == "channel":
         axes = {a % len(shape) for a in w["axis"]}
         return tuple(n if d in axes else 1 for d, n in enumerate(shape)) if axes != {0} else (shape[0],)
-    from ..functional import blocks
-
     sizes = blocks.normalize(block_sizes_from_json(w["block_sizes"]), shape)
     return blocks.blocks_shape(shape, sizes)
 

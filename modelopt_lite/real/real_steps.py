@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..conversion.quant_steps import register_temporal_finder
+from .real_types import REAL_CLASSES
+
 
 def temporal_real_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of the real modules of ``model`` with ``num_steps > 1``."""
-    from .modules import _RealQuantModule
+    kinds = tuple(REAL_CLASSES.values())
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds) and m.num_steps > 1]
 
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, _RealQuantModule) and m.num_steps > 1]
+
+register_temporal_finder(temporal_real_modules)  # modelopt_lite.quant_step(model, t) selects their step too
 
 
 def set_real_step(model: nn.Module, t: int) -> dict[str, int]:

@@ -17,10 +17,15 @@ step, select with ``modelopt_lite.quant_step(model, t)`` while running).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from ..conversion.config import CONVTRANSPOSE_WEIGHT_AXIS, INT8_DEFAULT_CFG
+from ..conversion.model_quant import quantize
+from ..conversion.utils import quantizer_sites
 
 _PARAM_KEYS = {"n_bits", "channel_wise", "scale_method", "percentile"}
 _METHODS = ("max", "mse", "entropy", "percentile")
@@ -55,8 +60,6 @@ def _check_params(p: dict, what: str) -> tuple[int, bool, str, dict]:
 
 def seed_config(wq_params: dict, aq_params: dict, num_steps: int = 1) -> dict:
     """The :func:`modelopt_lite.quantize` config equivalent to the seed parameters (``algorithm`` None)."""
-    from ..conversion.config import CONVTRANSPOSE_WEIGHT_AXIS, INT8_DEFAULT_CFG
-
     wn, wcw, wm, _ = _check_params(wq_params, "wq_params")
     an, acw, am, _ = _check_params(aq_params, "aq_params")
     if acw:
@@ -95,8 +98,6 @@ def _method_arg(method: str, calib_method: str):
 
 def _calibrate_weights(model: nn.Module, method: str, kwargs: dict) -> None:
     """Weights are data independent: collect each weight once and load its amax right away."""
-    from ..conversion.utils import quantizer_sites
-
     for site in quantizer_sites(model):
         q = site.quantizer
         if site.local != "weight_quantizer" or not q.is_enabled or site.owner is None:
@@ -138,9 +139,6 @@ def fake_quant(
     Raises:
         TypeError / ValueError: malformed parameters (unknown keys, bad n_bits or scale_method).
     """
-    from ..conversion.model_quant import quantize
-    from ..conversion.utils import quantizer_sites
-
     cfg = seed_config(wq_params, aq_params, num_steps)
     _, _, wm, wkw = _check_params(wq_params, "wq_params")
     _, _, am, akw = _check_params(aq_params, "aq_params")
@@ -174,8 +172,6 @@ def finish_calibration(model: nn.Module, strict: bool = True) -> nn.Module:
     Raises:
         RuntimeError: a quantizer saw no data (named); ``strict=False`` warns and disables it instead.
     """
-    import warnings
-
     pending = getattr(model, _PENDING, None) or {}
     modules = dict(model.named_modules())
     for name, (method, kwargs) in pending.items():

@@ -1,0 +1,213 @@
+"""Reading and validating the files :func:`modelopt_lite.save` writes (the ``restore`` side).
+
+The files are untrusted input: the JSON is parsed strictly (no NaN/Infinity literals), every entry is checked for
+its type, and every tensor for its name, dtype, shape (against what the quantizer's descriptor and the module it
+belongs to expect), finiteness and sign before anything is loaded. Nothing a file names is ever imported: module
+classes are resolved through the quantization registry only. Problems raise ValueError naming the file, the entry
+and the bad value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..functional import blocks
+from ..functional.checks import check_axes
+from .requant import check_mode
+
+FORMAT = "modelopt_lite.quant_state"
+VERSION = 1
+#: the tensors a quantizer may hold in the file
+QUANTIZER_TENSORS = ("_amax", "_pre_quant_scale")
+_TAGS = ("__tuple__", "__dict__")
+
+
+def bad(path, entry: str, why: str) -> ValueError:
+    """The one error type of a malformed file: ``restore: <file>: <entry>: <why>``."""
+    return ValueError(f"restore: {path}: {entry}: {why}")
+
+
+def _no_constants(name: str):
+    raise ValueError(f"the JSON literal {name} is not allowed")
+
+
+def read_json(path: Path) -> dict:
+    """The parsed document of ``path`` (ValueError naming the file when it is not a strict JSON object)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"restore: no saved quantization state at {path}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"restore: {path} is not a UTF-8 JSON file ({e})") from e
+    try:
+        doc = json.loads(text, parse_constant=_no_constants)
+    except ValueError as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"restore: {path} is not valid JSON ({e})") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise ValueError(f"restore: {path} is not a {FORMAT} v{VERSION} file")
+    return doc
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (ValueError naming the file when it is missing, truncated or corrupt)."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise FileNotFoundError(f"restore: no tensor file {path} next to the JSON file")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
+        raise ValueError(f"restore: {path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+
+
+def decode(v, path, entry: str):
+    """Inverse of the tagged encoding of descriptor values (tuples and int-keyed dicts), strictly."""
+    if isinstance(v, dict):
+        if "__tuple__" in v:
+            if set(v) != {"__tuple__"} or not isinstance(v["__tuple__"], list):
+                raise bad(path, entry, f"malformed tuple {v!r}")
+            return tuple(decode(x, path, entry) for x in v["__tuple__"])
+        if "__dict__" in v:
+            pairs = v["__dict__"]
+            if (
+                set(v) != {"__dict__"}
+                or not isinstance(pairs, list)
+                or any(not isinstance(p, list) or len(p) != 2 for p in pairs)
+            ):
+                raise bad(path, entry, f"malformed dict {v!r}")
+            out = {}
+            for k, x in pairs:
+                k = decode(k, path, entry)
+                if not isinstance(k, (str, int)) or isinstance(k, bool):
+                    raise bad(path, entry, f"dict key {k!r} is not a str or an int")
+                out[k] = decode(x, path, entry)
+            return out
+        return {k: decode(x, path, entry) for k, x in v.items()}
+    if isinstance(v, list):
+        return [decode(x, path, entry) for x in v]
+    return v
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_doc(doc: dict, path) -> None:
+    """Types of every entry of the JSON document (before any of it is used)."""
+    modules = doc.get("modules")
+    if not isinstance(modules, list):
+        raise bad(path, "modules", f"must be a list, got {type(modules).__name__}")
+    names = set()
+    for i, rec in enumerate(modules):
+        entry = f"modules[{i}]"
+        if not isinstance(rec, dict):
+            raise bad(path, entry, f"must be an object, got {type(rec).__name__}")
+        for key in ("name", "float_cls", "quant_cls"):
+            if not isinstance(rec.get(key), str):
+                raise bad(path, f"{entry}.{key}", f"must be a string, got {rec.get(key)!r}")
+        if rec["name"] in names:
+            raise bad(path, f"{entry}.name", f"module {rec['name']!r} is listed twice")
+        names.add(rec["name"])
+        params = rec.get("params")
+        if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(s, list) and all(_is_int(n) and n >= 0 for n in s)
+            for k, s in params.items()
+        ):
+            raise bad(path, f"{entry}.params", f"must map parameter names to shapes, got {params!r}")
+        try:
+            check_mode(rec.get("requant", "float"))
+        except ValueError as e:
+            raise bad(path, f"{entry}.requant", str(e)) from None
+    quantizers = doc.get("quantizers")
+    if not isinstance(quantizers, dict):
+        raise bad(path, "quantizers", f"must be an object, got {type(quantizers).__name__}")
+    for name, rec in quantizers.items():
+        entry = f"quantizers[{name!r}]"
+        if not isinstance(rec, dict):
+            raise bad(path, entry, f"must be an object, got {type(rec).__name__}")
+        if not isinstance(rec.get("descriptor"), dict):
+            raise bad(path, f"{entry}.descriptor", f"must be an object, got {rec.get('descriptor')!r}")
+        for key in ("enabled", "quant", "calib"):
+            if not isinstance(rec.get(key), bool):
+                raise bad(path, f"{entry}.{key}", f"must be true or false, got {rec.get(key)!r}")
+        n = rec.get("num_steps")
+        if not _is_int(n) or n < 1:
+            raise bad(path, f"{entry}.num_steps", f"must be an int >= 1, got {n!r}")
+        ts = rec.get("tensors")
+        if not isinstance(ts, list) or len(set(map(str, ts))) != len(ts) or any(t not in QUANTIZER_TENSORS for t in ts):
+            raise bad(
+                path, f"{entry}.tensors", f"must be a list of distinct names from {QUANTIZER_TENSORS}, got {ts!r}"
+            )
+    if not isinstance(doc.get("include_weights", False), bool):
+        raise bad(path, "include_weights", f"must be true or false, got {doc.get('include_weights')!r}")
+
+
+def _weight_shape(owner, local: str):
+    w = getattr(owner, "weight", None) if local == "weight_quantizer" else None
+    return tuple(w.shape) if isinstance(w, torch.Tensor) else None
+
+
+def _amax_shape_problem(shape: tuple, q, owner, local: str) -> str | None:
+    """Why an amax of ``shape`` does not fit quantizer ``q`` (None when it fits)."""
+    steps = q.num_steps
+    if steps > 1:
+        if not shape or shape[0] != steps:
+            return f"a temporal quantizer with num_steps={steps} needs a leading dimension of {steps}"
+        shape = shape[1:]
+    numel = int(torch.Size(shape).numel())
+    wshape = _weight_shape(owner, local)
+    bs, axis = q.block_sizes, q.axis
+    if bs:
+        if wshape is not None:
+            want = blocks.blocks_shape(wshape, blocks.normalize(bs, wshape))
+            return None if shape == want else f"block_sizes={bs} of a weight {wshape} need an amax of shape {want}"
+        return None if len(shape) >= 1 else "block quantization needs one amax per block, got a scalar"
+    if axis is None:
+        return None if numel == 1 else "a per-tensor quantizer needs a single amax value"
+    if wshape is not None:
+        axes = check_axes(axis, len(wshape), "axis")
+        keep = tuple(n if d in axes else 1 for d, n in enumerate(wshape))
+        flat = (wshape[axes[0]],) if len(axes) == 1 else None
+        return None if shape in (keep, flat) else f"axis={axis} of a weight {wshape} needs an amax of shape {keep}"
+    if not shape:
+        return f"a per-channel quantizer (axis={axis}) needs a per-channel amax, got a scalar"
+    single = isinstance(axis, int) or len(tuple(axis)) == 1
+    if len(shape) == 1 and single:
+        return None  # a flat per-channel amax (reshaped to the input at use)
+    try:
+        axes = check_axes(axis, len(shape), "axis")
+    except ValueError:
+        return f"axis={axis} does not fit an amax of rank {len(shape)}"
+    if any(n != 1 for d, n in enumerate(shape) if d not in axes):
+        return f"axis={axis} needs size 1 on the reduced dimensions"
+    return None
+
+
+def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str) -> None:
+    """dtype, shape, finiteness and sign of one quantizer tensor of the file."""
+    if t.dtype != torch.float32:
+        raise bad(path, key, f"must be float32, got {t.dtype}")
+    if t.numel() == 0:
+        raise bad(path, key, "is empty")
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        raise bad(path, key, f"must be finite, got {t[~finite].flatten()[0].item()!r}")
+    if key.endswith("_pre_quant_scale"):
+        if t.dim() != 1:
+            raise bad(path, key, f"must be 1-D (one value per input channel), got shape {tuple(t.shape)}")
+        w = getattr(owner, "weight", None)
+        if local == "input_quantizer" and isinstance(w, torch.Tensor) and w.dim() == 2 and t.numel() != w.shape[1]:
+            raise bad(path, key, f"has {t.numel()} channels, the layer has {w.shape[1]} inputs")
+        if not bool((t > 0).all()):
+            raise bad(path, key, f"must be > 0, got {t[t <= 0][0].item()!r}")
+        return
+    if q.dynamic:
+        raise bad(path, key, "a dynamic quantizer stores no amax")
+    if not bool((t >= 0).all()):
+        raise bad(path, key, f"amax must be >= 0, got {t[t < 0][0].item()!r}")
+    problem = _amax_shape_problem(tuple(t.shape), q, owner, local)
+    if problem:
+        raise bad(path, key, f"shape {tuple(t.shape)} does not fit: {problem}")
