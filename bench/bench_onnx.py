@@ -6,13 +6,25 @@ Models:
   is the top-1 agreement with the FP32 model on 4096 random inputs (there is no dataset of that width);
 - the digits CNN (``DigitsCNN``, trained), batch 64; accuracy on the digits test split.
 
-Variants: FP32; INT8 ``INT8_ORT_CFG`` exported with ``target="onnxruntime"`` and int8 weights (ORT's u8 x s8 kernels,
-exact on CPUs with VNNI/AMX), the same with uint8 weights (u8 x u8, exact everywhere), the same after
-``modelopt_lite.share_relu_grids`` (ReLUs between quantizers run as uint8 Clips); INT8 ``INT8_DEFAULT_CFG`` in the
-TensorRT layout. Each variant is exported with ``export_onnx`` and run by ``ort_session`` (CPU provider, intra-op spinning off).
-Latencies are medians over interleaved rounds (one run of every session per round), after warm-up. The column
-``max|ORT-torch|`` compares ORT's outputs with the torch model they were exported from, on the accuracy inputs
-(``INT8_ORT_CFG`` sets ``requant="integer"``, so those rows are 0: bit-identical).
+Variants, all measured in the same run (interleaved):
+
+- FP32 (the float export);
+- ours, ``export_onnx(..., target="onnxruntime")`` (bit-identical to the torch model, ``requant="integer"``):
+  ``INT8_ORT_CFG`` with uint8 weights (the default for 8-bit weights: ORT's u8 x u8 kernels, exact on every CPU);
+  the same with int8 weights (``ort_weights="int8"``: ORT's u8 x s8 kernels, exact only on CPUs with VNNI/AMX, so
+  measured only there); ``INT8_ORT_REDUCED_RANGE_CFG`` (7-bit weights stored as int8: the u8 x s8 kernels, exact on
+  every CPU); each fast one also after ``modelopt_lite.share_relu_grids`` (ReLUs between quantizers run as uint8
+  Clips). ``INT8_DEFAULT_CFG`` in the TensorRT layout for reference;
+- ONNX Runtime's own ``onnxruntime.quantization.quantize_static`` on the same FP32 file and calibration batches:
+  default settings (QDQ, int8 activations and weights, per tensor, MinMax), ``reduce_range=True``, and uint8
+  weights (``activation_type=weight_type=QuantType.QUInt8``). They run with every ORT optimization on (as a user
+  runs them); they have no torch twin, so their ``max|ORT-torch|`` is ``-``.
+
+The top of the output names the CPU and its flags (AVX2, AVX-512, VNNI, AMX): int8 kernel speeds depend on them.
+Each variant is run by ``ort_session`` (CPU provider, intra-op spinning off). Latencies are medians over
+interleaved rounds (one run of every session per round), after warm-up. ``top1 vs FP32`` is the top-1 agreement with
+the FP32 export; the CNN also shows test-set accuracy. ``max|ORT-torch|`` compares ORT's outputs with the torch model
+they were exported from (0: bit-identical).
 
 Usage: ``python bench/bench_onnx.py [--repeats 30] [--threads N] [--out DIR]``
 """
@@ -35,6 +47,7 @@ import torch
 import modelopt_lite as mtq
 from modelopt_lite.examples import MLP, DigitsCNN, load_digits_data, train_classifier
 from modelopt_lite.onnx_export import export_onnx
+from modelopt_lite.onnx_export.ort_layout import host_has_vnni
 from modelopt_lite.onnx_export.ort_runner import ort_session
 
 FUSED = ("QGemm", "QLinearConv", "QLinearMatMul", "MatMulIntegerToFloat")
@@ -59,32 +72,78 @@ def quantized(model, config, batches):
     return q.eval()
 
 
+class _Reader:
+    """The calibration batches for ``quantize_static``."""
+
+    def __init__(self, batches):
+        self._it = iter([{"input": b.numpy()} for b in batches])
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+ORT_STATIC = {
+    "ORT quantize_static, default": {},
+    "ORT quantize_static, reduce_range": {"reduce_range": True},
+    "ORT quantize_static, uint8 w": {"activation_type": "QUInt8", "weight_type": "QUInt8"},
+}
+
+
+def quantize_static_variants(fp32_path, batches, tmp, tag):
+    """name -> ONNX path of ORT's own static quantization (settings in ``ORT_STATIC``)."""
+    from onnxruntime.quantization import QuantType, quantize_static
+
+    out = {}
+    for i, (name, kw) in enumerate(ORT_STATIC.items()):
+        kw = {k: getattr(QuantType, v) if k.endswith("_type") else v for k, v in kw.items()}
+        path = os.path.join(tmp, f"{tag}_ort_static{i}.onnx")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_static(fp32_path, path, _Reader(batches), **kw)
+        out[name] = path
+    return out
+
+
+def _export(q, sample, path, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ort_weights="int8" warns that the file is VNNI-only: measured only there
+        export_onnx(q, sample, path, target="onnxruntime", dynamic_axes={"input": {0: "batch"}}, **kw)
+    return path
+
+
 def build_variants(model, batches, sample, tmp, threads, tag):
-    """name -> (session, file size, fused int8 ops in ORT's optimized graph)."""
+    """name -> (session, file size, fused int8 ops in ORT's optimized graph, torch model or None)."""
     out = {}
     path = os.path.join(tmp, f"{tag}_fp32.onnx")
     export_fp32(model, sample, path)
     out["FP32"] = (path, model)
-    q = quantized(model, mtq.INT8_ORT_CFG, batches)
-    for weights in ("int8", "uint8"):
-        path = os.path.join(tmp, f"{tag}_int8_ort_{weights}.onnx")
-        export_onnx(q, sample, path, target="onnxruntime", ort_weights=weights, dynamic_axes={"input": {0: "batch"}})
-        out[f"INT8 onnxruntime, {weights} w"] = (path, q)
-    shared = copy.deepcopy(q)
-    if mtq.share_relu_grids(shared, lambda m: [m(b) for b in batches]):
-        path = os.path.join(tmp, f"{tag}_int8_ort_shared.onnx")
-        export_onnx(
-            shared, sample, path, target="onnxruntime", ort_weights="int8", dynamic_axes={"input": {0: "batch"}}
-        )
-        out["INT8 onnxruntime, int8 w, shared ReLU grids"] = (path, shared)
-    q = quantized(model, mtq.INT8_DEFAULT_CFG, batches)
+    calibrate = lambda m: [m(b) for b in batches]  # noqa: E731
+    q8 = quantized(model, mtq.INT8_ORT_CFG, batches)
+    q7 = quantized(model, mtq.INT8_ORT_REDUCED_RANGE_CFG, batches)
+    out["ours: uint8 w (exact everywhere)"] = (_export(q8, sample, os.path.join(tmp, f"{tag}_u8.onnx")), q8)
+    if host_has_vnni():
+        path = _export(q8, sample, os.path.join(tmp, f"{tag}_s8.onnx"), ort_weights="int8")
+        out["ours: int8 w (VNNI only)"] = (path, q8)
+    out["ours: 7-bit w (exact everywhere)"] = (_export(q7, sample, os.path.join(tmp, f"{tag}_s7.onnx")), q7)
+    for name, q, kw in [("ours: 7-bit w", q7, {}), ("ours: int8 w (VNNI only)", q8, {"ort_weights": "int8"})]:
+        if "VNNI" in name and not host_has_vnni():
+            continue
+        shared = copy.deepcopy(q)
+        if mtq.share_relu_grids(shared, calibrate):
+            path = _export(shared, sample, os.path.join(tmp, f"{tag}_{len(out)}_shared.onnx"), **kw)
+            out[f"{name.split(' (')[0]}, shared ReLU grids"] = (path, shared)
+    qt = quantized(model, mtq.INT8_DEFAULT_CFG, batches)
     path = os.path.join(tmp, f"{tag}_int8_trt.onnx")
-    export_onnx(q, sample, path, target="tensorrt", dynamic_axes={"input": {0: "batch"}})
-    out["INT8 target=tensorrt"] = (path, q)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        export_onnx(qt, sample, path, target="tensorrt", dynamic_axes={"input": {0: "batch"}})
+    out["ours: INT8 target=tensorrt"] = (path, qt)
+    static = quantize_static_variants(out["FP32"][0], batches, tmp, tag)
     sessions = {}
-    for name, (path, module) in out.items():
+    for name, (path, module) in [*out.items(), *((n, (p, None)) for n, p in static.items())]:
         opt = path + ".opt.onnx"
-        sess = ort_session(path, threads=threads, spinning=False, optimized_model_path=opt)
+        # ORT's own files run with every fusion on, as ORT users run them (exact=False)
+        sess = ort_session(path, threads=threads, spinning=False, optimized_model_path=opt, exact=module is not None)
         fused = sum(n.op_type in FUSED for n in onnx.load(opt).graph.node)
         sessions[name] = (sess, os.path.getsize(path), fused, module)
     return sessions
@@ -113,6 +172,8 @@ def max_diff(sessions, x: np.ndarray) -> dict[str, float]:
     """max |ORT output - torch output| of every variant on ``x`` (0.0: bit-identical)."""
     out = {}
     for name, (sess, _, _, module) in sessions.items():
+        if module is None:
+            continue
         got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
         with torch.no_grad():
             want = module(torch.from_numpy(x)).numpy()
@@ -120,21 +181,24 @@ def max_diff(sessions, x: np.ndarray) -> dict[str, float]:
     return out
 
 
-def table(title, sessions, ms, acc_of, acc_label, diff):
-    fp_ms, fp_acc = ms["FP32"], acc_of["FP32"]
-    lines = [
-        title,
-        (
-            f"{'variant':<44}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}"
-            f"{acc_label:>14}{'drop':>8}{'max|ORT-torch|':>16}"
-        ),
-    ]
+def table(title, sessions, ms, agree, diff, acc=None):
+    fp_ms = ms["FP32"]
+    head = f"{'variant':<42}{'median ms':>10}{'speedup':>9}{'size KiB':>10}{'int8 ops':>9}{'top1 vs FP32':>14}"
+    head += f"{'accuracy':>10}" if acc else ""
+    lines = [title, head + f"{'max|ORT-torch|':>16}"]
     for name, (_, size, fused, _) in sessions.items():
-        lines.append(
-            f"{name:<44}{ms[name]:>10.2f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}"
-            f"{acc_of[name]:>13.2f}%{fp_acc - acc_of[name]:>+8.2f}{diff[name]:>16.3g}"
+        line = (
+            f"{name:<42}{ms[name]:>10.3f}{fp_ms / ms[name]:>8.2f}x{size / 1024:>10.1f}{fused:>9}{agree[name]:>13.2f}%"
         )
+        line += f"{acc[name]:>9.2f}%" if acc else ""
+        lines.append(line + (f"{diff[name]:>16.3g}" if name in diff else f"{'-':>16}"))
     return "\n".join(lines)
+
+
+def agreement(sessions, x: np.ndarray, batch: int) -> dict[str, float]:
+    """Top-1 agreement (percent) of every variant with the FP32 export on ``x``."""
+    ref = top1(sessions["FP32"][0], x, batch)
+    return {n: 100.0 * float((top1(s, x, batch) == ref).mean()) for n, (s, *_) in sessions.items()}
 
 
 def bench_mlp(tmp, repeats, threads):
@@ -146,14 +210,11 @@ def bench_mlp(tmp, repeats, threads):
     evalx = torch.randn(4096, 512, generator=g).numpy()
     sessions = build_variants(model, calib, torch.from_numpy(x[:8]), tmp, threads, "mlp")
     ms = time_interleaved(sessions, x, repeats)
-    ref = top1(sessions["FP32"][0], evalx, 1024)
-    agree = {n: 100.0 * float((top1(s, evalx, 1024) == ref).mean()) for n, (s, *_) in sessions.items()}
     return table(
-        "MLP(512, 512, 10, depth=3), batch 1024, input 1024x512",
+        "MLP(512, 512, 10, depth=3), batch 1024, input 1024x512; top-1 agreement on 4096 random inputs",
         sessions,
         ms,
-        agree,
-        "top1 vs FP32",
+        agreement(sessions, evalx, 1024),
         max_diff(sessions, evalx),
     )
 
@@ -176,16 +237,38 @@ def bench_cnn(tmp, repeats, threads, c1=16, c2=32):
     sessions = build_variants(model, data.calib_batches(8, 64), data.x_test[:8], tmp, threads, f"cnn{c1}")
     x = data.x_test[:64].numpy()
     ms = time_interleaved(sessions, x, repeats)
-    y = data.y_test.numpy()
-    acc = {n: 100.0 * float((top1(s, data.x_test.numpy(), 64) == y).mean()) for n, (s, *_) in sessions.items()}
+    y, xt = data.y_test.numpy(), data.x_test.numpy()
+    acc = {n: 100.0 * float((top1(s, xt, 64) == y).mean()) for n, (s, *_) in sessions.items()}
     return table(
-        f"DigitsCNN(c1={c1}, c2={c2}) (1x8x8 -> Conv{c1} -> Conv{c2}/2 -> Linear, BN folded), batch 64",
+        f"DigitsCNN(c1={c1}, c2={c2}) (1x8x8 -> Conv{c1} -> Conv{c2}/2 -> Linear, BN folded), batch 64; "
+        f"top-1 agreement and accuracy on the {len(y)} test images",
         sessions,
         ms,
+        agreement(sessions, xt, 64),
+        max_diff(sessions, xt),
         acc,
-        "accuracy",
-        max_diff(sessions, data.x_test.numpy()),
     )
+
+
+def cpu_line() -> str:
+    """The CPU model and the flags that decide ORT's int8 kernels (Linux /proc/cpuinfo, else platform)."""
+    import platform
+
+    name, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine()
+    shown = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    vnni = "VNNI: yes" if host_has_vnni() else "VNNI: no (int8-weight rows with full-range weights not exact here)"
+    return f"CPU: {name}, {os.cpu_count()} logical CPUs; flags: {', '.join(shown) or 'none of avx2/avx512/vnni/amx'}; {vnni}"
 
 
 def main(argv=None) -> int:
@@ -196,6 +279,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import onnxruntime
 
+    print(cpu_line())
     print(
         f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, "
         f"threads={args.threads or 'default'}, spinning off, medians of {args.repeats} interleaved rounds"

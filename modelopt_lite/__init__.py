@@ -54,6 +54,7 @@ _LAZY = {
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": "modelopt_lite.conversion.config",
     "W4A8_CFG": "modelopt_lite.conversion.config",
     "INT8_ORT_CFG": "modelopt_lite.conversion.config",
+    "INT8_ORT_REDUCED_RANGE_CFG": "modelopt_lite.conversion.config",
     "INT8_SMOOTHQUANT_CFG": "modelopt_lite.conversion.config",
     "smooth_quant": "modelopt_lite.conversion.smoothquant",
     # export

@@ -38,13 +38,16 @@ def test_int4_weight_only_after_qat_drop_at_most_one_point(result):
     assert result.drop(_row(result, "INT4 weight-only", "QAT")) <= 1.0
 
 
-def test_ort_accuracy_equals_torch_accuracy_for_every_format(result):
+def test_ort_agrees_with_torch_for_every_format(result):
+    """Every Q/DQ is exact; the float convs/GEMMs between quantizers (these are TensorRT-layout and FP8 graphs) sum
+    in a CPU-dependent order and may move a re-quantized value by one step: the logits move a little, a top-1
+    decision can flip only at a near-tie, and accuracy changes only where a decision flips."""
     assert len(result.rows) == 8
     for r in result.rows:
-        assert r.ort_acc == r.torch_acc, (r.fmt, r.calib)
-        assert r.agree == 100.0, (r.fmt, r.calib)
-        # each Q/DQ is exact; float convs/GEMMs may round differently and move a re-quantized value by one step
         assert r.max_diff < 0.1, (r.fmt, r.calib, r.max_diff)
+        assert r.agree >= 99.0, (r.fmt, r.calib, r.agree)  # flips at near-ties only (measured: none, two CPUs)
+        assert abs(r.ort_acc - r.torch_acc) <= 100.0 - r.agree + 1e-9, (r.fmt, r.calib)
+        assert abs(r.ort_acc - r.torch_acc) <= digits.ORT_ACC_SLACK, (r.fmt, r.calib)
         assert r.onnx_bytes > 0 and r.ort_ms > 0
 
 

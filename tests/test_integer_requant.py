@@ -21,7 +21,8 @@ from modelopt_lite.onnx_export import export_onnx
 from modelopt_lite.onnx_export.ort_layout import host_has_vnni
 from modelopt_lite.onnx_export.ort_runner import ort_session
 
-WEIGHTS = "int8" if host_has_vnni() else "uint8"  # int8 weights are exact in ORT only with VNNI/AMX
+# 8-bit weights are stored as uint8 (ORT's u8 x u8 kernels), 7-bit ones as int8 (u8 x s8): both exact on every CPU
+CONFIGS = {"uint8": mtq.INT8_ORT_CFG, "int8": mtq.INT8_ORT_REDUCED_RANGE_CFG}
 
 
 def _calibrated(model, x, config=None):
@@ -30,13 +31,16 @@ def _calibrated(model, x, config=None):
     return q.eval()
 
 
+def _weight_dtypes(rep) -> set[str]:
+    return {k.split()[1] for k in rep.qdq_counts if k.startswith("DequantizeLinear") and "per-channel" in k} - {"INT32"}
+
+
 def _ort(q, x, path, **kw):
     rep = export_onnx(
         q,
         x[:2],
         path,
         target="onnxruntime",
-        ort_weights=WEIGHTS,
         input_names=["input"],
         dynamic_axes={"input": {0: "batch"}},
         **kw,
@@ -61,8 +65,9 @@ def test_reference_formula_by_hand():
     assert R.bias_codes(torch.tensor([1e30]), torch.tensor([1e-10])).item() == 2**31 - 1  # saturates to int32
 
 
+@pytest.mark.parametrize("weights", sorted(CONFIGS))
 @pytest.mark.parametrize("seed", range(4))
-def test_random_linear_layers_match_onnxruntime_bit_for_bit(tmp_path, seed):
+def test_random_linear_layers_match_onnxruntime_bit_for_bit(tmp_path, seed, weights):
     g = torch.Generator().manual_seed(seed)
     k, n = [(7, 3), (64, 33), (300, 17), (129, 128)][seed]
     model = nn.Sequential(nn.Linear(k, n), nn.ReLU(), nn.Linear(n, 5))
@@ -70,9 +75,9 @@ def test_random_linear_layers_match_onnxruntime_bit_for_bit(tmp_path, seed):
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (3.0 if p.dim() == 1 else 0.3))  # large biases too
     x = torch.randn(96, k, generator=g) * 2
-    q = _calibrated(model, x)
-    got, _, ops = _ort(q, x, tmp_path / "l.onnx")
-    assert ops.count("QGemm") == 2
+    q = _calibrated(model, x, CONFIGS[weights])
+    got, rep, ops = _ort(q, x, tmp_path / "l.onnx")
+    assert ops.count("QGemm") == 2 and _weight_dtypes(rep) == {weights.upper()}
     with torch.no_grad():
         want = q(x)
     assert torch.equal(got, want)
@@ -87,20 +92,21 @@ def test_random_linear_layers_match_onnxruntime_bit_for_bit(tmp_path, seed):
         {"kernel_size": 3, "padding": 1, "groups": 2},
     ],
 )
-def test_random_conv_layers_match_onnxruntime_bit_for_bit(tmp_path, conv_kw):
+@pytest.mark.parametrize("weights", sorted(CONFIGS))
+def test_random_conv_layers_match_onnxruntime_bit_for_bit(tmp_path, conv_kw, weights):
     torch.manual_seed(3)
     model = nn.Sequential(
         nn.Conv2d(4, 8, **conv_kw), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)
     )
     x = torch.randn(48, 4, 9, 7)
     model(x)  # materialize the lazy head
-    q = _calibrated(model, x)
+    q = _calibrated(model, x, CONFIGS[weights])
     got, rep, ops = _ort(q, x, tmp_path / "c.onnx")
-    assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 1
+    assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 1 and _weight_dtypes(rep) == {weights.upper()}
     with torch.no_grad():
         want = q(x)
     assert torch.equal(got, want)
-    if WEIGHTS == "int8":  # ORT's NHWC int8 conv: no transpose back in front of the channels-last Flatten
+    if weights == "int8":  # ORT's NHWC int8 conv: no transpose back in front of the channels-last Flatten
         assert any("flatten in channels-last order" in n for n in rep.notes), rep.notes
         second = ops.index("QLinearConv", ops.index("QLinearConv") + 1)
         assert "Transpose" not in ops[second : ops.index("QGemm")], ops
@@ -117,6 +123,50 @@ def test_flatten_rewrite_keeps_float_flatten_models_exact_and_shared_grids_clip(
     assert "Relu" not in ops and "Clip" in ops  # DQ -> Relu -> Flatten -> Q became Clip -> Flatten on codes
     with torch.no_grad():
         assert torch.equal(got, q(x))
+
+
+def test_auto_mixes_int8_and_uint8_weights_per_layer_and_stays_exact(tmp_path):
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(40, 24), nn.ReLU(), nn.Linear(24, 6))
+    x = torch.randn(64, 40)
+    cfg = copy.deepcopy(mtq.INT8_ORT_CFG)
+    cfg["quant_cfg"]["*0.weight_quantizer"] = {"num_bits": 7}  # the first layer 7-bit, the head 8-bit
+    q = _calibrated(model, x, cfg)
+    assert q[0].weight_quantizer.num_bits == 7 and q[2].weight_quantizer.num_bits == 8
+    got, rep, ops = _ort(q, x, tmp_path / "m.onnx")
+    assert _weight_dtypes(rep) == {"INT8", "UINT8"} and ops.count("QGemm") == 2
+    assert any("(ort_weights='auto'): 1 int8 weight(s)" in n for n in rep.notes), rep.notes
+    assert any("(ort_weights='auto'): 1 uint8 weight(s) (codes beyond +-64)" in n for n in rep.notes), rep.notes
+    with torch.no_grad():
+        assert torch.equal(got, q(x))
+
+
+def test_full_range_int8_weights_are_a_vnni_only_layout(tmp_path, monkeypatch):
+    """ort_weights="int8" with 8-bit weights: the same file whatever the exporting CPU, a warning, and ORT's fused
+    u8 x s8 kernels (kept by ort_session only on CPUs with VNNI/AMX) match torch exactly where the CPU has VNNI."""
+    from modelopt_lite.onnx_export import ort_layout, ort_runner
+
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(48, 32), nn.ReLU(), nn.Linear(32, 5))
+    x = torch.randn(64, 48)
+    q = _calibrated(model, x)
+    files = []
+    for vnni in (False, True):
+        monkeypatch.setattr(ort_layout, "host_has_vnni", lambda vnni=vnni: vnni)
+        path = tmp_path / f"v{vnni}.onnx"
+        with pytest.warns(UserWarning, match=r"2 int8 weight\(s\) with codes beyond \+-64 .* only on CPUs with VNNI"):
+            rep = export_onnx(q, x[:2], path, target="onnxruntime", ort_weights="int8", input_names=["input"])
+        assert _weight_dtypes(rep) == {"INT8"}
+        assert any("exact only on CPUs with VNNI or AMX" in n for n in rep.notes), rep.notes
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    monkeypatch.undo()
+    assert len(ort_layout.wide_int8_weights(onnx.load(tmp_path / "vTrue.onnx"))) == 2
+    if host_has_vnni():  # the fused u8 x s8 kernels are exact only there
+        sess = ort_runner.ort_session(tmp_path / "vTrue.onnx")
+        got = torch.from_numpy(sess.run(None, {"input": x.numpy()})[0])
+        with torch.no_grad():
+            assert torch.equal(got, q(x))
 
 
 def test_set_requant_reports_layers_that_keep_the_float_path():

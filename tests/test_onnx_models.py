@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ from modelopt_lite.examples import (
     trained_digits_model,
 )
 from modelopt_lite.onnx_export import export_onnx
-from modelopt_lite.onnx_export.ort_layout import host_has_vnni
+from modelopt_lite.onnx_export.ort_layout import host_has_vnni, wide_int8_weights
 from modelopt_lite.onnx_export.ort_runner import ort_session
 
 
@@ -116,34 +117,50 @@ def test_int4_weight_only_blocks(tmp_path, data):
     assert rep.file_size / fp32_size(model, data, tmp_path) <= 0.2
 
 
+# (config, ort_weights, stored weight type): 8-bit weights are stored as uint8 by default, 7-bit ones as int8 (both
+# exact on every CPU); "int8" with 8-bit weights is the VNNI-only layout (exact only on CPUs with VNNI or AMX)
+LAYOUTS = [
+    ("INT8_ORT_CFG", "auto", "UINT8"),
+    ("INT8_ORT_REDUCED_RANGE_CFG", "auto", "INT8"),
+    ("INT8_ORT_CFG", "int8", "INT8"),
+]
+
+
 @pytest.mark.parametrize("share", [False, True])
-@pytest.mark.parametrize("weights", ["uint8", "int8"])
+@pytest.mark.parametrize("config,weights,stored", LAYOUTS)
 @pytest.mark.parametrize("kind,fused", [("mlp", "QGemm"), ("cnn", "QLinearConv")])
-def test_onnxruntime_layout_is_bit_identical_to_torch(tmp_path, models, data, kind, fused, weights, share):
+def test_onnxruntime_layout_is_bit_identical_to_torch(
+    tmp_path, models, data, kind, fused, config, weights, stored, share
+):
     """INT8_ORT_CFG sets requant="integer": the torch layers requantize as ORT's fused int8 kernels do, so the
     ORT output equals the torch output bit for bit (the graph ends in Q/DQ)."""
-    if weights == "int8" and not host_has_vnni():
-        pytest.skip("ORT's u8 x s8 kernels are exact only on CPUs with VNNI or AMX")
-    q = quantize(models[kind], mtq.INT8_ORT_CFG, data)
+    q = quantize(models[kind], getattr(mtq, config), data)
     assert {n: r for n, r in mtq.set_requant(q, "integer").items()} == {
         n: None for n in ("conv1", "conv2", "fc") if kind == "cnn"
     } | ({"body.0": None, "body.2": None, "head": None} if kind == "mlp" else {})
     if share:
         mtq.share_relu_grids(q, lambda m: [m(b) for b in data.calib_batches(8, 64)])
-    rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime", ort_weights=weights)
+    vnni_only = weights == "int8"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rep = export(q, tmp_path / "o.onnx", data, target="onnxruntime", ort_weights=weights)
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning) and "VNNI" in str(w.message)]
+    assert len(said) == vnni_only and all("3 int8 weight(s) with codes beyond +-64" in m for m in said), said
     acts = {k: v for k, v in rep.qdq_counts.items() if "per-tensor" in k}
     wts = {k: v for k, v in rep.qdq_counts.items() if "per-channel" in k and "INT32" not in k}
     assert acts and all(k.split()[1] == "UINT8" for k in acts)  # int8 activations stored as uint8 + 128: exact
-    assert wts and all(k.split()[1] == weights.upper() for k in wts)
+    assert wts and all(k.split()[1] == stored for k in wts)
     assert rep.qdq_counts["DequantizeLinear INT32 per-channel(axis=0)"] == 3  # the biases, on the int32 grid
-    assert any(f"{weights} weights" in n for n in rep.notes)
-    got = ort_logits(tmp_path / "o.onnx", data.x_test, optimized_model_path=str(tmp_path / "opt.onnx"))
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
-    assert ops.count(fused) >= (3 if kind == "mlp" else 2) and ops.count("QGemm") >= 1
+    assert any(f"3 {stored.lower()} weight(s)" in n for n in rep.notes), rep.notes
+    assert len(wide_int8_weights(onnx.load(str(tmp_path / "o.onnx")))) == (3 if vnni_only else 0)
     with torch.no_grad():
         want = q(data.x_test)
-    assert got.dtype == want.dtype == torch.float32
-    assert torch.equal(got, want)
+    if not vnni_only or host_has_vnni():  # full-range int8 weights are exact in ORT's kernels only with VNNI/AMX
+        got = ort_logits(tmp_path / "o.onnx", data.x_test, optimized_model_path=str(tmp_path / "opt.onnx"))
+        ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+        assert ops.count(fused) >= (3 if kind == "mlp" else 2) and ops.count("QGemm") >= 1
+        assert got.dtype == want.dtype == torch.float32
+        assert torch.equal(got, want)
     # the float path (plain fake quantization) is what differs from ORT's integer kernels
     mtq.set_requant(q, "float")
     with torch.no_grad():
@@ -152,11 +169,17 @@ def test_onnxruntime_layout_is_bit_identical_to_torch(tmp_path, models, data, ki
     assert accuracy(flt, y=data.y_test) == pytest.approx(accuracy(want, y=data.y_test), abs=100 / len(data.y_test))
 
 
-def test_ort_weights_auto_follows_the_cpu_and_bad_values_raise(tmp_path, models, data):
+def test_ort_weights_auto_is_the_same_file_on_every_cpu_and_bad_values_raise(tmp_path, models, data, monkeypatch):
+    from modelopt_lite.onnx_export import ort_layout
+
     q = quantize(models["mlp"], mtq.INT8_ORT_CFG, data)
-    rep = export(q, tmp_path / "a.onnx", data, target="onnxruntime")
-    chosen = "int8" if host_has_vnni() else "uint8"
-    assert any(n.startswith(f"onnxruntime layout: {chosen} weights (auto: this CPU ") for n in rep.notes), rep.notes
+    files = []
+    for vnni in (False, True):
+        monkeypatch.setattr(ort_layout, "host_has_vnni", lambda vnni=vnni: vnni)
+        rep = export(q, tmp_path / f"a{vnni}.onnx", data, target="onnxruntime")
+        assert any(n.startswith("onnxruntime layout (ort_weights='auto'): 3 uint8 weight(s)") for n in rep.notes)
+        files.append((tmp_path / f"a{vnni}.onnx").read_bytes())
+    assert files[0] == files[1]
     with pytest.raises(ValueError, match=r"ort_weights must be one of \('auto', 'int8', 'uint8'\), got 'int4'"):
         export(q, tmp_path / "b.onnx", data, target="onnxruntime", ort_weights="int4")
     assert not (tmp_path / "b.onnx").exists()
@@ -237,9 +260,10 @@ def test_minilm(tmp_path, minilm, config, min_cos, max_quality_gap):
 
 @pytest.mark.slow
 def test_minilm_disagreement_starts_at_float_rounding(tmp_path, minilm):
-    """Why MiniLM INT8 in ORT is not bit-identical to torch: every Q node agrees with torch on its own input; the
-    first quantized value to differ is one step at a quantizer whose input ORT's float kernels (Erf, LayerNorm,
-    MatMul) computed within float32 rounding of torch's, and the difference then grows layer by layer."""
+    """Why MiniLM INT8 in ORT may not be bit-identical to torch: every Q node agrees with torch on its own input; the
+    first quantized value to differ (if any: it depends on the CPU's float kernels) is one step at a quantizer whose
+    input ORT's float kernels (Erf, LayerNorm, MatMul) computed within float32 rounding of torch's, and the
+    difference then grows layer by layer."""
     from modelopt_lite.onnx_export import compare_with_onnxruntime
 
     model, args = minilm
@@ -248,9 +272,13 @@ def test_minilm_disagreement_starts_at_float_rounding(tmp_path, minilm):
     export_onnx(q.eval(), args, tmp_path / "m.onnx", input_names=["input_ids", "attention_mask"])
     r = compare_with_onnxruntime(q, tmp_path / "m.onnx", args)
     assert len(r.rows) == 24 and all(q.get_submodule(row.name) is not None for row in r.rows)
-    first = r.first_divergence
-    assert first is not None and first.differing <= 3 and first.max_steps <= 1.0 + 1e-5
     ulps = 1e-4  # a few float32 ulps of activations up to ~20 (measured: 5e-7 to 1.2e-5)
-    assert first.input_max_diff is not None and 0 < first.input_max_diff < ulps
+    first = r.first_divergence
+    if first is None:  # a CPU whose float kernels round like torch's on these inputs: nothing to explain
+        assert all(row.input_max_diff is None or row.input_max_diff < ulps for row in r.rows), r.format()
+        return
+    # every divergence starts at a quantizer whose float input already differs (float rounding only), by one step
+    assert first.max_steps <= 1.0 + 1e-5 and first.differing <= first.elements // 1000, r.format()
+    assert first.input_max_diff is not None and 0 < first.input_max_diff < ulps, r.format()
     before = r.rows[: r.rows.index(first)]
     assert all(row.agrees and (row.input_max_diff is None or row.input_max_diff < ulps) for row in before)

@@ -35,8 +35,8 @@ itself always loads the max. ``"smoothquant"``
 max. None: no calibration.
 
 Presets (INT8_DEFAULT_CFG, INT8_HISTOGRAM_CFG, FP8_DEFAULT_CFG, INT4_BLOCKWISE_WEIGHT_ONLY_CFG, W4A8_CFG,
-INT8_ORT_CFG) start with ``"default": {"enable": False}`` (output quantizers and hand-made quantizers stay off
-unless a pattern enables them) and end with the default-disabled entries (BatchNorm, LeakyReLU, ``*lm_head*``,
+INT8_ORT_CFG, INT8_ORT_REDUCED_RANGE_CFG) start with ``"default": {"enable": False}`` (output quantizers and
+hand-made quantizers stay off unless a pattern enables them) and end with the default-disabled entries (BatchNorm, LeakyReLU, ``*lm_head*``,
 ``*output_layer*``, routers and MoE gates), so those win. They are plain dicts; :func:`modelopt_lite.quantize`
 deep-copies the config it is given and never mutates it.
 """
@@ -173,6 +173,18 @@ INT8_ORT_CFG = {
     "requant": "integer",
 }
 
+#: INT8_ORT_CFG with 7-bit weights (signed, codes in [-64, 63]: the range of ORT's ``reduce_range``; activations
+#: and outputs stay 8-bit). Exported with ``target="onnxruntime"`` (default ``ort_weights="auto"``) the weights are
+#: stored as int8 and run ORT's fast u8 x s8 kernels exactly on every CPU, also on x86 CPUs without VNNI, whose
+#: int16 pair sums would saturate on full-range 8-bit weights (2 * 255 * 64 = 32640 fits). Bit-identical to ORT.
+INT8_ORT_REDUCED_RANGE_CFG = copy.deepcopy(INT8_ORT_CFG)
+INT8_ORT_REDUCED_RANGE_CFG["quant_cfg"].update(
+    {
+        "*weight_quantizer": dict(_INT8_W, num_bits=7),
+        **{k: {"*weight_quantizer": dict(_INT8_W, num_bits=7, axis=CONVTRANSPOSE_WEIGHT_AXIS)} for k in _CT_KEYS},
+    }
+)
+
 #: INT8_DEFAULT_CFG with SmoothQuant (alpha 0.8) before the max calibration: activation outliers moved into the
 #: weights, so every Linear input can stay per-tensor INT8 (all-MiniLM-L6-v2: cosine to FP32 0.986 -> 0.997).
 INT8_SMOOTHQUANT_CFG = _preset(
@@ -187,6 +199,7 @@ PRESETS = {
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
     "W4A8_CFG": W4A8_CFG,
     "INT8_ORT_CFG": INT8_ORT_CFG,
+    "INT8_ORT_REDUCED_RANGE_CFG": INT8_ORT_REDUCED_RANGE_CFG,
     "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
 }
 

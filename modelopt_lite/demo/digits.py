@@ -28,6 +28,10 @@ TARGETS = {"INT8": 0.5, "FP8": 0.5, "INT4+QAT": 1.0}
 _TRAIN_EPOCHS = 15
 _SEED = 0
 
+#: ORT vs torch accuracy, in points: every Q/DQ is exact, but the float convolutions/GEMMs between quantizers sum in
+#: a CPU-dependent order, so on some CPUs a re-quantized value moves by one step and a near-tie decision may flip
+ORT_ACC_SLACK = 0.5
+
 
 def int4_weight_only_cfg() -> dict:
     """INT4 weight-only for a CNN: ``INT4_BLOCKWISE_WEIGHT_ONLY_CFG`` (Linear weights in blocks of 128 along the
@@ -85,7 +89,8 @@ class DigitsDemoResult:
                 checks.append(
                     (f"{row.fmt} {row.calib}: drop {self.drop(row):.2f} <= {lim} points", self.drop(row) <= lim)
                 )
-            checks.append((f"{row.fmt} {row.calib}: ORT accuracy == torch accuracy", row.ort_acc == row.torch_acc))
+            ok = row.ort_acc is not None and abs(row.ort_acc - row.torch_acc) <= ORT_ACC_SLACK
+            checks.append((f"{row.fmt} {row.calib}: ORT accuracy within {ORT_ACC_SLACK} points of torch", ok))
         return checks
 
 

@@ -118,7 +118,7 @@ def format_digits(result) -> str:
     else:
         lines.append(
             f"targets: all {len(checks)} met (INT8/FP8 drop <= 0.5 points, INT4+QAT drop <= 1.0, "
-            "ORT accuracy == torch accuracy)"
+            "ORT accuracy within 0.5 points of torch)"
         )
     lines += result.notes
     lines += [f"{r.fmt} {r.calib}: export/ORT failed: {r.error}" for r in result.rows if r.error]

@@ -200,9 +200,12 @@ def export_onnx(
         input_names, output_names: graph input/output names (default ``input``/``input_i`` and the exporter's).
         fp8_custom_ops: write FP8 activations as TensorRT's ``trt::TRT_FP8QuantizeLinear``/``DequantizeLinear``
             instead of opset-19 Q/DQ (TensorRT only; ONNX Runtime cannot run them).
-        ort_weights: with ``target="onnxruntime"``: ``"int8"`` (ORT's fast u8 x s8 kernels; exact on CPUs with
-            VNNI or AMX, saturating on older x86 CPUs), ``"uint8"`` (u8 x u8 kernels, exact everywhere, slower) or
-            ``"auto"`` (int8 when this machine's CPU has VNNI or AMX). See :mod:`.ort_layout`.
+        ort_weights: with ``target="onnxruntime"``, how weights are stored (see :mod:`.ort_layout`); the file
+            never depends on the exporting machine. ``"auto"`` (default): each weight signed int8 when its codes
+            lie within +-64 (7-bit weights: the ``INT8_ORT_REDUCED_RANGE_CFG`` preset), which ORT's fast u8 x s8
+            kernels compute exactly on every CPU, else uint8 (u8 x u8 kernels: exact everywhere, slower).
+            ``"uint8"``: every weight uint8. ``"int8"``: every weight int8, a VNNI-only layout: full-range 8-bit
+            weights are exact only on CPUs with VNNI or AMX (older x86 CPUs saturate), and such an export warns.
 
     Weights are stored already quantized (INT8/INT4/FP8 initializers followed by DequantizeLinear only). The model
     is left exactly as it was (mode flags restored, no buffer written).

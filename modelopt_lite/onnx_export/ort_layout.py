@@ -4,13 +4,19 @@
    ``DQ(q + 128, s, z + 128) = DQ(q, s, z)`` exactly, so every int8 activation Q/DQ is stored as uint8 (ORT's int8
    GEMM and convolution kernels take unsigned activations). The weights (``weights=``):
 
-   - ``"int8"``: weights stay signed (ORT's own ``quantize_static`` layout). ORT then runs its u8 x s8 kernels: the
-     fast ones (``vpdpbusd`` on AVX512-VNNI / AVX-VNNI / AMX CPUs, 2.4x faster than u8 x u8 on the MLP of
-     ``bench/bench_onnx.py``), exact there. On x86 CPUs *without* VNNI the u8 x s8 kernel uses ``vpmaddubsw``,
-     whose int16 pair sums saturate (255 * 127 * 2 > 32767): results change there.
-   - ``"uint8"``: weights stored as uint8 + 128 too: ORT's u8 x u8 kernels, exact on every CPU, slower.
-   - ``"auto"`` (default): ``"int8"`` when this machine's CPU has VNNI (or AMX), else ``"uint8"``; the report's
-     notes say which was chosen. Export with the value of the machine that will run the file.
+   - ``"auto"`` (default): each weight on its own, from its codes only, so the file does not depend on the
+     machine that exports it: signed int8 when every code lies in ``[-64, 64]`` (7-bit weights, as the
+     ``INT8_ORT_REDUCED_RANGE_CFG`` preset quantizes them, or ORT's own ``reduce_range``), else uint8. Both are
+     exact on every CPU. Signed weights run ORT's u8 x s8 kernels, which on x86 CPUs without VNNI multiply with
+     ``vpmaddubsw``: its int16 sums of two products saturate beyond 32767, and ``255 * 64 * 2 = 32640`` does not
+     get there, while full-range 8-bit codes can (``255 * 127 * 2 = 64770``).
+   - ``"int8"``: every weight signed (ORT's own ``quantize_static`` layout): the fast u8 x s8 kernels
+     (``vpdpbusd`` on AVX512-VNNI / AVX-VNNI / AMX CPUs, 2.4x faster than u8 x u8 on the MLP of
+     ``bench/bench_onnx.py`` on a Xeon), exact there. With codes beyond ``[-64, 64]`` (8-bit weights) the file is
+     **exact only on CPUs with VNNI or AMX**: on other x86 CPUs ORT's results change (saturated sums). Such an
+     export warns (``UserWarning``) and its report says so. A VNNI-only choice, for files that will only ever run
+     on such CPUs.
+   - ``"uint8"``: every weight stored as uint8 + 128 too: ORT's u8 x u8 kernels, exact on every CPU, slower.
 2. **Biases.** A ``Conv``/``Gemm`` of two DequantizeLinear inputs whose output goes to one QuantizeLinear (ORT
    fuses it into ``QLinearConv``/``QGemm`` with an int8 output) gets its float bias stored as int32 on the
    accumulator's grid, ``DQ(rint(b / float32(sx * sw)), sx * sw)``, computed exactly as the torch layer does with
@@ -31,6 +37,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import onnx
@@ -56,10 +63,16 @@ def _shift_uint8(g: Graph, name: str, cache: dict) -> str | None:
 
 WEIGHT_DTYPES = ("auto", "int8", "uint8")
 
+#: the largest |weight code| that ORT's u8 x s8 kernels without VNNI multiply exactly: the int16 sum of two
+#: products of a uint8 activation and a signed weight, 2 * 255 * 64 = 32640, stays below 32767
+SAFE_INT8_WEIGHT = 64
+
 
 @functools.cache
 def host_has_vnni() -> bool:
-    """True when this machine's x86 CPU has VNNI (AVX512-VNNI or AVX-VNNI) or AMX-INT8 (Linux /proc/cpuinfo)."""
+    """True when this machine's x86 CPU has VNNI (AVX512-VNNI or AVX-VNNI) or AMX-INT8 (Linux /proc/cpuinfo).
+
+    Only for checks and tests that run a file here: the layout written by :func:`apply` never depends on it."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -72,12 +85,24 @@ def host_has_vnni() -> bool:
 
 
 def resolve_weights(weights: str) -> str:
-    """``"int8"`` or ``"uint8"`` for a ``weights=`` argument (``"auto"`` looks at this machine's CPU)."""
+    """Check a ``weights=`` argument (one of ``WEIGHT_DTYPES``) and return it."""
     if weights not in WEIGHT_DTYPES:
         raise ValueError(f"ort_weights must be one of {WEIGHT_DTYPES}, got {weights!r}")
-    if weights == "auto":
-        return "int8" if host_has_vnni() else "uint8"
     return weights
+
+
+def fits_reduced_range(t: onnx.TensorProto) -> bool:
+    """True when an INT8 weight initializer's codes all lie within ``[-SAFE_INT8_WEIGHT, SAFE_INT8_WEIGHT]``."""
+    arr = numpy_helper.to_array(t)
+    return arr.size == 0 or int(np.abs(arr.astype(np.int16)).max()) <= SAFE_INT8_WEIGHT
+
+
+def wide_int8_weights(model: onnx.ModelProto) -> list[str]:
+    """The INT8 weight initializers read by a DequantizeLinear whose codes go beyond the reduced range: exact in
+    ORT's fused u8 x s8 kernels only on CPUs with VNNI or AMX (see the module docstring)."""
+    inits = {t.name: t for t in model.graph.initializer if t.data_type == TensorProto.INT8}
+    names = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    return sorted(name for name in names if not fits_reduced_range(inits[name]))
 
 
 def _explicit_zero_point(g: Graph, n) -> None:
@@ -92,17 +117,20 @@ def _explicit_zero_point(g: Graph, n) -> None:
     n.input[2] = zp
 
 
-def int8_to_uint8(g: Graph, weights: bool = True) -> int:
-    """Rewrite every int8 Q/DQ (and, with ``weights``, every int8 DQ input initializer) as uint8 (zero point
-    + 128); returns the count."""
+def int8_to_uint8(g: Graph, weights: str = "uint8") -> tuple[int, int]:
+    """Rewrite every int8 Q/DQ as uint8 (zero point + 128), and the int8 weights (DQ input initializers) as
+    ``weights`` says (module docstring); returns ``(activation Q/DQ rewritten, weights stored as uint8)``."""
     cache: dict[str, str] = {}
-    count = 0
+    count = n_weights = 0
     for n in g.nodes:
         if n.domain not in ("", "ai.onnx") or n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             continue
         has_zp = len(n.input) > 2 and bool(n.input[2])
         if n.op_type == "DequantizeLinear" and n.input[0] in g.inits:  # a stored weight
-            if not weights:
+            t = g.inits[n.input[0]]
+            if t.data_type != TensorProto.INT8:
+                continue
+            if weights == "int8" or (weights == "auto" and fits_reduced_range(t)):
                 _explicit_zero_point(g, n)
                 continue
             q = _shift_uint8(g, n.input[0], cache)
@@ -119,13 +147,13 @@ def int8_to_uint8(g: Graph, weights: bool = True) -> int:
             while len(n.input) < 3:
                 n.input.append("")
             n.input[2] = zp
-            count += 1
+            n_weights += 1
         elif has_zp:
             zp = _shift_uint8(g, n.input[2], cache)
             if zp is not None:
                 n.input[2] = zp
                 count += 1
-    return count
+    return count, n_weights
 
 
 def _per_channel_scale(g: Graph, dq, out_axis: int, channels: int) -> np.ndarray | None:
@@ -353,28 +381,61 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list]:
     return out
 
 
+def _weight_notes(weights: str, n_int8: int, n_uint8: int, wide: list[str]) -> list[str]:
+    notes = []
+    if n_int8:
+        where = (
+            f"exact only on CPUs with VNNI or AMX ({len(wide)} with codes beyond +-{SAFE_INT8_WEIGHT}, first: "
+            f"{wide[0]!r}; on x86 CPUs without VNNI ORT's kernels saturate there: export with "
+            "ort_weights='auto' or 'uint8' for those, or quantize the weights to 7 bits, INT8_ORT_REDUCED_RANGE_CFG)"
+            if wide
+            else f"codes within +-{SAFE_INT8_WEIGHT}: exact on every CPU"
+        )
+        notes.append(
+            f"onnxruntime layout (ort_weights={weights!r}): {n_int8} int8 weight(s), ORT's u8 x s8 kernels, " + where
+        )
+    if n_uint8:
+        why = f" (codes beyond +-{SAFE_INT8_WEIGHT})" if weights == "auto" else ""
+        notes.append(
+            f"onnxruntime layout (ort_weights={weights!r}): {n_uint8} uint8 weight(s){why}, ORT's u8 x u8 kernels, "
+            "exact on every CPU (slower than u8 x s8; 7-bit weights, INT8_ORT_REDUCED_RANGE_CFG, run as int8 "
+            "exactly everywhere)"
+        )
+    return notes
+
+
 def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProto, list[str]]:
-    """The rewrites (weights stored as ``weights``: see the module docstring); returns the model and notes."""
-    chosen = resolve_weights(weights)
+    """The rewrites (weights stored as ``weights``: see the module docstring); returns the model and notes.
+
+    ``weights="int8"`` with weights beyond the reduced range warns (``UserWarning``): that file is exact only on
+    CPUs with VNNI or AMX."""
+    resolve_weights(weights)
     g = Graph(model)
-    n_u8 = int8_to_uint8(g, weights=chosen == "uint8")
+    n_weights = sum(
+        1
+        for n in g.nodes
+        if n.op_type == "DequantizeLinear"
+        and n.input[0] in g.inits
+        and g.inits[n.input[0]].data_type == TensorProto.INT8
+    )
+    n_u8, n_uint8_w = int8_to_uint8(g, weights=weights)
     n_qbias = quantize_biases(g)
     n_bias = split_gemm_bias(g)
     n_clip, n_mismatched = relu_to_clip(g)
     n_nhwc = nhwc_flatten(g, _shapes(model))
     g.prune()
-    notes = []
-    why = f" (auto: this CPU has{'' if chosen == 'int8' else ' no'} VNNI)" if weights == "auto" else ""
-    if chosen == "int8":
-        notes.append(
-            f"onnxruntime layout: int8 weights{why}: ORT's fast u8 x s8 kernels, exact on CPUs with VNNI "
-            "or AMX; on x86 CPUs without VNNI they saturate: export with ort_weights='uint8' for those"
+    out = g.commit()
+    wide = wide_int8_weights(out)
+    if wide:
+        warnings.warn(
+            f"export_onnx(target='onnxruntime', ort_weights={weights!r}): {len(wide)} int8 weight(s) with codes "
+            f"beyond +-{SAFE_INT8_WEIGHT} (first: {wide[0]!r}): exact in ONNX Runtime only on CPUs with VNNI or "
+            "AMX; on other x86 CPUs its u8 x s8 kernels saturate and results change. Use ort_weights='auto' "
+            "(exact everywhere) or 7-bit weights (INT8_ORT_REDUCED_RANGE_CFG) unless the file only runs on such CPUs",
+            UserWarning,
+            stacklevel=3,
         )
-    else:
-        notes.append(
-            f"onnxruntime layout: uint8 weights{why}: ORT's u8 x u8 kernels, exact on every CPU (slower "
-            "than u8 x s8 on CPUs with VNNI)"
-        )
+    notes = _weight_notes(weights, n_weights - n_uint8_w, n_uint8_w, wide)
     if n_u8:
         notes.append(f"onnxruntime layout: {n_u8} int8 Q/DQ node(s) stored as uint8 with zero point +128 (exact)")
     if n_qbias:
@@ -400,4 +461,4 @@ def apply(model: onnx.ModelProto, weights: str = "auto") -> tuple[onnx.ModelProt
             f"onnxruntime layout: {n_nhwc} Flatten(s) after a Conv flatten in channels-last order (ORT's "
             "NHWC int8 convolution needs no transpose back; exact)"
         )
-    return g.commit(), notes
+    return out, notes

@@ -21,7 +21,7 @@ import os
 import onnx
 from onnx import TensorProto
 
-from .ort_layout import host_has_vnni
+from .ort_layout import host_has_vnni, wide_int8_weights
 
 _FP8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
 
@@ -77,7 +77,11 @@ def ort_session(
     if has_fp8(model):
         so.add_session_config_entry("session.disable_quant_qdq", "1")
         disabled.append("ReluQuantRewrite")
-    elif exact and has_signed_int8_weights(model) and not (has_uint8_activations(model) and host_has_vnni()):
+    elif (
+        exact
+        and has_signed_int8_weights(model)
+        and not (has_uint8_activations(model) and (host_has_vnni() or not wide_int8_weights(model)))
+    ):
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     if optimized_model_path is not None:
         so.optimized_model_filepath = os.fspath(optimized_model_path)
