@@ -261,3 +261,27 @@ def test_empty_example_input_refused(tmp_path):
     assert not (tmp_path / "e.onnx").exists()
     rep = export_onnx(m, x, tmp_path / "f.onnx", dynamic_axes={"input": {0: "batch"}})  # the way to do it
     assert rep.qdq_counts["QuantizeLinear INT8 per-tensor"] == 1
+
+
+# --- non-finite amax -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_amax_named(tmp_path, bad):
+    class F(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("act_amax", torch.tensor(bad))
+
+        def forward(self, x):
+            return tq.fake_tensor_quant(x, self.act_amax, 8)
+
+    with pytest.raises(ValueError, match=r"amax must be finite.*non-finite values in act_amax"):
+        export_onnx(F(), torch.randn(3, 4), tmp_path / "f.onnx")
+    x = torch.randn(8, 12)
+    m = nn.Sequential(nn.Linear(12, 4)).eval()
+    cfg = {"quant_cfg": {"default": {"enable": False}, "*input_quantizer": {"num_bits": 8, "enable": True}}}
+    mtq.quantize(m, dict(cfg, algorithm="max"), lambda mm: mm(x))
+    m[0].input_quantizer.amax = torch.tensor(1.0)
+    with torch.no_grad():
+        m[0].input_quantizer._amax.fill_(bad)
+    with pytest.raises(ValueError, match=r"0\.input_quantizer.*amax must be finite"):
+        export_onnx(m, x, tmp_path / "m.onnx")

@@ -183,6 +183,12 @@ def _check_empty_inputs(model: nn.Module, args) -> None:
         )
 
 
+def _non_finite_tensors(model: nn.Module) -> list[str]:
+    """Names of the floating-point buffers/parameters holding NaN or Inf (e.g. an amax given to the functional API)."""
+    named = list(model.named_buffers()) + list(model.named_parameters())
+    return [n for n, t in named if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all())]
+
+
 def _is_empty(inp) -> bool:
     return bool(inp) and isinstance(inp[0], torch.Tensor) and inp[0].numel() == 0
 
@@ -249,16 +255,22 @@ def export_onnx(
     names = _default_names(args, input_names)
     with _eval_mode(model), torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
         _check_empty_inputs(model, args)
-        raw = _torch_export(
-            model,
-            args,
-            os.path.join(tmp, "raw.onnx"),
-            opset=opset,
-            dynamo=dynamo,
-            input_names=names,
-            output_names=output_names,
-            dynamic_axes=dynamic_axes,
-        )
+        try:
+            raw = _torch_export(
+                model,
+                args,
+                os.path.join(tmp, "raw.onnx"),
+                opset=opset,
+                dynamo=dynamo,
+                input_names=names,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes,
+            )
+        except ValueError as e:
+            bad = _non_finite_tensors(model)
+            if not bad or "amax" not in str(e):
+                raise
+            raise ValueError(f"cannot export: {e} (non-finite values in {', '.join(bad)})") from e
     proto, res, opset = _resolve(raw, opset, auto, target, fp8_custom_ops)
     notes = plan.notes + res.notes
     if target == "onnxruntime":
