@@ -187,10 +187,10 @@ float qf(int64_t q) { return static_cast<float>(q); }
 // They often are not: under THP defrag "always", "madvise" or "defer+madvise" an advised region that finds no free
 // huge page stalls in direct compaction on its first touch, and in VMs with free page reporting at 2 MiB
 // (virtio-balloon, page_reporting_order 9) every freed huge page goes back to the host and the next output faults
-// it in again. On the 2-core AMD EPYC VM of bench/REPORT.md (defrag=madvise, reporting order 9, compact_stall 0) a
-// per-tensor fake-quant of 256 MiB read 236 ms with the advice inside bench/run_all.py against ~40 ms alone, and
-// twice the time of the un-advised path in an interleaved A/B under load. So it is off unless asked for:
-// MODELOPT_LITE_HUGEPAGES=1 in the environment, or set_huge_page_advice(True).
+// it in again (likely). On the 2-core AMD EPYC VM of bench/REPORT.md (defrag=madvise, reporting order 9,
+// compact_stall 0) a per-tensor fake-quant of 256 MiB was reported at 236 ms with the advice inside bench/run_all.py
+// against ~40 ms alone, and took twice the un-advised time in an interleaved A/B under load. So it is off unless
+// asked for: MODELOPT_LITE_HUGEPAGES=1 in the environment, or set_huge_page_advice(True).
 int default_huge_page_advice() {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   const char* env = std::getenv("MODELOPT_LITE_HUGEPAGES");
