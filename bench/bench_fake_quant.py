@@ -8,7 +8,9 @@
 Prints one markdown table: median ms over interleaved rounds (every case once per round, so a noisy neighbour hits
 all cases alike), GB/s counting the bytes read plus written, and the ratio to ``x.clone()`` in the same run. Outputs
 are fresh tensors (as a quantizer's forward produces them), so on CPU every case pays the page faults of a new
-buffer, as ``clone()`` does; ``y.copy_(x)`` into a preallocated buffer shows the memory-bandwidth floor.
+buffer, as ``clone()`` does; ``y.copy_(x)`` into a preallocated buffer shows the memory-bandwidth floor. The
+native kernels advise large outputs as transparent huge pages only with ``MODELOPT_LITE_HUGEPAGES=1`` (see
+``empty_out`` in csrc/quant_cpu.cpp); ``--huge-pages on|off`` forces it for this run.
 """
 
 from __future__ import annotations
@@ -47,7 +49,25 @@ def machine(device: str) -> str:
     else:
         impl = native.kernel_impl() if hasattr(native, "kernel_impl") else kind
     thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
-    return f"{desc}; modelopt_lite native kernels: {impl}; THP_MEM_ALLOC_ENABLE={thp}"
+    advice = "n/a"
+    if native is not None and hasattr(native, "huge_page_advice"):
+        advice = "on" if native.huge_page_advice() else "off (MODELOPT_LITE_HUGEPAGES=1 turns it on)"
+    return (
+        f"{desc}; modelopt_lite native kernels: {impl}; THP_MEM_ALLOC_ENABLE={thp}; "
+        f"huge-page advice on fresh outputs: {advice}; {thp_policy()}"
+    )
+
+
+def thp_policy() -> str:
+    """The kernel's transparent-huge-page settings (they decide what a fresh large output costs)."""
+    parts = []
+    for key in ("enabled", "defrag"):
+        try:
+            text = Path(f"/sys/kernel/mm/transparent_hugepage/{key}").read_text()
+            parts.append(f"THP {key}={text[text.index('[') + 1 : text.index(']')]}")
+        except (OSError, ValueError):
+            pass
+    return ", ".join(parts) or "THP settings unknown"
 
 
 def parse_shape(s: str) -> tuple[int, ...]:
@@ -170,6 +190,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 9, --quick 3)")
     p.add_argument("--quick", action="store_true", help="3 rounds on the smallest default shape")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the naive chain (CPU)")
+    p.add_argument(
+        "--huge-pages",
+        choices=["default", "on", "off"],
+        default="default",
+        help="huge-page advice of the native CPU kernels' outputs (default: MODELOPT_LITE_HUGEPAGES, else off)",
+    )
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
@@ -178,7 +204,10 @@ def main(argv=None):
         parse_shape(s) for s in (args.shapes.split(",") if args.shapes else default[-1:] if args.quick else default)
     ]
     rounds = args.rounds or (3 if args.quick else 9)
-    if backend._load("cuda" if args.device == "cuda" else "cpu") is not None:
+    native = backend._load("cuda" if args.device == "cuda" else "cpu")
+    if native is not None and hasattr(native, "set_huge_page_advice"):
+        native.set_huge_page_advice({"on": True, "off": False}.get(args.huge_pages))
+    if native is not None:
         backend.set_backend("native")
     else:  # still runs: the modelopt_lite rows then time the pure-torch reference (named in the machine line)
         backend.set_backend("reference")

@@ -172,7 +172,7 @@ def quantize_block_scales(scale: torch.Tensor, scale_bits, scale_block_sizes=Non
     if scale_block_sizes:
         s_amax = blocks.block_amax(scale, scale_block_sizes)
         return fake_block_quant(scale, scale_block_sizes, s_amax, num_bits=scale_bits, unsigned=not is_e4m3(scale_bits))
-    s_amax = scale.detach().amax() if scale.numel() else scale.new_zeros(())
+    s_amax = scale.detach().reshape(-1).amax(0) if scale.numel() else scale.new_zeros(())  # dim given: dynamo export
     return fake_tensor_quant(scale, s_amax, scale_bits, unsigned=not is_e4m3(scale_bits), narrow_range=False)
 
 

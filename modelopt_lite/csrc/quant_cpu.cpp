@@ -182,16 +182,50 @@ at::Tensor as_f32(const at::Tensor& t, const char* what) {
 
 float qf(int64_t q) { return static_cast<float>(q); }
 
-// A fresh output. Large ones (>= 4 MiB, Linux) are 2 MiB-aligned and advised as transparent huge pages: the first
-// write then faults one 2 MiB page instead of 512 4 KiB ones, which is most of the cost of a fresh output (torch's
-// own allocator does the same only under THP_MEM_ALLOC_ENABLE=1). Everything else comes from torch's allocator.
+// Transparent-huge-page advice for fresh large outputs (opt-in). MADV_HUGEPAGE makes the first write fault one
+// 2 MiB page instead of 512 4 KiB ones, which is most of the cost of a fresh output when huge pages are cheap to get.
+// They often are not: under THP defrag "always", "madvise" or "defer+madvise" an advised region that finds no free
+// huge page stalls in direct compaction on its first touch, and in VMs with free page reporting at 2 MiB
+// (virtio-balloon, page_reporting_order 9) every freed huge page goes back to the host and the next output faults
+// it in again (likely). On the 2-core AMD EPYC VM of bench/REPORT.md (defrag=madvise, reporting order 9,
+// compact_stall 0) a per-tensor fake-quant of 256 MiB was reported at 236 ms with the advice inside bench/run_all.py
+// against ~40 ms alone, and took twice the un-advised time in an interleaved A/B under load. So it is off unless
+// asked for: MODELOPT_LITE_HUGEPAGES=1 in the environment, or set_huge_page_advice(True).
+int default_huge_page_advice() {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const char* env = std::getenv("MODELOPT_LITE_HUGEPAGES");
+  return (env != nullptr && env[0] == '1') ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+std::atomic<int> g_huge_page_advice{-1};  // -1: not decided yet
+
+bool huge_page_advice() {
+  int v = g_huge_page_advice.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = default_huge_page_advice();
+    g_huge_page_advice.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+// nullopt: back to the default above (the environment variable).
+void set_huge_page_advice(std::optional<bool> on) {
+  g_huge_page_advice.store(on.has_value() ? (*on ? 1 : 0) : default_huge_page_advice(), std::memory_order_relaxed);
+}
+
+// A fresh output. Large ones (>= 4 MiB, Linux) are 2 MiB-aligned and, where huge_page_advice() says so, advised as
+// transparent huge pages (torch's own allocator does the same only under THP_MEM_ALLOC_ENABLE=1). Everything else,
+// and every output when the advice is off, comes from torch's allocator.
 at::Tensor empty_out(at::IntArrayRef shape, const at::TensorOptions& opts) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr size_t kHuge = size_t{2} << 20;
   int64_t numel = 1;
   for (const int64_t d : shape) numel *= d;
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
-  if (opts.device().is_cpu() && bytes >= 2 * kHuge) {
+  if (opts.device().is_cpu() && bytes >= 2 * kHuge && huge_page_advice()) {
     void* p = nullptr;
     const size_t padded = (bytes + kHuge - 1) / kHuge * kHuge;
     if (posix_memalign(&p, kHuge, padded) == 0) {
@@ -388,6 +422,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("round_float32", &round_float32, "x (float32) rounded to float16/bfloat16 by the kernels' conversion",
         py::arg("x"), py::arg("bfloat16"), rel());
   m.def("kernel_impl", &kernel_impl, "name of the kernel implementation in use: 'avx2' or 'scalar'");
+  m.def("huge_page_advice", &huge_page_advice,
+        "whether large fresh outputs are advised as transparent huge pages (see set_huge_page_advice)");
+  m.def("set_huge_page_advice", &set_huge_page_advice,
+        "True/False: advise large fresh outputs as transparent huge pages or not; None: the default "
+        "(MODELOPT_LITE_HUGEPAGES=1 turns it on; off otherwise)",
+        py::arg("on"));
   m.def("set_kernel_impl", &set_kernel_impl, "force 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
         py::arg("name"));
 }

@@ -122,8 +122,6 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
                 f"{name}: blocks along several axes {sorted(sizes)} cannot be expressed by ONNX "
                 "DequantizeLinear (one block axis)"
             )
-        if (info.get("block_sizes") or {}).get("scale_bits") is not None:
-            p.notes.append(f"{name}: double-quantized block scales are exported as their dequantized float32 values")
         p.need(21, f"{name}: block-quantized weights need opset >= 21 (DequantizeLinear block_size)")
         return
     qmin, qmax = info.get("qmin"), info.get("qmax")

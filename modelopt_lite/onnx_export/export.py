@@ -157,6 +157,42 @@ def _resolve(raw: onnx.ModelProto, opset: int, auto: bool, target: str, fp8_cust
             raw, opset = version_converter.convert_version(raw, e.required), e.required
 
 
+def _check_empty_inputs(model: nn.Module, args) -> None:
+    """Quantizers return empty tensors as they are, so tracing an empty example would drop their Q/DQ silently:
+    refuse, naming the empty input(s) and the quantizers that would be lost."""
+    empty = [(i, tuple(a.shape)) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() == 0]
+    if not empty:
+        return
+    skipped: list[str] = []
+    hooks = [
+        q.register_forward_pre_hook(lambda mod, inp, name=name: skipped.append(name) if _is_empty(inp) else None)
+        for name, q in checks.quantizers(model)
+        if q.is_enabled and q.is_quant_enabled
+    ]
+    try:
+        model(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    if skipped:
+        where = ", ".join(f"example input {i} has shape {shape}" for i, shape in empty)
+        raise ValueError(
+            f"cannot export: {where} (no elements); quantizers pass empty tensors through unquantized, so "
+            f"the export would lose the Q/DQ of {', '.join(dict.fromkeys(skipped))}: export with a non-empty "
+            "example (and dynamic_axes for a batch that may be empty)"
+        )
+
+
+def _non_finite_tensors(model: nn.Module) -> list[str]:
+    """Names of the floating-point buffers/parameters holding NaN or Inf (e.g. an amax given to the functional API)."""
+    named = list(model.named_buffers()) + list(model.named_parameters())
+    return [n for n, t in named if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all())]
+
+
+def _is_empty(inp) -> bool:
+    return bool(inp) and isinstance(inp[0], torch.Tensor) and inp[0].numel() == 0
+
+
 def _default_names(args, input_names):
     if input_names is not None:
         return list(input_names)
@@ -221,16 +257,23 @@ def export_onnx(
     path = os.fspath(path)
     names = _default_names(args, input_names)
     with _eval_mode(model), torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        raw = _torch_export(
-            model,
-            args,
-            os.path.join(tmp, "raw.onnx"),
-            opset=opset,
-            dynamo=dynamo,
-            input_names=names,
-            output_names=output_names,
-            dynamic_axes=dynamic_axes,
-        )
+        _check_empty_inputs(model, args)
+        try:
+            raw = _torch_export(
+                model,
+                args,
+                os.path.join(tmp, "raw.onnx"),
+                opset=opset,
+                dynamo=dynamo,
+                input_names=names,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes,
+            )
+        except ValueError as e:
+            bad = _non_finite_tensors(model)
+            if not bad or "amax" not in str(e):
+                raise
+            raise ValueError(f"cannot export: {e} (non-finite values in {', '.join(bad)})") from e
     proto, res, opset = _resolve(raw, opset, auto, target, fp8_custom_ops)
     notes = plan.notes + res.notes
     if target == "onnxruntime":

@@ -145,7 +145,7 @@ class Graph:
 
         def collect(name: str) -> None:
             node = prod.get(name)
-            if node is None or id(node) in seen:
+            if node is None or id(node) in seen or name in self.inits:
                 return
             seen.add(id(node))
             for i in node.input:
@@ -168,6 +168,20 @@ class Graph:
         values = ReferenceEvaluator(sub).run(None, {})
         out.update({n: np.asarray(v) for n, v in zip(todo, values)})
         return out
+
+    def constants_with(self, values: dict[str, np.ndarray], names) -> dict[str, np.ndarray]:
+        """:meth:`constants` with the tensors in ``values`` replaced by those arrays (the graph is left as it was)."""
+        saved = {k: self.inits.get(k) for k in values}
+        try:
+            for k, v in values.items():
+                self.inits[k] = numpy_helper.from_array(np.asarray(v), k)
+            return self.constants(names)
+        finally:
+            for k, t in saved.items():
+                if t is None:
+                    del self.inits[k]
+                else:
+                    self.inits[k] = t
 
     # --- clean-up --------------------------------------------------------------------------------------------------
     def prune(self) -> None:

@@ -11,6 +11,13 @@
   such graphs get ``session.disable_quant_qdq=1`` so the Q/DQ run as written. Graphs exported with
   ``target="onnxruntime"`` keep every fusion where they are exact: uint8 weights (u8 x u8 kernels) everywhere, int8
   weights (u8 x s8 kernels) on CPUs with VNNI or AMX (measured: MiniLM outputs identical to the uint8 layout).
+- Blocked weights (``DequantizeLinear`` with ``block_size``, e.g. ``INT4_BLOCKWISE_WEIGHT_ONLY_CFG``): ORT (1.32)
+  fuses ``DQ -> MatMul`` into ``MatMulNBits`` (rule ``DQMatMulToMatMulNBits`` inside the QDQ selector/action
+  transformer, which cannot be disabled alone), whose default ``session.qdq_matmulnbits_accuracy_level=4`` quantizes
+  the *activations* to int8 per block: results move by ~1e-2 (measured on a 256 -> 64 Linear), a quantization the
+  graph does not contain. With ``exact=True`` such graphs get ``session.disable_quant_qdq=1``: ORT then folds the
+  weight DQ into a float32 initializer once (the same bits DequantizeLinear gives) and runs its float MatMul/Gemm,
+  at about the fused kernel's speed on this CPU (AVX2). ``exact=False`` keeps the MatMulNBits fusion.
 - ``spinning=False`` sets ``session.intra_op.allow_spinning=0`` (fair latency measurements on shared CPUs).
 """
 
@@ -37,6 +44,14 @@ def has_signed_int8_weights(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "DequantizeLinear" and n.input[0] in int8 for n in model.graph.node)
 
 
+def has_blocked_weights(model: onnx.ModelProto) -> bool:
+    """True when a DequantizeLinear has a ``block_size`` (blocked weights, which ORT fuses into MatMulNBits)."""
+    return any(
+        n.op_type == "DequantizeLinear" and any(a.name == "block_size" and a.i for a in n.attribute)
+        for n in model.graph.node
+    )
+
+
 def has_uint8_activations(model: onnx.ModelProto) -> bool:
     """True when a QuantizeLinear writes uint8 (the ``target="onnxruntime"`` layout, or an unsigned quantizer)."""
     u8 = {t.name for t in model.graph.initializer if t.data_type == TensorProto.UINT8}
@@ -59,7 +74,8 @@ def ort_session(
         threads: intra-op threads (None: ORT's default).
         spinning: allow intra-op thread spinning (ORT's default True).
         optimize: False disables every graph optimization (the plain reference semantics of each node).
-        exact: turn off the QDQ fusions that saturate on signed INT8 weights (see above).
+        exact: turn off the QDQ fusions that saturate on signed INT8 weights or quantize the activations of
+            blocked-weight MatMuls (see above).
         optimized_model_path: write ORT's optimized graph there (to check which fusions happened).
     """
     import onnxruntime as ort
@@ -77,6 +93,8 @@ def ort_session(
     if has_fp8(model):
         so.add_session_config_entry("session.disable_quant_qdq", "1")
         disabled.append("ReluQuantRewrite")
+    elif exact and has_blocked_weights(model):
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
     elif (
         exact
         and has_signed_int8_weights(model)

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from . import qdq, weights
+from . import qdq, scale_codes, weights
 from .graph import Graph, attr
 from .symbolic import DOMAIN, MARKERS
 
@@ -102,18 +102,14 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
     if unknown:
         raise ValueError(f"unknown modelopt_lite marker op(s) in the export: {unknown}")
     consts = g.constants([i for n in markers for i in n.input])
-    for n in markers:
-        for i in n.input[1:]:
-            if i not in consts:
-                raise ValueError(
-                    f"{site_label(n)}: the quantization scale is computed at run time (dynamic "
-                    "quantization of an activation); ONNX export needs a calibrated, static amax"
-                )
     # 2. merge duplicates (first the SmoothQuant multiplies that feed them: equal Mul(x, c) become one)
     _merge_pre_quant_muls(g, markers)
     kept: dict = {}
     alive = []
     for n in markers:
+        if not all(i in consts for i in n.input[1:]):  # scales computed from another marker: merged later, if ever
+            alive.append(n)
+            continue
         key = _marker_key(n, consts)
         if key in kept:
             g.nodes = [m for m in g.nodes if m is not n]
@@ -122,52 +118,81 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
         else:
             kept[key] = n
             alive.append(n)
-    # 3. replace
-    for n in alive:
-        label = site_label(n)
-        x, out = n.input[0], n.output[0]
-        scale = consts[n.input[1]]
-        zp = consts[n.input[2]] if len(n.input) > 2 else None
-        qmin, qmax = attr(n, "qmin", 0), attr(n, "qmax", 0)
-        dtype = attr(n, "dtype", TensorProto.FLOAT)
-        if x in consts:
-            fw = weights.fold(n.op_type, consts[x], scale, zp, qmin, qmax, label)
-            final, absorbed = weights.absorb(g, fw, out)
-            dq_out = final if dtype == TensorProto.FLOAT else g.fresh(f"{final}_float")
-            node, info = weights.emit(g, fw, dq_out, opset, label)
-            nodes = [node] + _cast(g, dq_out, final, dtype)
-            gone = {id(m) for m in absorbed}
-            idx = next(i for i, m in enumerate(g.nodes) if m is n)
-            g.nodes[idx : idx + 1] = nodes
-            g.nodes = [m for m in g.nodes if id(m) not in gone]
-            res.weights.append(dict(info, site=label, absorbed=[m.op_type for m in absorbed]))
-        else:
-            xf = x if dtype == TensorProto.FLOAT else g.fresh(f"{x}_float")
-            of = out if dtype == TensorProto.FLOAT else g.fresh(f"{out}_float")
-            nodes, info = qdq.emit(
-                g,
-                n.op_type,
-                xf,
-                of,
-                scale,
-                zp,
-                qmin,
-                qmax,
-                opset=opset,
-                target=target,
-                fp8_custom_ops=fp8_custom_ops,
-                label=label,
+    # 3. replace, in rounds: a marker whose scales come from another marker (double-quantized block scales) waits
+    # until that one is folded into a DequantizeLinear, whose output is then a constant
+    folded: dict[str, tuple] = {}  # weight DQ output -> (FoldedWeight, report entry)
+    pending = alive
+    while pending:
+        ready = [n for n in pending if all(i in consts for i in n.input[1:])]
+        if not ready:
+            raise ValueError(
+                f"{site_label(pending[0])}: the quantization scale is computed at run time (dynamic "
+                "quantization of an activation); ONNX export needs a calibrated, static amax"
             )
-            nodes = _cast(g, x, xf, TensorProto.FLOAT) + nodes + _cast(g, of, out, dtype)
-            idx = next(i for i, m in enumerate(g.nodes) if m is n)
-            g.nodes[idx : idx + 1] = nodes
-            res.notes += info.pop("notes")
-            res.activations.append(dict(info, site=label))
+        for n in ready:
+            _replace(g, n, consts, res, folded, opset=opset, target=target, fp8_custom_ops=fp8_custom_ops)
+        done = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in done]
+        if pending:
+            consts.update(g.constants([i for n in pending for i in n.input]))
     g.prune()
+    live = {o for m in g.nodes for o in m.output}
+    res.weights = [w for w in res.weights if w.pop("_out") in live]  # scale DQs re-emitted elsewhere are gone
     g.tidy_names()
     model = g.commit()
     _fix_opsets(model, uses_trt=any(n.domain == qdq.TRT_DOMAIN for n in model.graph.node))
     return model, res
+
+
+def _replace(g: Graph, n, consts, res: Resolution, folded: dict, *, opset, target, fp8_custom_ops) -> None:
+    """Replace one marker: a constant becomes codes + DequantizeLinear, a run-time tensor Q -> DQ."""
+    label = site_label(n)
+    x, out = n.input[0], n.output[0]
+    scale = consts[n.input[1]]
+    zp = consts[n.input[2]] if len(n.input) > 2 else None
+    qmin, qmax = attr(n, "qmin", 0), attr(n, "qmax", 0)
+    dtype = attr(n, "dtype", TensorProto.FLOAT)
+    if x in consts:
+        src = scale_codes.source(g, n.input[1], folded)
+        extras = None if src is None else scale_codes.follow(g, n.input[1], src, folded[src][0], scale)
+        fw = weights.fold(n.op_type, consts[x], scale, zp, qmin, qmax, label, extras)
+        final, absorbed = weights.absorb(g, fw, out)
+        dq_out = final if dtype == TensorProto.FLOAT else g.fresh(f"{final}_float")
+        source = None if extras is None else scale_codes.scale_source(g, fw, folded[src][0], opset, label)
+        new, info = weights.emit(g, fw, dq_out, opset, label, scale_source=source)
+        if src is not None:
+            res.notes.append(scale_codes.note(label, info.get("scales")))
+        nodes = new + _cast(g, dq_out, final, dtype)
+        gone = {id(m) for m in absorbed}
+        idx = next(i for i, m in enumerate(g.nodes) if m is n)
+        g.nodes[idx : idx + 1] = nodes
+        g.nodes = [m for m in g.nodes if id(m) not in gone]
+        entry = dict(info, site=label, absorbed=[m.op_type for m in absorbed], _out=dq_out)
+        res.weights.append(entry)
+        if dtype == TensorProto.FLOAT:
+            folded[dq_out] = (fw, entry)
+        return
+    xf = x if dtype == TensorProto.FLOAT else g.fresh(f"{x}_float")
+    of = out if dtype == TensorProto.FLOAT else g.fresh(f"{out}_float")
+    nodes, info = qdq.emit(
+        g,
+        n.op_type,
+        xf,
+        of,
+        scale,
+        zp,
+        qmin,
+        qmax,
+        opset=opset,
+        target=target,
+        fp8_custom_ops=fp8_custom_ops,
+        label=label,
+    )
+    nodes = _cast(g, x, xf, TensorProto.FLOAT) + nodes + _cast(g, of, out, dtype)
+    idx = next(i for i, m in enumerate(g.nodes) if m is n)
+    g.nodes[idx : idx + 1] = nodes
+    res.notes += info.pop("notes")
+    res.activations.append(dict(info, site=label))
 
 
 def _cast(g: Graph, src: str, dst: str, to: int) -> list[onnx.NodeProto]:

@@ -9,8 +9,11 @@ Exactness rules (each proven by ``tests/test_onnx_contract.py`` against ONNX Run
   ``clamp(rint(x / s), qmin, qmax)`` exactly: ONNX saturation never comes into play.
 - E4M3: opset-19 Q/DQ with a FLOAT8E4M3FN zero point and ``saturate=1`` (or TensorRT's custom
   ``trt::TRT_FP8QuantizeLinear``/``TRT_FP8DequantizeLinear`` when asked).
-- A dead slice (scale 0: amax <= 2**-24) is exported with the scale :data:`DEAD_SCALE` (2**126): every finite
-  ``|x| < 2**125`` quantizes to code 0 and dequantizes to exact zeros, while every stored scale stays positive.
+- A dead slice (scale 0: amax <= 2**-24) outputs exact zeros in torch for every input (Inf and NaN included). No
+  positive finite scale sends every float32 to code 0 (``3e38 / 2**126`` rounds to 4), so the input first goes
+  through ``Where(live, x, 0)`` (``live`` a constant bool mask: a scalar ``False`` for a dead tensor, one entry per
+  channel otherwise): the dead slices reach Q as +0 and come out of DQ as exact zeros, while the stored scale is
+  :data:`DEAD_SCALE` (2**126, positive and finite, as TensorRT requires). Live values pass the Where unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..formats import ONNX_ACTIVATION_TYPES, smallest_code_type
 from .graph import Graph, OpsetTooLow
 from .symbolic import AFFINE_MARKER, E4M3_MARKER
 
-#: scale exported for dead activation slices: finite, positive, and large enough that x / scale rounds to 0
+#: scale exported for dead activation slices (behind the Where that zeroes them): finite and positive
 DEAD_SCALE = np.float32(2.0**126)
 TRT_DOMAIN = "trt"
 
@@ -82,13 +85,15 @@ def emit(
         raise OpsetTooLow(f"{label}: per-channel quantization (axis) needs opset >= 13, got opset {opset}", 13)
     dead = s == 0
     notes = []
+    pre: list[onnx.NodeProto] = []
     if dead.any():
         s = np.where(dead, DEAD_SCALE, s).astype(np.float32)
         what = "all of it" if dead.all() else f"{int(dead.sum())} of {dead.size} channels"
         notes.append(
-            f"{label}: dead activation scale (amax <= 2**-24) for {what}: exported with scale 2**126, "
-            "so those values still dequantize to exact zeros"
+            f"{label}: dead activation scale (amax <= 2**-24) for {what}: exported with scale 2**126 after a "
+            "Where that sets those values to 0, so they dequantize to exact zeros for every input"
         )
+        x, pre = _zero_dead(g, x, base, dead, axis, scale.ndim)
     info = {"granularity": "tensor" if axis is None else "axis", "axis": axis, "notes": notes}
     attrs = {} if axis is None else {"axis": axis}
     s_name = g.add_init(f"{base}.scale", s)
@@ -100,7 +105,7 @@ def emit(
                 raise ValueError(f"{label}: trt::TRT_FP8QuantizeLinear supports per-tensor scales only")
             q = g.fresh(f"{base}.q")
             info["dtype"] = "FLOAT8E4M3FN(trt)"
-            return [
+            return pre + [
                 helper.make_node(
                     "TRT_FP8QuantizeLinear",
                     [x, s_name],
@@ -120,7 +125,7 @@ def emit(
 
         zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32), TensorProto.FLOAT8E4M3FN))
         info["dtype"] = "FLOAT8E4M3FN"
-        return _pair(g, x, out, base, s_name, zp_name, dict(attrs, saturate=1), attrs), info
+        return pre + _pair(g, x, out, base, s_name, zp_name, dict(attrs, saturate=1), attrs), info
     zp = np.zeros(s.shape, np.int64) if zero_point is None else np.asarray(zero_point).reshape(s.shape)
     zp = np.rint(zp).astype(np.int64)
     if kind == AFFINE_MARKER and target == "tensorrt" and np.any(zp != 0):
@@ -131,7 +136,7 @@ def emit(
     elem, np_t, lo, hi = container(qmin, qmax, opset, label)
     info["dtype"] = TensorProto.DataType.Name(elem)
     zp_name = g.shared_zero(np_t) if zp.ndim == 0 and zp == 0 else g.add_init(f"{base}.zp", zp.astype(np_t))
-    nodes = []
+    nodes = pre
     if (qmin, qmax) != (lo, hi):
         x, clip_nodes = _clip(g, x, base, s, zp, qmin, qmax, axis, scale.ndim)
         nodes += clip_nodes
@@ -148,6 +153,20 @@ def _pair(g: Graph, x, out, base, s_name, zp_name, q_attrs, dq_attrs) -> list[on
         helper.make_node("QuantizeLinear", [x, s_name, zp_name], [q], name=g.fresh(f"{base}.Q"), **q_attrs),
         helper.make_node("DequantizeLinear", [q, s_name, zp_name], [out], name=g.fresh(f"{base}.DQ"), **dq_attrs),
     ]
+
+
+def _zero_dead(g: Graph, x: str, base: str, dead: np.ndarray, axis, rank: int):
+    """``Where(live, x, 0)``: +0 in the dead slices whatever x holds there (Inf and NaN included), x elsewhere."""
+    if axis is None:
+        live = np.array(False)
+    else:
+        view = [1] * rank
+        view[axis] = -1
+        live = np.logical_not(dead).reshape(view)
+    live_n = g.add_init(f"{base}.live", live)
+    zero_n = g.add_init(f"{base}.dead_zero", np.zeros((), np.float32))
+    zeroed = g.fresh(f"{base}.live_only")
+    return zeroed, [helper.make_node("Where", [live_n, x, zero_n], [zeroed], name=g.fresh(f"{base}.ZeroDead"))]
 
 
 def _clip(g: Graph, x, out, s, zp, qmin, qmax, axis, rank):  # ``out``: a base for the new names

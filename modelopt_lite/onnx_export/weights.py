@@ -14,7 +14,8 @@ with scale 1.0, so they still dequantize to exact zeros while every exported sca
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -42,20 +43,34 @@ class FoldedWeight:
     kind: str  # marker op type
     qmin: int
     qmax: int
+    #: other element-wise arrays that follow the codes through shape ops (e.g. the codes of quantized scales)
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
 
     def apply(self, fn) -> None:
-        """Apply the same shape op to codes, scales and zero points."""
+        """Apply the same shape op to codes, scales, zero points and extras."""
         self.codes, self.scale, self.zero_point = fn(self.codes), fn(self.scale), fn(self.zero_point)
+        self.extras = {k: fn(v) for k, v in self.extras.items()}
 
 
-def fold(kind: str, x: np.ndarray, scale: np.ndarray, zero_point, qmin: int, qmax: int, label: str) -> FoldedWeight:
-    """Quantize a constant with the reference numerics; dead slices get scale 1.0 and code 0."""
+def _align(a, ndim: int) -> torch.Tensor:
+    """A scale-shaped array as a tensor broadcastable against an ``ndim``-dimensional constant."""
+    t = torch.from_numpy(np.array(a, dtype=np.float32))
+    if t.dim() > ndim:
+        t = t.reshape(t.shape[t.dim() - ndim :]) if t.numel() > 1 else t.reshape(())
+    return t
+
+
+def fold(
+    kind: str, x: np.ndarray, scale: np.ndarray, zero_point, qmin: int, qmax: int, label: str, extras=None
+) -> FoldedWeight:
+    """Quantize a constant with the reference numerics; dead slices get scale 1.0 and code 0.
+
+    ``extras``: arrays shaped like ``scale`` that are broadcast to the codes' shape as the scales are (kept in
+    :attr:`FoldedWeight.extras`)."""
     xt = torch.from_numpy(np.array(x, dtype=np.float32))
     if bool(torch.isnan(xt).any()):
         raise ValueError(f"{label}: the constant (weight) being quantized contains NaN, which has no code")
-    st = torch.from_numpy(np.array(scale, dtype=np.float32))
-    if st.dim() > xt.dim():
-        st = st.reshape(st.shape[st.dim() - xt.dim() :]) if st.numel() > 1 else st.reshape(())
+    st = _align(scale, xt.dim())
     zp = torch.zeros_like(st)
     if kind == E4M3_MARKER:
         codes_np = e4m3_codes(xt, st).float().numpy()
@@ -67,7 +82,8 @@ def fold(kind: str, x: np.ndarray, scale: np.ndarray, zero_point, qmin: int, qma
     full = np.broadcast_to(st.numpy(), codes_np.shape).astype(np.float32)
     full = np.where(full == 0, np.float32(1.0), full)
     zp_full = np.broadcast_to(zp.numpy(), codes_np.shape).astype(np.int64)
-    return FoldedWeight(codes_np, full, zp_full, kind, qmin, qmax)
+    more = {k: np.broadcast_to(_align(v, xt.dim()).numpy(), codes_np.shape).copy() for k, v in (extras or {}).items()}
+    return FoldedWeight(codes_np, full, zp_full, kind, qmin, qmax, more)
 
 
 # --- absorbing shape ops -------------------------------------------------------------------------------------------
@@ -226,8 +242,18 @@ def make_tensor(name: str, values: np.ndarray, elem_type: int) -> onnx.TensorPro
     return t
 
 
-def emit(g: Graph, fw: FoldedWeight, out: str, opset: int, label: str) -> tuple[onnx.NodeProto, dict]:
-    """The DequantizeLinear node producing ``out`` from new initializers, and a description for the report."""
+#: ``scale_source(compact, expand) -> (scale tensor name, nodes, report entry) or None``: where the scales come from
+ScaleSource = Callable[[Callable, Callable], "tuple[str, list[onnx.NodeProto], dict] | None"]
+
+
+def emit(
+    g: Graph, fw: FoldedWeight, out: str, opset: int, label: str, scale_source: ScaleSource | None = None
+) -> tuple[list[onnx.NodeProto], dict]:
+    """The DequantizeLinear node(s) producing ``out`` from new initializers, and a description for the report.
+
+    ``scale_source`` may supply the compact scale tensor (e.g. a DequantizeLinear of quantized block scales); it is
+    given the functions that compact an element-wise array and expand it back. None (or it returning None): the
+    scales are a float32 initializer."""
     gran = granularity(fw.scale)
     if gran is None:
         raise ValueError(
@@ -248,7 +274,12 @@ def emit(g: Graph, fw: FoldedWeight, out: str, opset: int, label: str) -> tuple[
     elem = storage_type(fw.kind, fw.qmin, fw.qmax, opset, label)
     base = label.replace("/", ".")
     codes = g.add_init(f"{base}.q", make_tensor("q", fw.codes, elem))
-    scale = g.add_init(f"{base}.scale", np.asarray(scale_c, dtype=np.float32))
+    sourced = None if scale_source is None else scale_source(compact, lambda a: _expand(a, fw.codes.shape, *gran[:3]))
+    pre: list[onnx.NodeProto] = []
+    if sourced is None:
+        scale = g.add_init(f"{base}.scale", np.asarray(scale_c, dtype=np.float32))
+    else:
+        scale, pre, scale_info = sourced
     inputs = [codes, scale]
     if fw.kind == E4M3_MARKER or np.any(zp_c != 0):  # an all-zero integer zero point is the default: left out
         inputs.append(g.add_init(f"{base}.zp", make_tensor("zp", zp_c, elem)))
@@ -265,7 +296,9 @@ def emit(g: Graph, fw: FoldedWeight, out: str, opset: int, label: str) -> tuple[
         "dtype": TensorProto.DataType.Name(elem),
         "shape": tuple(fw.codes.shape),
     }
-    return node, info
+    if sourced is not None:
+        info["scales"] = scale_info
+    return pre + [node], info
 
 
 def _expand(compact: np.ndarray, shape, kind, axis, block) -> np.ndarray:
