@@ -417,7 +417,8 @@ class LegacyFakeTensorQuantFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, scale = ctx.saved_tensors
-        gx, _ = reference.int_backward(grad, x, scale, *ctx.qrange, False)
+        qmin, qmax = ctx.qrange
+        gx, _ = reference.int_backward(grad, x, scale, qmin, qmax, False)
         return gx, None, None, None, None
 
 

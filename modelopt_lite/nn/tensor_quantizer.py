@@ -131,7 +131,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """Patch the settings with a config dict (or replace them with a descriptor).
 
         Keys: any descriptor field (``num_bits, axis, block_sizes, unsigned, narrow_range, fake_quant, learn_amax,
-        calib_method, dynamic, amax, scale_amax, name``) plus ``enable`` (bool) and ``num_steps`` (int). Unknown
+        calib_method, dynamic, amax, scale_amax, name, enable``) plus ``num_steps`` (int). A descriptor is a complete
+        config: its ``enable`` (default True) switches the quantizer on or off, as a full ModelOpt config does. Unknown
         keys raise TypeError naming the key and the quantizer. Setting ``block_sizes`` clears ``axis`` (and vice
         versa), switching to E4M3 clears ``unsigned``/``narrow_range``, and going dynamic drops a fixed amax.
         Changing the format (num_bits, axis, block_sizes, unsigned, calib_method, dynamic, num_steps) resets the
@@ -140,7 +141,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         changes, extra = cfg.split_patch(attrs, self._label())
         new = cfg.patched_descriptor(self._desc, changes, self._label()) if changes else self._desc
         steps = self._check_num_steps(extra.get("num_steps", self._num_steps))
-        enable = _bool(extra["enable"], "enable", self._label()) if "enable" in extra else None
+        enable = new.enable if "enable" in changes else None
         reset = cfg.format_changed(self._desc, new) or steps != self._num_steps
         self._desc, self._num_steps = new, steps
         if self._step >= steps:
