@@ -70,7 +70,7 @@ def _back(y: torch.Tensor, dtype) -> torch.Tensor:
 # --- the two familiar call layouts ------------------------------------------------------------------------------------
 # ModelOpt:             fake_tensor_quant(inputs, amax, bias=None, num_bits=8, unsigned=False, narrow_range=True)
 # pytorch-quantization: fake_tensor_quant(inputs, amax, num_bits=8, [output_dtype,] unsigned=False, narrow_range=True)
-_DEFAULTS = {"bias": None, "num_bits": 8, "output_dtype": None, "unsigned": False, "narrow_range": True}
+_ARG_DEFAULTS = {"bias": None, "num_bits": 8, "output_dtype": None, "unsigned": False, "narrow_range": True}
 _MODELOPT_ORDER = ("bias", "num_bits", "unsigned", "narrow_range")
 
 
@@ -93,7 +93,7 @@ def _call_args(fn: str, args: tuple, given: dict) -> dict:
         raise TypeError(f"{fn}() takes at most {2 + len(order)} positional arguments here ({', '.join(order)})")
     out = dict(given)
     for name, value in zip(order, args):
-        v, default = given[name], _DEFAULTS[name]
+        v, default = given[name], _ARG_DEFAULTS[name]
         if v is not default and (isinstance(v, torch.Tensor) or v != default):
             raise TypeError(f"{fn}() got multiple values for argument {name!r}")
         out[name] = value
@@ -107,7 +107,7 @@ def _bias_tensor(bias, x: torch.Tensor) -> torch.Tensor:
     if not b.is_floating_point():
         raise TypeError(f"bias must be a floating-point tensor, got {b.dtype}")
     b = b.to(device=x.device, dtype=torch.float32)
-    if not torch.compiler.is_compiling() and not bool(torch.isfinite(b).all()):
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and not bool(torch.isfinite(b).all()):
         raise ValueError("bias must be finite")
     return b
 

@@ -296,3 +296,26 @@ def test_difference_learnable_amax_gets_the_lsq_gradient():
     assert grad([-200.0]) == -1.0  # below, narrow grid: qmin / bound = -127 / 127
     assert grad([-200.0], narrow=False) == pytest.approx(-128 / 127, rel=1e-6)
     assert grad([0.0, 3.0]) == 0.0  # on the grid: q == v
+
+
+def test_summary_and_save_restore_of_an_uncalibrated_model(tmp_path):
+    torch.manual_seed(0)
+    model = mtq.quantize(nn.Sequential(nn.Linear(4, 3)), mtq.INT8_DEFAULT_CFG)  # no forward_loop: nothing calibrated
+    rows = {r["name"]: r for r in mtq.summary(model)}
+    assert rows["0.input_quantizer"]["calibrated"] is False and rows["0.input_quantizer"]["amax_max"] is None
+    assert rows["0.weight_quantizer"]["enabled"] is True and rows["0.weight_quantizer"]["calibrated"] is False
+    mtq.save(model, tmp_path / "state")
+    fresh = mtq.restore(nn.Sequential(nn.Linear(4, 3)), tmp_path / "state")
+    fresh.load_state_dict(model.state_dict())
+    for name in ("input_quantizer", "weight_quantizer"):
+        assert getattr(fresh[0], name).amax is None and getattr(fresh[0], name).is_enabled
+    x = torch.randn(2, 4)
+    assert torch.equal(fresh(x), model(x))
+
+
+def test_quantizer_from_a_disabled_descriptor_config():
+    q = TensorQuantizer(amax=1.0)
+    q.set_from_attribute_config(QD(num_bits=4, enable=False))  # a descriptor is a complete config, enable included
+    assert not q.is_enabled and q.num_bits == 4
+    q.set_from_attribute_config(QD(num_bits=4))
+    assert q.is_enabled
