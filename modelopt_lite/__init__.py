@@ -20,7 +20,9 @@ _LAZY = {
     # functional layer
     "ScaledQuantDescriptor": "modelopt_lite.descriptor",
     "QuantDescriptor": "modelopt_lite.descriptor",
-    "tensor_quant": "modelopt_lite.tensor_quant",
+    # the submodule, never its function of the same name (that is ``modelopt_lite.tensor_quant.tensor_quant``):
+    # ``import modelopt_lite.tensor_quant`` binds the submodule here too, so anything else would depend on import order
+    "tensor_quant": ("modelopt_lite.tensor_quant", None),
     "fake_tensor_quant": "modelopt_lite.tensor_quant",
     "scaled_e4m3": "modelopt_lite.tensor_quant",
     "fake_affine_tensor_quant": "modelopt_lite.tensor_quant",

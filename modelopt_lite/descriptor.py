@@ -8,7 +8,8 @@ from it holds the state (amax, calibrator). Descriptors compare equal field by f
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -27,9 +28,45 @@ _DEFAULTS: dict[str, Any] = {
     "unsigned": False,
     "narrow_range": False,
     "dynamic": False,
+    "enable": True,
 }
 _CALIB_METHODS = ("max", "histogram")
+_PlainDict = dict  # the builtin, for annotations inside the class (whose ``dict`` is a method)
 _BLOCK_KEYS = ("type", "scale_bits", "scale_block_sizes")
+
+
+class FrozenDict(dict):
+    """A dict that cannot change after construction: reads, compares, hashes, pickles and JSON-dumps like a dict.
+
+    A descriptor's ``block_sizes`` (and its nested ``scale_block_sizes``) is one, so a caller holding
+    ``desc.block_sizes`` cannot change the descriptor (or its hash) behind its back. ``dict(fd)`` gives a mutable copy.
+    """
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("this dict is read-only (a descriptor's block_sizes); copy it with dict(...) to change it")
+
+    __setitem__ = __delitem__ = _immutable
+    update = pop = popitem = clear = setdefault = _immutable
+    __ior__ = _immutable
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(_freeze(dict(self)))
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> FrozenDict:
+        return self
+
+
+def _thaw(v):
+    """Plain (mutable) dicts all the way down, for ``dict()`` and YAML."""
+    if isinstance(v, dict):
+        return {k: _thaw(x) for k, x in v.items()}
+    return v
 
 
 def _check_bool(field: str, v) -> bool:
@@ -68,9 +105,9 @@ def _check_axis(v):
 def _check_block_sizes(v):
     if v is None:
         return None
-    if not isinstance(v, dict):
+    if not isinstance(v, Mapping):
         raise TypeError(f"block_sizes must be a dict {{axis: size, ...}}, got {type(v).__name__}")
-    out: dict = {}
+    out: dict[Any, Any] = {}
     for k, size in v.items():
         if isinstance(k, str):
             if k not in _BLOCK_KEYS:
@@ -94,7 +131,7 @@ def _check_block_sizes(v):
         raise ValueError(f"block_sizes needs at least one {{axis: size}} entry, got {v!r}")
     if "scale_block_sizes" in out and "scale_bits" not in out:
         raise ValueError("block_sizes['scale_block_sizes'] needs block_sizes['scale_bits']")
-    return out
+    return FrozenDict(out)
 
 
 def _check_amax(v):
@@ -138,6 +175,11 @@ class ScaledQuantDescriptor:
         unsigned: use ``[0, 2**b - 1]``.
         narrow_range: use the symmetric signed grid ``[-(2**(b-1) - 1), 2**(b-1) - 1]``.
         dynamic: recompute amax from every input instead of calibrating.
+        enable: False builds quantizers that start disabled (ModelOpt's ``enable`` attribute). Default True.
+
+    Every field is a read-only property (setting one raises AttributeError); ``block_sizes`` reads like a dict but
+    cannot be changed (:class:`FrozenDict`). ``to_yaml()`` / ``from_yaml()`` round-trip a descriptor through YAML
+    (needs PyYAML).
 
     Raises:
         TypeError: unknown keyword arguments (named) or a wrongly typed field.
@@ -145,6 +187,19 @@ class ScaledQuantDescriptor:
     """
 
     __slots__ = tuple(f"_{k}" for k in _DEFAULTS)
+    _num_bits: int | tuple[int, int]
+    _name: str | None
+    _fake_quant: bool
+    _axis: int | tuple[int, ...] | None
+    _block_sizes: FrozenDict | None
+    _amax: np.ndarray | None
+    _learn_amax: bool
+    _scale_amax: float | None
+    _calib_method: str
+    _unsigned: bool
+    _narrow_range: bool
+    _dynamic: bool
+    _enable: bool
 
     def __init__(self, num_bits=8, name=None, **kwargs):
         unknown = sorted(set(kwargs) - set(_DEFAULTS))
@@ -154,7 +209,7 @@ class ScaledQuantDescriptor:
         f["num_bits"] = _check_num_bits(f["num_bits"])
         if f["name"] is not None and not isinstance(f["name"], str):
             raise TypeError(f"name must be a str or None, got {f['name']!r}")
-        for b in ("fake_quant", "learn_amax", "unsigned", "narrow_range", "dynamic"):
+        for b in ("fake_quant", "learn_amax", "unsigned", "narrow_range", "dynamic", "enable"):
             f[b] = _check_bool(b, f[b])
         f["axis"] = _check_axis(f["axis"])
         f["block_sizes"] = _check_block_sizes(f["block_sizes"])
@@ -190,6 +245,9 @@ class ScaledQuantDescriptor:
     def __setattr__(self, key, value):
         raise AttributeError(f"ScaledQuantDescriptor is immutable (tried to set {key!r}); build a new one")
 
+    def __delattr__(self, key):
+        raise AttributeError(f"ScaledQuantDescriptor is immutable (tried to delete {key!r}); build a new one")
+
     def __reduce__(self):
         return (_rebuild, (self.dict(),))
 
@@ -199,7 +257,7 @@ class ScaledQuantDescriptor:
     fake_quant = property(lambda self: self._fake_quant, doc="True: simulate; False: integer codes.")
     axis = property(lambda self: self._axis, doc="Per-channel axis/axes, or None.")
     block_sizes = property(
-        lambda self: dict(self._block_sizes) if self._block_sizes else None, doc="Block quantization spec."
+        lambda self: self._block_sizes, doc="Block quantization spec (a read-only dict, see FrozenDict) or None."
     )
     amax = property(lambda self: self._amax, doc="Fixed amax (read-only float32 ndarray) or None.")
     learn_amax = property(lambda self: self._learn_amax, doc="Whether amax is learned.")
@@ -207,21 +265,48 @@ class ScaledQuantDescriptor:
     calib_method = property(lambda self: self._calib_method, doc='"max" or "histogram".')
     unsigned = property(lambda self: self._unsigned, doc="Unsigned integer grid.")
     narrow_range = property(lambda self: self._narrow_range, doc="Symmetric signed grid.")
+    enable = property(lambda self: self._enable, doc="False: quantizers built from it start disabled.")
 
     @property
     def dynamic(self) -> bool:
         """True when amax is recomputed from each input (``dynamic=True`` or dynamic blocks)."""
         return self._dynamic or bool(self._block_sizes and self._block_sizes.get("type") == "dynamic")
 
-    def dict(self) -> dict:
-        """The fields that differ from their defaults (amax as a list), enough to rebuild an equal descriptor."""
+    def dict(self) -> _PlainDict[str, Any]:
+        """The fields that differ from their defaults (amax as a list, block_sizes as plain dicts), enough to rebuild
+        an equal descriptor."""
         out = {}
         for k, default in _DEFAULTS.items():
             v = getattr(self, f"_{k}")
             same = (v is None and default is None) if isinstance(v, np.ndarray) or v is None else v == default
             if not same:
-                out[k] = v.tolist() if isinstance(v, np.ndarray) else (dict(v) if isinstance(v, dict) else v)
+                out[k] = v.tolist() if isinstance(v, np.ndarray) else _thaw(v)
         return out
+
+    def to_yaml(self) -> str:
+        """The :meth:`dict` fields as a YAML mapping (tuples written as lists); needs PyYAML."""
+        yaml = _yaml()
+        return yaml.safe_dump(_yaml_plain(self.dict()), sort_keys=False, width=120)
+
+    @classmethod
+    def from_yaml(cls, yaml_str: str) -> ScaledQuantDescriptor:
+        """A descriptor from :meth:`to_yaml` output (or any YAML mapping of its fields); needs PyYAML.
+
+        Only plain YAML is read (``safe_load``: no Python tags). Raises TypeError when the text is not a mapping of
+        field names, and the usual descriptor errors for bad values.
+        """
+        yaml = _yaml()
+        if not isinstance(yaml_str, str):
+            raise TypeError(f"from_yaml expects the YAML text as a str, got {type(yaml_str).__name__}")
+        try:
+            fields = yaml.safe_load(yaml_str)
+        except yaml.YAMLError as e:
+            raise ValueError(f"from_yaml: not valid YAML: {e}") from None
+        if fields is None:
+            fields = {}
+        if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+            raise TypeError(f"from_yaml: expected a mapping of descriptor fields, got {type(fields).__name__}")
+        return cls(**fields)
 
     def _key(self):
         return tuple(_freeze(getattr(self, f"_{k}")) for k in _DEFAULTS)
@@ -237,7 +322,7 @@ class ScaledQuantDescriptor:
         return f"ScaledQuantDescriptor({body})"
 
     @staticmethod
-    def get_block_quant_axes_and_sizes(block_sizes) -> dict:
+    def get_block_quant_axes_and_sizes(block_sizes) -> _PlainDict[Any, Any]:
         """``{axis: size}`` entries of a block_sizes dict (the string keys removed)."""
         if block_sizes is None:
             return {}
@@ -246,6 +331,25 @@ class ScaledQuantDescriptor:
 
 def _rebuild(d):
     return ScaledQuantDescriptor(**d)
+
+
+def _yaml():
+    try:
+        import yaml  # optional dependency: only the YAML helpers need it
+    except ImportError:
+        raise ImportError(
+            "ScaledQuantDescriptor.to_yaml/from_yaml need PyYAML; install it with `pip install pyyaml`"
+        ) from None
+    return yaml
+
+
+def _yaml_plain(v):
+    """Tuples as lists (``safe_dump`` writes no Python tags); dicts recursively."""
+    if isinstance(v, dict):
+        return {k: _yaml_plain(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return [_yaml_plain(x) for x in v]
+    return v
 
 
 QuantDescriptor = ScaledQuantDescriptor

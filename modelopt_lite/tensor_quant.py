@@ -48,49 +48,176 @@ def _int_scale(inputs, amax, num_bits, unsigned, narrow_range):
     return scale_from_amax(amax, bound), qmin, qmax
 
 
-def fake_tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
+# --- float64 inputs: computed in float32 (the exact grid every backend and ONNX Runtime share) ---------------------
+def _to_compute(inputs):
+    """``(inputs as computed, dtype to return)``: float64 is computed in float32 and returned as float64."""
+    if isinstance(inputs, torch.Tensor) and inputs.dtype == torch.float64:
+        return inputs.float(), torch.float64
+    return inputs, None
+
+
+def _back(y: torch.Tensor, dtype) -> torch.Tensor:
+    return y if dtype is None else y.to(dtype)
+
+
+# --- the two familiar call layouts ------------------------------------------------------------------------------------
+# ModelOpt:             fake_tensor_quant(inputs, amax, bias=None, num_bits=8, unsigned=False, narrow_range=True)
+# pytorch-quantization: fake_tensor_quant(inputs, amax, num_bits=8, [output_dtype,] unsigned=False, narrow_range=True)
+_ARG_DEFAULTS = {"bias": None, "num_bits": 8, "output_dtype": None, "unsigned": False, "narrow_range": True}
+_MODELOPT_ORDER = ("bias", "num_bits", "unsigned", "narrow_range")
+
+
+def _call_args(fn: str, args: tuple, given: dict) -> dict:
+    """Merge positional arguments of either layout with the keywords (``given``; defaults where not passed).
+
+    The third positional argument decides the layout: None, a tensor or a float is ModelOpt's ``bias``; an int or an
+    ``(E, M)`` tuple is pytorch-quantization's ``num_bits``, which may be followed by a ``torch.dtype`` (the
+    ``output_dtype`` of its user guide).
+    """
+    if not args:
+        return given
+    if args[0] is None or isinstance(args[0], (torch.Tensor, float)):
+        order: tuple[str, ...] = _MODELOPT_ORDER
+    elif len(args) > 1 and isinstance(args[1], torch.dtype):
+        order = ("num_bits", "output_dtype", "unsigned", "narrow_range")
+    else:
+        order = ("num_bits", "unsigned", "narrow_range")
+    if len(args) > len(order):
+        raise TypeError(f"{fn}() takes at most {2 + len(order)} positional arguments here ({', '.join(order)})")
+    out = dict(given)
+    for name, value in zip(order, args):
+        v, default = given[name], _ARG_DEFAULTS[name]
+        if v is not default and (isinstance(v, torch.Tensor) or v != default):
+            raise TypeError(f"{fn}() got multiple values for argument {name!r}")
+        out[name] = value
+    return out
+
+
+def _bias_tensor(bias, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(bias, bool) or not isinstance(bias, (torch.Tensor, int, float)):
+        raise TypeError(f"bias must be None, a number or a tensor, got {type(bias).__name__}")
+    b = torch.as_tensor(bias, dtype=torch.float32, device=x.device) if not isinstance(bias, torch.Tensor) else bias
+    if not b.is_floating_point():
+        raise TypeError(f"bias must be a floating-point tensor, got {b.dtype}")
+    b = b.to(device=x.device, dtype=torch.float32)
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and not bool(torch.isfinite(b).all()):
+        raise ValueError("bias must be finite")
+    return b
+
+
+def _check_output_dtype(output_dtype, fake: bool):
+    if output_dtype is None:
+        return None
+    if not isinstance(output_dtype, torch.dtype):
+        raise TypeError(f"output_dtype (dtype) must be a torch.dtype, got {output_dtype!r}")
+    if fake and not output_dtype.is_floating_point:
+        raise TypeError(f"fake quantization returns floats; output_dtype must be a floating dtype, got {output_dtype}")
+    return output_dtype
+
+
+def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False, narrow_range=True, output_dtype=None):
     """Fake-quantize (quantize then dequantize) ``inputs`` with range ``amax``.
 
+    Both familiar call layouts work, positionally or by keyword: ModelOpt's
+    ``fake_tensor_quant(inputs, amax, bias=None, num_bits=8, unsigned=False, narrow_range=True)`` and
+    pytorch-quantization's ``fake_tensor_quant(inputs, amax, num_bits=8, [output_dtype,] unsigned=False,
+    narrow_range=True)``. A third positional argument that is None, a tensor or a float is ``bias``; an int or
+    ``(4, 3)`` is ``num_bits``.
+
     Args:
-        inputs: float32/float16/bfloat16 tensor (any layout; computed in float32, returned in its dtype).
+        inputs: float32/float16/bfloat16/float64 tensor (any layout; computed in float32, returned in its dtype).
         amax: a number, a 1-element tensor (per tensor), or a tensor with the input's rank and size 1 on the
             reduced dims (per channel / per axis). Must be finite and >= 0; ``amax <= 2**-24`` gives zeros.
+        bias: None, or a number/tensor broadcastable to ``inputs``: ``y = fq(x - bias) + bias`` (computed in
+            float32).
         num_bits: 1..16, or ``(4, 3)`` for FP8 E4M3.
         unsigned: use ``[0, 2**b - 1]`` (inputs must be >= 0).
         narrow_range: signed grid ``[-(2**(b-1) - 1), 2**(b-1) - 1]`` instead of ``[-2**(b-1), ...]``.
+        output_dtype: None (the input's dtype) or a floating dtype to return.
 
     Gradient: straight-through inside ``[qmin * scale, qmax * scale]`` (ends included); a learnable amax gets the
     LSQ gradient.
     """
-    if is_e4m3(num_bits):
-        return scaled_e4m3(inputs, amax)
-    scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
-    return library.fake_quant_int(inputs, scale, qmin, qmax)
+    p = _call_args(
+        "fake_tensor_quant",
+        args,
+        {
+            "bias": bias,
+            "num_bits": num_bits,
+            "unsigned": unsigned,
+            "narrow_range": narrow_range,
+            "output_dtype": output_dtype,
+        },
+    )
+    out_dtype = _check_output_dtype(p["output_dtype"], fake=True)
+    x, back = _to_compute(inputs)
+    b = None
+    if p["bias"] is not None:
+        check_input(x)
+        b = _bias_tensor(p["bias"], x)
+        back = back or x.dtype
+        x = x.float() - b
+    if is_e4m3(p["num_bits"]):
+        y = scaled_e4m3(x, amax)
+    else:
+        scale, qmin, qmax = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
+        y = library.fake_quant_int(x, scale, qmin, qmax)
+    if b is not None:
+        y = y + b
+    return _back(y, out_dtype or back)
 
 
-def tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True, dtype=torch.float32):
+def tensor_quant(
+    inputs, amax, *args, bias=None, num_bits=8, unsigned=False, narrow_range=True, output_dtype=None, dtype=None
+):
     """Real quantization: returns ``(q, scale)`` with ``q * scale`` the dequantized tensor.
 
-    ``q`` holds integers, as float32 by default or as ``dtype`` (int8, uint8, int16, int32) on request; ``scale``
-    has amax's shape and is strictly positive (a dead slice reports 1.0 and has all-zero codes). For
-    ``num_bits=(4, 3)`` q is a ``torch.float8_e4m3fn`` tensor.
+    Call layouts as :func:`fake_tensor_quant` (ModelOpt's with ``bias`` third, pytorch-quantization's with
+    ``num_bits`` third and an optional ``output_dtype`` fourth). ``q`` holds integers, as float32 by default (float64
+    for float64 inputs, which are computed in float32) or as ``dtype``/``output_dtype`` (float32, int8, uint8, int16,
+    int32) on request; ``scale`` (float32) has amax's shape and is strictly positive (a dead slice reports 1.0 and
+    has all-zero codes). For ``num_bits=(4, 3)`` q is a ``torch.float8_e4m3fn`` tensor.
+
+    Unlike the NVIDIA tools, ``scale`` is ``amax / bound`` (the value a QuantizeLinear stores), not the multiplier
+    ``bound / amax``; with ``bias`` the codes are those of ``x - bias`` and ``q * scale + bias`` dequantizes.
     """
-    if is_e4m3(num_bits):
-        check_input(inputs)
-        scale = scale_from_amax(as_amax(amax, inputs), E4M3_MAX)
-        return e4m3_codes(inputs, scale), positive_scale(scale)
-    scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
-    q = library.quantize_int(inputs, scale, qmin, qmax)
-    return _cast_codes(q, dtype, qmin, qmax), positive_scale(scale)
+    p = _call_args(
+        "tensor_quant",
+        args,
+        {
+            "bias": bias,
+            "num_bits": num_bits,
+            "unsigned": unsigned,
+            "narrow_range": narrow_range,
+            "output_dtype": output_dtype,
+        },
+    )
+    if dtype is not None and p["output_dtype"] is not None and dtype != p["output_dtype"]:
+        raise TypeError(f"tensor_quant() got dtype={dtype} and output_dtype={p['output_dtype']}; give one")
+    want = _check_output_dtype(dtype if dtype is not None else p["output_dtype"], fake=False)
+    x, back = _to_compute(inputs)
+    if p["bias"] is not None:
+        check_input(x)
+        x = x.float() - _bias_tensor(p["bias"], x)
+    nb = p["num_bits"]
+    if is_e4m3(nb):
+        check_input(x)
+        scale = scale_from_amax(as_amax(amax, x), E4M3_MAX)
+        return e4m3_codes(x, scale), positive_scale(scale)
+    scale, qmin, qmax = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
+    q = library.quantize_int(x, scale, qmin, qmax)
+    if want is None:
+        return _back(q, back), positive_scale(scale)
+    return _cast_codes(q, want, qmin, qmax), positive_scale(scale)
 
 
 def _cast_codes(q: torch.Tensor, dtype, qmin: int, qmax: int) -> torch.Tensor:
-    if dtype in (None, torch.float32):
-        return q
+    if dtype in (torch.float32, torch.float64):
+        return q.to(dtype)
     dtype_range = torch_dtype_range(dtype)
     if dtype_range is None:
         choices = [CODE_TYPES[n].torch_dtype for n in TORCH_CODE_TYPES]
-        raise TypeError(f"dtype must be float32 or one of {choices}, got {dtype}")
+        raise TypeError(f"dtype must be float32, float64 or one of {choices}, got {dtype}")
     lo, hi = dtype_range
     if qmin < lo or qmax > hi:
         raise ValueError(f"codes in [{qmin}, {qmax}] do not fit {dtype} [{lo}, {hi}]")
@@ -107,12 +234,13 @@ def scaled_e4m3(inputs, amax=None, E=4, M=3):
     """
     if (E, M) != (4, 3):
         raise ValueError(f"only E4M3 is supported, got E={E}, M={M}")
-    check_input(inputs)
+    x, back = _to_compute(inputs)
+    check_input(x)
     if amax is None:
-        scale = torch.ones((), dtype=torch.float32, device=inputs.device)
+        scale = torch.ones((), dtype=torch.float32, device=x.device)
     else:
-        scale = scale_from_amax(as_amax(amax, inputs), E4M3_MAX)
-    return library.fake_e4m3(inputs, scale)
+        scale = scale_from_amax(as_amax(amax, x), E4M3_MAX)
+    return _back(library.fake_e4m3(x, scale), back)
 
 
 def scaled_e4m3_abstract(input, amax=None):
@@ -152,14 +280,16 @@ def fake_affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
     ``y = (clamp(rint(x / scale) + zp, qmin, qmax) - zp) * scale`` with ``[qmin, qmax] = [-2**(b-1), 2**(b-1)-1]``.
     Zero maps exactly to 0.
     """
-    scale, zp, qmin, qmax = _affine(inputs, min_range, max_range, num_bits)
-    return library.fake_affine(inputs, scale, zp, qmin, qmax)
+    x, back = _to_compute(inputs)
+    scale, zp, qmin, qmax = _affine(x, min_range, max_range, num_bits)
+    return _back(library.fake_affine(x, scale, zp, qmin, qmax), back)
 
 
 def affine_tensor_quant(inputs, min_range, max_range, num_bits=8):
     """Real asymmetric quantization: ``(q, scale, zero_point)`` with ``(q - zero_point) * scale`` dequantizing."""
-    scale, zp, qmin, qmax = _affine(inputs, min_range, max_range, num_bits)
-    return library.quantize_affine(inputs, scale, zp, qmin, qmax), positive_scale(scale), zp
+    x, back = _to_compute(inputs)
+    scale, zp, qmin, qmax = _affine(x, min_range, max_range, num_bits)
+    return _back(library.quantize_affine(x, scale, zp, qmin, qmax), back), positive_scale(scale), zp
 
 
 # --- block quantization ---------------------------------------------------------------------------------------------
@@ -178,6 +308,7 @@ def quantize_block_scales(scale: torch.Tensor, scale_bits, scale_block_sizes=Non
 
 def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
     """Per-block scales (shape: blocks per axis) for :func:`fake_block_quant`, double-quantized if asked."""
+    inputs, _ = _to_compute(inputs)
     check_input(inputs)
     sizes = blocks.normalize(block_sizes, inputs.shape)
     if amax is None:
@@ -208,29 +339,31 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
     A dimension that is not a multiple of its block size is zero-padded internally; ``block_sizes`` may carry
     ``"scale_bits"`` / ``"scale_block_sizes"`` for double quantization of the scales.
     """
-    scale, sizes = block_scales(inputs, block_sizes, amax, num_bits, unsigned, narrow_range)
+    x, back = _to_compute(inputs)
+    scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     if unsigned:
-        check_unsigned_input(inputs)
-    xb, pad = blocks.to_blocks(inputs, sizes)
-    sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(inputs.shape, sizes)), sizes)
+        check_unsigned_input(x)
+    xb, pad = blocks.to_blocks(x, sizes)
+    sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(x.shape, sizes)), sizes)
     if is_e4m3(num_bits):
         yb = library.fake_e4m3(xb, sb)
     else:
         _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
         yb = library.fake_quant_int(xb, sb, qmin, qmax)
-    return blocks.from_blocks(yb, inputs.shape, pad)
+    return _back(blocks.from_blocks(yb, x.shape, pad), back)
 
 
 def block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
     """Real block quantization: ``(q, scale)``; q (float32 codes) has the input's shape, scale blocks-per-axis."""
     if is_e4m3(num_bits):
         raise ValueError("block_quant returns integer codes; use fake_block_quant for E4M3 blocks")
-    scale, sizes = block_scales(inputs, block_sizes, amax, num_bits, unsigned, narrow_range)
+    x, back = _to_compute(inputs)
+    scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
-    xb, pad = blocks.to_blocks(inputs, sizes)
-    sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(inputs.shape, sizes)), sizes)
-    q = blocks.from_blocks(library.quantize_int(xb, sb, qmin, qmax), inputs.shape, pad)
-    return q, positive_scale(scale)
+    xb, pad = blocks.to_blocks(x, sizes)
+    sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(x.shape, sizes)), sizes)
+    q = blocks.from_blocks(library.quantize_int(xb, sb, qmin, qmax), x.shape, pad)
+    return _back(q, back), positive_scale(scale)
 
 
 # --- autograd-style classes with the familiar names ------------------------------------------------------------------
@@ -239,13 +372,15 @@ class _OpFunction:
 
 
 class FakeTensorQuantFunction(_OpFunction):
-    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``: see :func:`fake_tensor_quant`."""
+    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)`` or ModelOpt's ``apply(inputs, amax,
+    bias=None, num_bits=8, unsigned=False, narrow_range=True)``: see :func:`fake_tensor_quant`."""
 
     apply = staticmethod(fake_tensor_quant)
 
 
 class TensorQuantFunction(_OpFunction):
-    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)`` -> ``(q, scale)``."""
+    """``apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)`` (or ModelOpt's layout with ``bias``
+    third) -> ``(q, scale)``: see :func:`tensor_quant`."""
 
     apply = staticmethod(tensor_quant)
 
@@ -275,7 +410,8 @@ class LegacyFakeTensorQuantFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, scale = ctx.saved_tensors
-        gx, _ = reference.int_backward(grad, x, scale, *ctx.qrange, False)
+        qmin, qmax = ctx.qrange
+        gx, _ = reference.int_backward(grad, x, scale, qmin, qmax, False)
         return gx, None, None, None, None
 
 

@@ -123,8 +123,11 @@ def test_quantizer_without_data_keeps_state_and_is_named_in_a_warning():
         model(_x(0))
     assert model.conv.input_quantizer.quant_desc.calib_method == "histogram"
     _assert_same_state({"u": before}, {"u": _state(model)["unused.input_quantizer"]})  # not switched, amax kept
-    with pytest.raises(RuntimeError, match="TensorQuantizer 'unused.weight_quantizer' is enabled but has no amax"):
-        model.unused(torch.randn(2, 8))
+    # an uncalibrated quantizer quantizes with the tensor's own max (as in pytorch-quantization/ModelOpt), storing nothing
+    wq = model.unused.weight_quantizer
+    w = model.unused.weight.detach()
+    assert torch.equal(wq(w), mtq.fake_tensor_quant(w, w.abs().amax(1, keepdim=True), 8, False, False))
+    assert not wq.has_amax and wq.amax is None
 
 
 def test_exception_in_block_restores_every_quantizer_exactly():

@@ -106,7 +106,7 @@ def test_low_precision_return_dtype(bk, dtype):
         (lambda x: tq.fake_tensor_quant(x, t(1.0, float("nan")).reshape(2, 1)), ValueError, "got nan"),
         (lambda x: tq.fake_tensor_quant(x, float("inf")), ValueError, "got inf"),
         (lambda x: tq.fake_tensor_quant(x.int(), 1.0), TypeError, "inputs must be .* got torch.int32"),
-        (lambda x: tq.fake_tensor_quant(x.double(), 1.0), TypeError, "got torch.float64"),
+        (lambda x: tq.fake_tensor_quant(x.to(torch.complex64), 1.0), TypeError, "got torch.complex64"),
         (lambda x: tq.fake_tensor_quant(x, torch.ones(2, 1, dtype=torch.int64)), TypeError, "amax must be .*int64"),
         (lambda x: tq.fake_tensor_quant(x - 3, 1.0, unsigned=True), ValueError, r"minimum -2\.0"),
         (lambda x: tq.fake_tensor_quant(x, torch.ones(3, 1)), ValueError, r"amax of shape \(3, 1\) does not broadcast"),

@@ -1,6 +1,7 @@
 """The amax state of a :class:`~modelopt_lite.nn.TensorQuantizer`: storage, temporal steps, state-dict loading.
 
-``_amax`` is a float32 buffer (or an ``nn.Parameter`` when ``learn_amax``), ``None`` until calibrated or set.
+``_amax`` is a float32 buffer (or an ``nn.Parameter`` when ``learn_amax``), ``None`` until calibrated or set (the
+``amax`` property then returns None, and an enabled quantizer quantizes every input with that input's own max).
 With ``num_steps > 1`` it has shape ``(num_steps, *amax_shape)`` and the ``amax`` property returns the slice of the
 current ``step``. The buffer stays float32 through ``model.half()`` (its value is exactly what exports store) and
 is never written in place except by an explicit setter on a learnable amax (to keep optimizer references valid).
@@ -9,6 +10,7 @@ is never written in place except by an explicit setter on a learnable amax (to k
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +37,24 @@ def _to_amax_tensor(value, device, label: str) -> torch.Tensor:
 
 class AmaxStateMixin(nn.Module):
     """amax storage for TensorQuantizer (mixed into it; relies on ``_label()``, ``learn_amax``, ``dynamic``)."""
+
+    # set by TensorQuantizer.__init__ (annotations only: nn.Module keeps buffers in _buffers)
+    _amax: torch.Tensor | None
+    _num_steps: int
+    _step: int
+    _device: torch.device
+
+    if TYPE_CHECKING:
+
+        def _label(self) -> str: ...
+
+        def set_from_attribute_config(self, attrs) -> None: ...
+
+        @property
+        def learn_amax(self) -> bool: ...
+
+        @property
+        def dynamic(self) -> bool: ...
 
     # --- storage ---------------------------------------------------------------------------------------------------
     def _store_amax(self, t: torch.Tensor | None) -> None:
@@ -78,15 +98,18 @@ class AmaxStateMixin(nn.Module):
         )
 
     @property
-    def amax(self) -> torch.Tensor:
-        """The stored amax of the current step (float32; per channel it keeps the input's rank).
+    def amax(self) -> torch.Tensor | None:
+        """The stored amax of the current step (float32; per channel it keeps the input's rank), or None before
+        calibration (as in pytorch-quantization and ModelOpt: the quantizer then uses each input's own max).
 
         Raises:
-            RuntimeError: naming the quantizer, when it was never calibrated and has no fixed amax.
+            RuntimeError: naming the quantizer, when it is dynamic (its amax is never stored).
         """
         a = self._amax
         if a is None:
-            raise self._uncalibrated_error()
+            if self.dynamic:
+                raise self._uncalibrated_error()
+            return None
         return a[self._step] if self._num_steps > 1 else a
 
     @amax.setter
@@ -155,7 +178,7 @@ class AmaxStateMixin(nn.Module):
         out = super()._apply(fn, recurse)
         self._device = fn(torch.empty(0, device=self._device)).device
         a = self._amax
-        if a is not None and a.dtype != torch.float32:
+        if a is not None and keep is not None and a.dtype != torch.float32:
             a.data = keep.to(a.device)
         return out
 

@@ -9,8 +9,8 @@ import torch
 from ..descriptor import _DEFAULTS, ScaledQuantDescriptor
 from ..formats import is_e4m3
 
-#: keys besides the descriptor fields that ``set_from_attribute_config`` accepts
-EXTRA_KEYS = ("enable", "num_steps")
+#: keys besides the descriptor fields (``enable`` is one) that ``set_from_attribute_config`` accepts
+EXTRA_KEYS = ("num_steps",)
 #: descriptor fields whose change invalidates a calibrated amax (and the calibrators)
 FORMAT_KEYS = ("num_bits", "axis", "block_sizes", "unsigned", "calib_method", "dynamic")
 

@@ -9,6 +9,9 @@ modified) computed by :mod:`modelopt_lite.tensor_quant`, so its numerics are exa
 Modes:
 
 - disabled: ``forward`` returns ``x`` itself.
+- uncalibrated (enabled, no amax yet): every input is quantized with its own max (per tensor, per ``axis`` or per
+  block), as pytorch-quantization and ModelOpt do; ``amax``, ``scale`` and ``step_size`` are None until calibrated
+  or set. ONNX export and ``fake2real`` still refuse such a quantizer (they need a stored amax).
 - calibration (``enable_calib()``): every input is collected by the calibrator; the output is ``x`` when
   quantization is off, or quantized with the existing amax when it is on.
 - fake quantization (default): quantize-dequantize, same dtype as ``x``.
@@ -81,7 +84,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             raise TypeError(f"TensorQuantizer: name must be a str or None, got {name!r}")
         self._desc = cfg.as_descriptor(quant_desc, "TensorQuantizer quant_desc")
         self._name = name if name is not None else self._desc.name
-        self._disabled = _bool(disabled, "disabled", self._label())
+        self._disabled = _bool(disabled, "disabled", self._label()) or not self._desc.enable
         self._if_quant = _bool(if_quant, "if_quant", self._label())
         self._if_calib = _bool(if_calib, "if_calib", self._label())
         self._num_steps = self._check_num_steps(num_steps)
@@ -126,7 +129,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """Patch the settings with a config dict (or replace them with a descriptor).
 
         Keys: any descriptor field (``num_bits, axis, block_sizes, unsigned, narrow_range, fake_quant, learn_amax,
-        calib_method, dynamic, amax, scale_amax, name``) plus ``enable`` (bool) and ``num_steps`` (int). Unknown
+        calib_method, dynamic, amax, scale_amax, name, enable``) plus ``num_steps`` (int). A descriptor is a complete
+        config: its ``enable`` (default True) switches the quantizer on or off, as a full ModelOpt config does. Unknown
         keys raise TypeError naming the key and the quantizer. Setting ``block_sizes`` clears ``axis`` (and vice
         versa), switching to E4M3 clears ``unsigned``/``narrow_range``, and going dynamic drops a fixed amax.
         Changing the format (num_bits, axis, block_sizes, unsigned, calib_method, dynamic, num_steps) resets the
@@ -135,7 +139,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         changes, extra = cfg.split_patch(attrs, self._label())
         new = cfg.patched_descriptor(self._desc, changes, self._label()) if changes else self._desc
         steps = self._check_num_steps(extra.get("num_steps", self._num_steps))
-        enable = _bool(extra["enable"], "enable", self._label()) if "enable" in extra else None
+        enable = new.enable if "enable" in changes else None
         reset = cfg.format_changed(self._desc, new) or steps != self._num_steps
         self._desc, self._num_steps = new, steps
         if self._step >= steps:
@@ -168,19 +172,26 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """The value amax maps to: ``2**(b-1) - 1`` signed, ``2**b - 1`` unsigned, 448.0 for E4M3."""
         return format_range(self.num_bits, self.unsigned, self.narrow_range).bound
 
-    def _effective_amax(self) -> torch.Tensor:
+    def _effective_amax(self) -> torch.Tensor | None:
         a = self.amax
+        if a is None:
+            return None
         return a * self.scale_amax if self.scale_amax is not None else a
 
     @property
-    def step_size(self) -> torch.Tensor:
-        """``amax / maxbound`` (float32, detached; ``scale_amax`` applied)."""
-        return self._effective_amax().detach().float() / float(self.maxbound)
+    def step_size(self) -> torch.Tensor | None:
+        """``amax / maxbound`` (float32, detached; ``scale_amax`` applied); None before calibration."""
+        a = self._effective_amax()
+        return None if a is None else a.detach().float() / float(self.maxbound)
 
     @property
-    def scale(self) -> torch.Tensor:
-        """The positive float32 scale (``amax / maxbound``; dead slices report 1.0; blocks: double-quantized)."""
-        s = scale_from_amax(self._effective_amax().detach(), float(self.maxbound))
+    def scale(self) -> torch.Tensor | None:
+        """The positive float32 scale (``amax / maxbound``; dead slices report 1.0; blocks: double-quantized); None
+        before calibration. (NVIDIA's tools call the inverse multiplier ``maxbound / amax`` their scale.)"""
+        a = self._effective_amax()
+        if a is None:
+            return None
+        s = scale_from_amax(a.detach(), float(self.maxbound))
         bs = self.block_sizes
         if bs and bs.get("scale_bits") is not None:
             s = quantize_block_scales(s, bs["scale_bits"], bs.get("scale_block_sizes"))
@@ -272,6 +283,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             self._desc = cfg.patched_descriptor(self._desc, {"learn_amax": True}, self._label())
         if not isinstance(self._amax, torch.nn.Parameter):
             self._store_amax(self._amax)
+        assert isinstance(self._amax, torch.nn.Parameter)  # _store_amax registers a Parameter with learn_amax
         return self._amax
 
     # --- forward ----------------------------------------------------------------------------------------------------
@@ -312,13 +324,14 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         return a.reshape(shape)
 
     def _amax_for(self, x: torch.Tensor):
-        """The amax to quantize ``x`` with (None for dynamic blocks)."""
-        if self.dynamic:
+        """The amax to quantize ``x`` with: the stored one, else ``x``'s own (None for blocks: computed per block)."""
+        stored = None if self.dynamic else self.amax
+        if stored is None:
             if self.block_sizes:
                 return None
             a = self._dynamic_amax(x)
         else:
-            a = self._fit_static(self.amax, x)
+            a = self._fit_static(stored, x)
         return a * self.scale_amax if self.scale_amax is not None else a
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -346,11 +359,6 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
 
     def _quantize(self, x: torch.Tensor) -> torch.Tensor:
         d = self._desc
-        if not self.dynamic and self._amax is None:
-            raise RuntimeError(
-                f"{self._label()} is enabled but has no amax: calibrate it first (enable_calib(), "
-                "run data, load_calib_amax()), set .amax, or disable it"
-            )
         try:
             amax = self._amax_for(x)
             if d.block_sizes:
@@ -371,8 +379,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     def _export_rank(self):
         if self._last_rank is not None:
             return self._last_rank
-        if self._amax is not None and self.axis is not None:
-            a = self.amax
+        a = self.amax if self._amax is not None else None
+        if a is not None and self.axis is not None:
             return a.dim() if a.numel() > 1 or a.dim() > 0 else None
         return None
 
@@ -391,15 +399,17 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         axis = None
         if d.axis is not None:
             axis = self._resolve_axes(rank) if rank is not None else tuple(d.axis)
-        block_sizes = d.block_sizes
+        block_sizes = dict(d.block_sizes) if d.block_sizes else None  # a fresh, mutable copy
         if block_sizes and rank is not None:
             pos = blocks.normalize(block_sizes, [1] * rank)
             sizes = {a: block_sizes[k] for a, k in zip(pos, (k for k in block_sizes if not isinstance(k, str)))}
             block_sizes = {**sizes, **{k: v for k, v in block_sizes.items() if isinstance(k, str)}}
         amax = scale = None
         if not d.dynamic:
-            amax = self._effective_amax().detach().clone().float()
-            scale = self.scale.clone()
+            eff, s = self._effective_amax(), self.scale
+            if eff is None or s is None:
+                raise self._uncalibrated_error()
+            amax, scale = eff.detach().clone().float(), s.clone()
             if axis is not None and rank is not None and amax.numel() > 1 and amax.dim() != rank and len(axis) == 1:
                 keep = [amax.numel() if d == axis[0] else 1 for d in range(rank)]  # a flat fixed amax
                 amax, scale = amax.reshape(keep), scale.reshape(keep)
