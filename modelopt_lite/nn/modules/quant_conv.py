@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from ...descriptor import (
@@ -11,9 +13,18 @@ from ...descriptor import (
 )
 from . import _integer_requant
 from ._base import QuantModuleMixin
+from ._registry import QuantModuleRegistry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+    from torch.nn.modules.conv import _ConvNd as _ConvTyping
+else:
+    _ConvTyping = object
 
 
-class _QuantConvNd(QuantModuleMixin):
+class _QuantConvNd(QuantModuleMixin, _ConvTyping):
     """Shared body: ``output_quantizer(conv(input_quantizer(x), weight_quantizer(W), b))``.
 
     Accepts the float class's arguments plus ``quant_desc_input=`` / ``quant_desc_weight=`` (keyword only);
@@ -21,6 +32,9 @@ class _QuantConvNd(QuantModuleMixin):
     ``(out, in/groups, *k)``). Every ``padding_mode`` of the float module works (padding is applied to the
     quantized input, as the float module pads its input).
     """
+
+    if TYPE_CHECKING:  # provided by the nn.ConvNd class it is combined with
+        _conv_forward: Callable[..., torch.Tensor]
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -32,11 +46,13 @@ class _QuantConvNd(QuantModuleMixin):
         return self.output_quantizer(out)
 
     def forward(self, input):
+        self._check_fake_quant()
         if _integer_requant.active(self, input):
             return _integer_requant.integer_forward(self, input, self._float_forward)
         return self._float_forward(self.input_quantizer(input))
 
 
+@QuantModuleRegistry.register({nn.Conv1d: "nn.Conv1d"})
 class QuantConv1d(_QuantConvNd, nn.Conv1d):
     """``nn.Conv1d`` with quantized input and weight (weight per output channel by default)."""
 
@@ -44,6 +60,7 @@ class QuantConv1d(_QuantConvNd, nn.Conv1d):
     _float_cls = nn.Conv1d
 
 
+@QuantModuleRegistry.register({nn.Conv2d: "nn.Conv2d"})
 class QuantConv2d(_QuantConvNd, nn.Conv2d):
     """``nn.Conv2d`` with quantized input and weight (weight per output channel by default)."""
 
@@ -51,6 +68,7 @@ class QuantConv2d(_QuantConvNd, nn.Conv2d):
     _float_cls = nn.Conv2d
 
 
+@QuantModuleRegistry.register({nn.Conv3d: "nn.Conv3d"})
 class QuantConv3d(_QuantConvNd, nn.Conv3d):
     """``nn.Conv3d`` with quantized input and weight (weight per output channel by default)."""
 

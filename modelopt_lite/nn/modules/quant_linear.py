@@ -8,8 +8,10 @@ from torch import nn
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 from . import _integer_requant
 from ._base import QuantModuleMixin
+from ._registry import QuantModuleRegistry
 
 
+@QuantModuleRegistry.register({nn.Linear: "nn.Linear"})
 class QuantLinear(QuantModuleMixin, nn.Linear):
     """``nn.Linear`` with quantized input and weight.
 
@@ -41,6 +43,7 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
         return self.output_quantizer(out)
 
     def forward(self, input):
+        self._check_fake_quant()
         if _integer_requant.active(self, input):
             return _integer_requant.integer_forward(self, input, self._float_forward)
         return self._float_forward(self.input_quantizer(input))
