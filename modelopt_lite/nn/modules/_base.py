@@ -54,6 +54,15 @@ def check_fake_descriptor(desc: ScaledQuantDescriptor, owner: str, what: str) ->
     return desc
 
 
+def _quantizers(module: nn.Module):
+    """The TensorQuantizers under ``module`` (not looking inside a quantizer)."""
+    for child in module._modules.values():
+        if isinstance(child, TensorQuantizer):
+            yield child
+        elif child is not None:
+            yield from _quantizers(child)
+
+
 class QuantModuleMixin(_MixinBase):
     """Mixin for ``QuantX(QuantModuleMixin, nn.X)``: builds the quantizers and converts float modules.
 
@@ -130,8 +139,8 @@ class QuantModuleMixin(_MixinBase):
     # --- forward helpers -------------------------------------------------------------------------------------------
     def _check_fake_quant(self) -> None:
         """ValueError when an enabled quantizer of this module is in real-quant mode (``fake_quant=False``)."""
-        for q in self.modules():
-            if isinstance(q, TensorQuantizer) and not q.fake_quant and q.is_enabled:
+        for q in _quantizers(self):
+            if not q.fake_quant and q.is_enabled:
                 name = next(n for n, m in self.named_modules() if m is q)
                 raise ValueError(
                     f"{type(self).__name__}: quantizer {name!r} ({q.name or 'unnamed'}) has fake_quant=False; "

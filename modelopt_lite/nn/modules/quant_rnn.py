@@ -34,6 +34,7 @@ from ._rnn_cells import (
     GemmQuantizers,
     gru_step,
     lstm_gates_to_state,
+    quantize_rows,
     run_direction,
 )
 
@@ -218,7 +219,10 @@ class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
             layer_in = torch.cat(outs, dim=-1) if n_dirs == 2 else outs[0]
             if self.dropout > 0 and self.training and k < self.num_layers - 1:
                 layer_in = F.dropout(layer_in, self.dropout, training=True)
-        out = self.output_quantizer(layer_in)
+        valid = None
+        if lengths is not None:
+            valid = torch.arange(x.size(0), device=x.device).unsqueeze(1) < lengths.unsqueeze(0)
+        out = quantize_rows(self.output_quantizer, layer_in, valid)
         state_n = tuple(torch.stack([f[i] for f in finals]) for i in range(len(finals[0])))
         hidden: Any = state_n if self._kind == "LSTM" else state_n[0]
         if packed is not None:
