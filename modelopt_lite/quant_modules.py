@@ -1,7 +1,8 @@
 """pytorch-quantization's automatic replacement API: patch ``torch.nn`` classes with quantized ones.
 
-``initialize()`` makes ``torch.nn.Linear`` (and 14 other classes) *be* ``QuantLinear`` etc., so models built
-afterwards get quantized modules; ``deactivate()`` restores the originals. This is global monkey patching, kept
+``initialize()`` makes ``torch.nn.Linear`` (and 14 other classes) *be* ``QuantLinear`` etc. (the classes
+registered in :data:`modelopt_lite.nn.QuantModuleRegistry`), so models built afterwards get quantized modules;
+``deactivate()`` restores the originals. This is global monkey patching, kept
 only for users of that familiar API: prefer ``modelopt_lite.quantize(model, config)``, which converts one model
 instance and touches nothing global. Modules constructed before ``initialize()`` are not affected.
 
@@ -17,26 +18,48 @@ import threading
 
 import torch
 
-from .nn import modules as qm
+from .nn.modules._registry import QuantModuleRegistry
 
-#: (parent module, attribute name, quantized class) patched by default (the pytorch-quantization list)
-DEFAULT_QUANT_MAP = (
-    (torch.nn, "Conv1d", qm.QuantConv1d),
-    (torch.nn, "Conv2d", qm.QuantConv2d),
-    (torch.nn, "Conv3d", qm.QuantConv3d),
-    (torch.nn, "ConvTranspose1d", qm.QuantConvTranspose1d),
-    (torch.nn, "ConvTranspose2d", qm.QuantConvTranspose2d),
-    (torch.nn, "ConvTranspose3d", qm.QuantConvTranspose3d),
-    (torch.nn, "Linear", qm.QuantLinear),
-    (torch.nn, "LSTM", qm.QuantLSTM),
-    (torch.nn, "LSTMCell", qm.QuantLSTMCell),
-    (torch.nn, "AvgPool1d", qm.QuantAvgPool1d),
-    (torch.nn, "AvgPool2d", qm.QuantAvgPool2d),
-    (torch.nn, "AvgPool3d", qm.QuantAvgPool3d),
-    (torch.nn, "AdaptiveAvgPool1d", qm.QuantAdaptiveAvgPool1d),
-    (torch.nn, "AdaptiveAvgPool2d", qm.QuantAdaptiveAvgPool2d),
-    (torch.nn, "AdaptiveAvgPool3d", qm.QuantAdaptiveAvgPool3d),
+#: the ``torch.nn`` classes patched by default (pytorch-quantization's list); the quantized class of each is looked
+#: up in the one registry (:data:`modelopt_lite.nn.QuantModuleRegistry`) when patching, so ``modelopt_lite.register``
+#: / ``unregister`` apply here too
+DEFAULT_FLOAT_MODULES = (
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "Linear",
+    "LSTM",
+    "LSTMCell",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
 )
+
+
+def _original(name: str) -> type:
+    """The class torch defines under ``name`` (``torch.nn.modules`` is never patched by :func:`initialize`)."""
+    return getattr(torch.nn.modules, name)
+
+
+def default_quant_map() -> tuple[tuple[object, str, type], ...]:
+    """``(torch.nn, "ClassName", QuantClass)`` for each default class the registry has a quantized class for."""
+    out = []
+    for name in DEFAULT_FLOAT_MODULES:
+        quant_cls = QuantModuleRegistry.get(_original(name))
+        if quant_cls is not None:
+            out.append((torch.nn, name, quant_cls))
+    return tuple(out)
+
+
+#: (parent module, attribute name, quantized class) patched by default, as registered at import time (pytorch-
+#: quantization's name; :func:`default_quant_map` gives the current registry's view)
+DEFAULT_QUANT_MAP = default_quant_map()
 
 _lock = threading.RLock()
 # (parent, name) -> (original object, patched object)
@@ -65,7 +88,7 @@ def _entries(float_module_list, custom_quant_modules):
                 "custom_quant_modules entries must be (parent_module, 'ClassName', QuantClass) with "
                 f"parent_module having that attribute, got {entry!r}"
             )
-    table = {(id(p), n): (p, n, q) for p, n, q in DEFAULT_QUANT_MAP if n not in skip}
+    table = {(id(p), n): (p, n, q) for p, n, q in default_quant_map() if n not in skip}
     table.update({(id(p), n): (p, n, q) for p, n, q in custom})  # the custom map overrides the deny list
     return list(table.values())
 
@@ -126,3 +149,16 @@ def enable(float_module_list=None, custom_quant_modules=None):
         with _lock:
             _restore_all()
             _apply(previous)
+
+
+@contextlib.contextmanager
+def enable_onnx_export():
+    """pytorch-quantization's ``with enable_onnx_export():`` block, kept so its export scripts run unchanged.
+
+    modelopt_lite needs no global switch to export: :func:`modelopt_lite.export_onnx` registers what it needs
+    for the duration of one export and writes standard QuantizeLinear/DequantizeLinear. So this context changes
+    nothing (no flag on ``TensorQuantizer``, nothing to restore) and nests freely; exceptions propagate. Inside it,
+    call ``modelopt_lite.export_onnx(model, args, path)``: a plain ``torch.onnx.export`` of a model with
+    modelopt_lite quantizers fails (its fake-quant ops have no standard ONNX symbolic outside ``export_onnx``).
+    """
+    yield

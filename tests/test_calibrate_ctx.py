@@ -264,7 +264,7 @@ def test_quant_modules_enable_and_calibrate_restore_global_state_on_errors():
     with pytest.raises(ZeroDivisionError), quant_modules.enable():
         assert torch.nn.Linear is QuantLinear
         # conversion looks classes up where torch defines them, which quant_modules never patches
-        assert QuantModuleRegistry().get(torch.nn.modules.linear.Linear) is QuantLinear
+        assert QuantModuleRegistry.get(torch.nn.modules.linear.Linear) is QuantLinear
         rule = normalize_config({"quant_cfg": {"nn.Linear": {"*": {"enable": False}}}}).rules[0]
         assert rule.owner_cls is original
         model = nn.Sequential(torch.nn.Linear(4, 4))

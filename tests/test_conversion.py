@@ -12,7 +12,7 @@ from torch import nn
 import modelopt_lite as mtq
 from modelopt_lite.conversion import config as C
 from modelopt_lite.conversion.config import QuantConfigError, normalize_config
-from modelopt_lite.conversion.registry import QuantModuleRegistry, registered
+from modelopt_lite.conversion.registry import QuantModuleRegistryCls, registered
 from modelopt_lite.conversion.utils import named_quantizers
 
 
@@ -32,8 +32,8 @@ def test_preset_contents():
     assert w == {"num_bits": 8, "axis": 0, "calib_method": "max", "enable": True}
     from modelopt_lite.nn import QuantConvTranspose2d
 
-    ct_axis = QuantConvTranspose2d.default_quant_desc_weight.axis  # the modules' choice (0: per input channel)
-    assert C.INT8_DEFAULT_CFG["quant_cfg"]["nn.ConvTranspose2d"]["*weight_quantizer"]["axis"] == ct_axis[0] == 0
+    ct_axis = QuantConvTranspose2d.default_quant_desc_weight.axis  # the modules' choice (1: per output channel)
+    assert C.INT8_DEFAULT_CFG["quant_cfg"]["nn.ConvTranspose2d"]["*weight_quantizer"]["axis"] == ct_axis[0] == 1
     assert C.INT8_HISTOGRAM_CFG["quant_cfg"]["*input_quantizer"]["calib_method"] == "histogram"
     assert C.INT8_HISTOGRAM_CFG["algorithm"] == {"method": "percentile", "percentile": 99.99}
     assert C.FP8_DEFAULT_CFG["quant_cfg"]["*input_quantizer"]["num_bits"] == (4, 3)
@@ -152,28 +152,29 @@ class _Twin(nn.Module):
 
 
 def test_registry_register_unregister_and_errors():
-    reg = QuantModuleRegistry(defaults={})
+    reg = QuantModuleRegistryCls()
     assert reg.get(nn.ReLU) is None and len(reg) == 0
-    assert reg.register(nn.ReLU, _Twin) is _Twin
-    assert reg.get(nn.ReLU) is _Twin and reg.float_class_of(_Twin) is nn.ReLU
+    assert reg.add(nn.ReLU, _Twin) is _Twin
+    assert reg.get(nn.ReLU) is _Twin and reg.float_class_of(_Twin) is nn.ReLU and reg.get_key(nn.ReLU) == "nn.ReLU"
     assert reg.unregister(nn.ReLU) is _Twin and reg.get(nn.ReLU) is None
     with pytest.raises(ValueError, match="unregister: ReLU is not registered"):
         reg.unregister(nn.ReLU)
-    with pytest.raises(TypeError, match="float_cls must be an nn.Module subclass, got 3"):
-        reg.register(3, _Twin)
-    with pytest.raises(TypeError, match="quant_cls must be a class with a from_float"):
-        reg.register(nn.ReLU, nn.Linear)
+    with pytest.raises(TypeError, match="the float class must be an nn.Module subclass, got 3"):
+        reg.add(3, _Twin)
+    with pytest.raises(TypeError, match="must have a from_float\\(module\\) classmethod or a _setup\\(\\) method"):
+        reg.add(nn.ReLU, nn.Linear)
 
 
 def test_default_registry_map():
     from modelopt_lite import nn as qnn
-    from modelopt_lite.conversion.registry import DEFAULT_QUANT_MAP
 
     reg = registered()
-    for float_cls, name in DEFAULT_QUANT_MAP.items():
-        float_cls = getattr(qnn, float_cls) if isinstance(float_cls, str) else float_cls
-        assert reg[float_cls] is getattr(qnn, name), name
-    assert len(DEFAULT_QUANT_MAP) == 20 and reg[qnn.MatMul] is qnn.QuantMatMul
+    for name in qnn.__all__:
+        cls = getattr(qnn, name)
+        if name.startswith("Quant") and isinstance(cls, type) and hasattr(cls, "_float_cls"):
+            assert reg[cls._float_cls] is cls, name
+    assert reg[nn.Linear] is qnn.QuantLinear and reg[qnn.MatMul] is qnn.QuantMatMul
+    assert len(reg) == len(qnn.QUANT_MODULE_CLASSES) == 32
 
 
 def test_unregister_default_then_register_back():
@@ -222,7 +223,7 @@ def test_quantize_converts_instances_only_and_names_quantizers():
     assert out is model
     assert torch.nn.Linear is nn.modules.linear.Linear and torch.nn.Conv2d is nn.modules.conv.Conv2d  # no patching
     assert type(model.conv) is qnn.QuantConv2d and type(model.fc) is qnn.QuantLinear
-    assert type(model.pool) is qnn.QuantMaxPool2d and type(model.bn) is nn.BatchNorm2d
+    assert type(model.pool) is qnn.QuantMaxPool2d and type(model.bn) is qnn.QuantBatchNorm2d  # as ModelOpt
     assert isinstance(nn.Linear(2, 2), nn.Linear) and type(nn.Linear(2, 2)) is nn.Linear
     for k, v in float_weights.items():  # exact weight copy
         assert torch.equal(model.state_dict()[k], v), k
@@ -235,6 +236,7 @@ def test_quantize_converts_instances_only_and_names_quantizers():
     assert not flags["fc.output_quantizer"][0]  # "default": disabled
     assert not flags["lm_head.input_quantizer"][0] and not flags["lm_head.weight_quantizer"][0]  # lm_head disabled
     assert flags["pool.input_quantizer"][0]
+    assert not flags["bn.input_quantizer"][0]  # the presets' default-disabled "nn.BatchNorm2d" entry
 
 
 def test_presets_are_never_mutated():

@@ -123,27 +123,27 @@ _CT = [
 
 
 @pytest.mark.parametrize("cls, fn, shape, float_cls", _CT)
-def test_conv_transpose_equals_composition_axis0(cls, fn, shape, float_cls):
+def test_conv_transpose_equals_composition_axis1(cls, fn, shape, float_cls):
     m = cls(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
-    assert m.weight.shape[:2] == (4, 3)
-    assert m.weight_quantizer.axis == (0,)  # per input channel, the axis TensorRT's deconvolution supports
+    assert m.weight.shape[:2] == (4, 3)  # (in, out / groups, *k)
+    assert m.weight_quantizer.axis == (1,)  # per output channel, as the peers' CONVTRANSPOSE constants
     x = _x(*shape)
     calibrate(m, x)
-    assert m.weight_quantizer.amax.shape == (4,) + (1,) * (m.weight.dim() - 1)
-    expect = fn(fq_x(x), fq_w(m.weight, 0), m.bias, 2, 1, 1, 2)
+    assert m.weight_quantizer.amax.shape == (1, 3) + (1,) * (m.weight.dim() - 2)
+    expect = fn(fq_x(x), fq_w(m.weight, 1), m.bias, 2, 1, 1, 2)
     assert torch.equal(m(x), expect)
-    assert m.weight_quantizer.export_info()["axis"] == (0,)
+    assert m.weight_quantizer.export_info()["axis"] == (1,)
     f = float_cls(4, 6, 3)
-    assert quant_nn.__dict__[cls.__name__].from_float(f).weight_quantizer.axis == (0,)
+    assert quant_nn.__dict__[cls.__name__].from_float(f).weight_quantizer.axis == (1,)
 
 
-def test_conv_transpose_output_size_and_axis1_override():
-    m = quant_nn.QuantConvTranspose2d(2, 3, 3, stride=2, quant_desc_weight=QD(axis=1))
+def test_conv_transpose_output_size_and_axis0_override():
+    m = quant_nn.QuantConvTranspose2d(2, 3, 3, stride=2, quant_desc_weight=QD(axis=0))  # per input channel (TRT)
     x = _x(1, 2, 4, 4)
     calibrate(m, x)
     out = m(x, output_size=[10, 10])
     assert out.shape == (1, 3, 10, 10)
-    expect = F.conv_transpose2d(fq_x(x), fq_w(m.weight, 1), m.bias, 2, 0, 1)
+    expect = F.conv_transpose2d(fq_x(x), fq_w(m.weight, 0), m.bias, 2, 0, 1)
     assert torch.equal(out, expect)
     with pytest.raises(ValueError, match="zeros"):
         quant_nn.QuantConvTranspose2d(2, 3, 3, padding_mode="reflect")(x)
@@ -277,11 +277,10 @@ def test_module_to_dtype_keeps_quantizer_amax_float32():
     assert y.dtype == torch.float16
 
 
-def test_no_class_level_mutable_defaults():
+def test_instances_do_not_share_quantizers():
     a, b = quant_nn.QuantLinear(2, 2), quant_nn.QuantLinear(2, 2)
     assert a.input_quantizer is not b.input_quantizer
-    assert not hasattr(quant_nn.QuantLinear, "set_default_quant_desc_input")
-    assert isinstance(quant_nn.QuantLinear.default_quant_desc_input, QD)
+    assert isinstance(quant_nn.QuantLinear.default_quant_desc_input, QD)  # class defaults: see test_more_modules
 
 
 def test_module_input_not_mutated():

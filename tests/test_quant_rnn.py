@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from modelopt_lite import quant_nn
 from modelopt_lite.descriptor import QuantDescriptor as QD
@@ -158,13 +158,166 @@ def test_quant_lstm_cell_equals_functional_reference():
 
 
 def test_unsupported_inputs_raise():
-    m = quant_nn.QuantLSTM(3, 4)
-    packed = pack_padded_sequence(_x(5, 2, 3), [5, 3])
-    with pytest.raises(TypeError, match="PackedSequence"):
-        m(packed)
-    with pytest.raises(ValueError, match="proj_size"):
-        quant_nn.QuantLSTM(3, 4, proj_size=2)
+    with pytest.raises(ValueError, match="QuantLSTM: expected a 2-D"):
+        quant_nn.QuantLSTM(3, 4)(_x(5))
+    with pytest.raises(ValueError, match="QuantGRU: expected a 2-D"):
+        quant_nn.QuantGRU(3, 4)(_x(1, 1, 2, 3))
     with pytest.raises(ValueError, match="1-D"):
         quant_nn.QuantLSTMCell(3, 4)(_x(1, 2, 3))
     with pytest.raises(TypeError, match="bogus"):
         quant_nn.QuantLSTM(3, 4, bogus=QD())
+
+
+# --- GRU / RNN / proj_size / PackedSequence ------------------------------------------------------------------------
+def _disable_all(m):
+    for q in m.modules():
+        if isinstance(q, TensorQuantizer):
+            q.disable()
+
+
+@pytest.mark.parametrize(
+    "float_cls, kwargs",
+    [
+        (nn.GRU, {"num_layers": 2, "bidirectional": True}),
+        (nn.RNN, {"num_layers": 2, "nonlinearity": "relu"}),
+        (nn.RNN, {"bidirectional": True, "bias": False}),
+        (nn.LSTM, {"num_layers": 2, "proj_size": 2, "bidirectional": True}),
+    ],
+)
+def test_disabled_quant_rnn_matches_torch(float_cls, kwargs):
+    torch.manual_seed(0)
+    ref = float_cls(3, 4, batch_first=True, **kwargs)
+    m = quant_nn.QuantModuleRegistry.convert(ref)
+    assert type(m).__name__ == "Quant" + float_cls.__name__
+    _disable_all(m)
+    x = _x(2, 6, 3)
+    out, hid = m(x)
+    r_out, r_hid = ref(x)
+    assert out.shape == r_out.shape and torch.allclose(out, r_out, atol=1e-5, rtol=0)
+    for a, b in zip(hid if isinstance(hid, tuple) else (hid,), r_hid if isinstance(r_hid, tuple) else (r_hid,)):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_quant_gru_equals_functional_reference():
+    m = quant_nn.QuantGRU(3, 4)
+    for gq, amax in ((m.gate_quantizers["l0"].ih, X_AMAX), (m.gate_quantizers["l0"].hh, H_AMAX)):
+        gq.input_quantizer.set_from_attribute_config({"num_bits": 4, "amax": amax})
+        gq.weight_quantizer.set_from_attribute_config({"num_bits": 4})
+    m.gate_quantizers["l0"].ih.weight_quantizer.amax = m.weight_ih_l0.detach().abs().amax(1, keepdim=True)
+    m.gate_quantizers["l0"].hh.weight_quantizer.amax = m.weight_hh_l0.detach().abs().amax(1, keepdim=True)
+    x = _x(5, 2, 3) * 2
+    out, h_n = m(x)
+    gx = F.linear(_fq(x, X_AMAX, 4), _fw(m.weight_ih_l0, 4), m.bias_ih_l0)
+    h = x.new_zeros(2, 4)
+    outs = []
+    for t in range(5):
+        gh = F.linear(_fq(h, H_AMAX, 4), _fw(m.weight_hh_l0, 4), m.bias_hh_l0)
+        xr, xz, xn = gx[t].chunk(3, -1)
+        hr, hz, hn = gh.chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + r * hn)
+        h = (1 - z) * n + z * h
+        outs.append(h)
+    assert torch.equal(out, torch.stack(outs)) and torch.equal(h_n, h.unsqueeze(0))
+
+
+def test_quant_lstm_proj_size_quantizes_the_projection():
+    m = quant_nn.QuantLSTM(3, 5, proj_size=2)
+    names = {n for n, q in m.named_modules() if isinstance(q, TensorQuantizer)}
+    assert {"gate_quantizers.l0.hr.input_quantizer", "gate_quantizers.l0.hr.weight_quantizer"} <= names
+    x = _x(4, 2, 3)
+    for q in m.modules():
+        if isinstance(q, TensorQuantizer):
+            q.disable_quant()
+            q.enable_calib()
+    m(x)
+    for q in m.modules():
+        if isinstance(q, TensorQuantizer) and q.is_enabled:
+            q.load_calib_amax()
+            q.disable_calib()
+            q.enable_quant()
+    out, (h, c) = m(x)
+    assert out.shape == (4, 2, 2) and h.shape == (1, 2, 2) and c.shape == (1, 2, 5)
+    hr = m.gate_quantizers["l0"].hr
+    assert hr.weight_quantizer.amax.shape == (2, 1)
+    assert torch.equal(hr.weight_quantizer.amax, m.weight_hr_l0.detach().abs().amax(1, keepdim=True))
+    hr.input_quantizer.disable()
+    hr.weight_quantizer.disable()
+    out_f, _ = m(x)
+    assert not torch.equal(out_f, out)  # the projection quantizers did change the result
+
+
+@pytest.mark.parametrize("float_cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_packed_sequence_matches_torch_and_each_sequence_alone(float_cls):
+    torch.manual_seed(0)
+    ref = float_cls(3, 4, num_layers=2, bidirectional=True)
+    m = quant_nn.QuantModuleRegistry.convert(ref)
+    lengths = [3, 6, 1]
+    x = _x(6, 3, 3)
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    _disable_all(m)  # float: the same function as torch's packed RNN (to float rounding)
+    out_p, hid_p = m(packed)
+    r_out, r_hid = ref(packed)
+    assert torch.equal(out_p.batch_sizes, r_out.batch_sizes) and torch.equal(out_p.sorted_indices, r_out.sorted_indices)
+    assert torch.allclose(out_p.data, r_out.data, atol=1e-5, rtol=0)
+    for a, b in zip(hid_p if isinstance(hid_p, tuple) else (hid_p,), r_hid if isinstance(r_hid, tuple) else (r_hid,)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    # quantized: each sequence as if it ran alone (float matmuls of another batch size may round differently, and
+    # a rounding difference can move a value by one quantization step: compare within two steps of 2/127)
+    for q in m.modules():
+        if isinstance(q, TensorQuantizer):
+            q.enable()
+            q.set_from_attribute_config({"amax": 2.0, "axis": None})
+    m.output_quantizer.disable()
+    out_p, hid_p = m(packed)
+    out_pad, out_len = pad_packed_sequence(out_p)
+    assert out_len.tolist() == lengths and out_pad.shape == (6, 3, 8)
+    h_p = hid_p[0] if isinstance(hid_p, tuple) else hid_p
+    for b, n in enumerate(lengths):
+        out_b, hid_b = m(x[:n, b : b + 1])
+        h_b = hid_b[0] if isinstance(hid_b, tuple) else hid_b
+        assert torch.allclose(out_pad[:n, b : b + 1], out_b, atol=4 / 127, rtol=0), b
+        assert torch.equal(out_pad[n:, b], torch.zeros_like(out_pad[n:, b]))
+        assert torch.allclose(h_p[:, b : b + 1], h_b, atol=4 / 127, rtol=0), b
+
+
+def test_packed_sequence_padding_never_reaches_calibrators():
+    m = quant_nn.QuantGRU(2, 3)
+    x = torch.zeros(4, 2, 2)
+    x[:, 0] = 1.0
+    x[:2, 1] = 0.5
+    x[2:, 1] = 100.0  # in the padding of sequence 1 (length 2)
+    for q in m.modules():
+        if isinstance(q, TensorQuantizer):
+            q.disable_quant()
+            q.enable_calib()
+    m(pack_padded_sequence(x, [4, 2]))
+    q = m.input_quantizer
+    q.load_calib_amax()
+    assert q.amax.item() == 1.0
+
+
+@pytest.mark.parametrize("cls, float_cls", [(quant_nn.QuantGRUCell, nn.GRUCell), (quant_nn.QuantRNNCell, nn.RNNCell)])
+def test_gru_and_rnn_cells(cls, float_cls):
+    torch.manual_seed(0)
+    ref = float_cls(3, 4)
+    cell = cls.from_float(ref)
+    x, h = _x(2, 3), _x(2, 4, seed=1)
+    _disable_all(cell)
+    assert torch.allclose(cell(x, h), ref(x, h), atol=1e-6, rtol=0)
+    assert cell(x[0]).shape == (4,)
+    for q in cell.modules():
+        if isinstance(q, TensorQuantizer):
+            q.enable()
+            q.set_from_attribute_config({"amax": 1.0, "axis": None, "num_bits": 4})
+    gx = F.linear(_fq(x, 1.0, 4), _fq(cell.weight_ih, 1.0, 4), cell.bias_ih)
+    gh = F.linear(_fq(h, 1.0, 4), _fq(cell.weight_hh, 1.0, 4), cell.bias_hh)
+    if float_cls is nn.RNNCell:
+        expect = torch.tanh(gx + gh)
+    else:
+        xr, xz, xn = gx.chunk(3, -1)
+        hr, hz, hn = gh.chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        expect = (1 - z) * torch.tanh(xn + r * hn) + z * h
+    cell.output_quantizer.disable()
+    assert torch.equal(cell(x, h), expect)

@@ -19,12 +19,14 @@ from .model_quant import (
     calibrate_loop,
     make_forward_loop,
     quantize,
+    replace_quant_module,
     replace_quant_modules,
     set_quantizer_by_cfg,
 )
 from .quant_steps import quant_step, set_quant_step
+from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
-from .registry import register, registered, unregister
+from .registry import QuantModuleRegistry, register, registered, unregister
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .requant import set_requant
 from .save_restore import restore, save
@@ -40,8 +42,11 @@ __all__ = [
     "INT8_SMOOTHQUANT_CFG",
     "W4A8_CFG",
     "QuantConfigError",
+    "QuantModuleRegistry",
     "calibrate",
     "calibrate_loop",
+    "disable_quantizer",
+    "enable_quantizer",
     "find_relu_pairs",
     "make_forward_loop",
     "named_quantizers",
@@ -51,10 +56,12 @@ __all__ = [
     "quantize",
     "register",
     "registered",
+    "replace_quant_module",
     "replace_quant_modules",
     "restore",
     "save",
     "set_quant_step",
+    "set_quantizer_attribute",
     "set_quantizer_by_cfg",
     "set_requant",
     "share_relu_grids",

@@ -55,8 +55,8 @@ from torch import nn
 
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
-from ..descriptor import QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL as _CT_DESC
 from ..nn.modules._integer_requant import REQUANT_MODES
+from ..nn.modules.quant_conv_transpose import QUANT_DESC_8BIT_CONVTRANSPOSE_WEIGHT_PER_OUTPUT_CHANNEL as _CT_DESC
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
@@ -80,7 +80,7 @@ CALIB_METHODS = tuple(k for k in METHOD_PARAMS if k is not None)
 ALGORITHM_PARAMS: dict[str, frozenset] = {"smoothquant": frozenset({"alpha"})}
 
 #: the per-channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel): the quantized modules' default
-#: (axis 0, one scale per input channel, what TensorRT's deconvolution supports; see quant_conv_transpose.py)
+#: (axis 1, one scale per output channel, as the peers' constants; see quant_conv_transpose.py)
 CONVTRANSPOSE_WEIGHT_AXIS = _CT_DESC.axis[0] if len(_CT_DESC.axis) == 1 else _CT_DESC.axis
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -29,7 +29,7 @@ from .config import (
     normalize_algorithm,
     normalize_config,
 )
-from .registry import REGISTRY, QuantModuleRegistry
+from .registry import REGISTRY, QuantModuleRegistryCls
 from .requant import set_requant
 from .smoothquant import smooth_quant
 from .state import ModuleSnapshot, snapshot_quantizers
@@ -53,19 +53,15 @@ class _Replacements:
         self.done.clear()
 
 
-def _convert_tree(model: nn.Module, registry: QuantModuleRegistry, record: _Replacements) -> nn.Module:
+def _convert_tree(model: nn.Module, registry: QuantModuleRegistryCls, record: _Replacements) -> nn.Module:
     memo: dict[int, nn.Module] = {}
 
     def convert(m: nn.Module) -> nn.Module | None:
         if id(m) in memo:
             return memo[id(m)]
-        quant_cls = registry.get(type(m))
-        if quant_cls is None:
+        if type(m) not in registry:
             return None
-        new = quant_cls.from_float(m)
-        if not isinstance(new, nn.Module):
-            raise TypeError(f"{quant_cls.__name__}.from_float returned {type(new).__name__}, not an nn.Module")
-        new.train(m.training)
+        new = registry.convert(m)
         memo[id(m)] = new
         return new
 
@@ -89,13 +85,17 @@ def _convert_tree(model: nn.Module, registry: QuantModuleRegistry, record: _Repl
     return model
 
 
-def replace_quant_modules(model: nn.Module, registry: QuantModuleRegistry | None = None) -> nn.Module:
+def replace_quant_modules(model: nn.Module, registry: QuantModuleRegistryCls | None = None) -> nn.Module:
     """Replace (in place) every child whose exact type is registered by its quantized twin; returns the model.
 
     A module shared under several names is converted once and stays shared. If ``model`` itself is of a
-    registered type, the converted module is returned (use the return value).
+    registered type, the converted module is returned (use the return value). Quantizer names are left unset
+    (``quantize`` sets them). ``replace_quant_module`` is ModelOpt's name for the same function.
     """
     return _convert_tree(model, registry or REGISTRY, _Replacements())
+
+
+replace_quant_module = replace_quant_modules
 
 
 def set_quantizer_names(model: nn.Module) -> None:
@@ -168,7 +168,7 @@ def quantize(
     config: dict,
     forward_loop: Callable[[nn.Module], object] | None = None,
     *,
-    registry: QuantModuleRegistry | None = None,
+    registry: QuantModuleRegistryCls | None = None,
 ) -> nn.Module:
     """Convert ``model`` in place to fake-quantized modules, configure its quantizers and calibrate them.
 

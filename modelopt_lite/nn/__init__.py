@@ -1,14 +1,17 @@
-"""``modelopt_lite.nn`` (alias ``modelopt_lite.quant_nn``): TensorQuantizer and the quantized modules.
+"""``modelopt_lite.nn`` (alias ``modelopt_lite.quant_nn``): TensorQuantizer, the quantized modules, their registry.
 
 Quantized modules: ``QuantLinear``, ``QuantConv1d/2d/3d``, ``QuantConvTranspose1d/2d/3d``, ``QuantMaxPool1/2/3d``,
-``QuantAvgPool1/2/3d``, ``QuantAdaptiveAvgPool1/2/3d``, ``QuantLSTM``, ``QuantLSTMCell``, ``QuantMatMul`` and
-``QuantAdd`` (with the float helper modules ``MatMul`` and ``Add``). The short aliases ``Linear``, ``Conv2d``, ...
-name the quantized classes, as in pytorch-quantization's ``quant_nn``.
+``QuantAvgPool1/2/3d``, ``QuantAdaptiveAvgPool1/2/3d``, ``QuantBatchNorm1/2/3d``, ``QuantInstanceNorm1/2/3d``,
+``QuantLeakyReLU``, ``QuantEmbedding``, ``QuantLSTM``/``QuantGRU``/``QuantRNN`` and their cells, ``QuantMatMul`` and
+``QuantAdd`` (with the float helper modules ``MatMul`` and ``Add``); ``Clip`` and :mod:`.functional` (``clip``) as in
+pytorch-quantization. The short aliases ``Linear``, ``Conv2d``, ... name the quantized classes, as in
+pytorch-quantization's ``quant_nn``. ``QuantModuleRegistry`` maps each float class to its quantized class.
 """
 
+from . import functional
 from . import modules as _modules
 from .modules import *
 from .sequential_quantizer import SequentialQuantizer
 from .tensor_quantizer import TensorQuantizer
 
-__all__ = ["SequentialQuantizer", "TensorQuantizer", *_modules.__all__]  # noqa: PLE0604
+__all__ = ["SequentialQuantizer", "TensorQuantizer", "functional", *_modules.__all__]  # noqa: PLE0604

@@ -1,6 +1,10 @@
-"""Quantized counterparts of torch.nn modules (one file per family)."""
+"""Quantized counterparts of torch.nn modules (one file per family), registered in ``QuantModuleRegistry``."""
 
 from ._base import QuantModuleMixin
+from ._input_only import QuantInputOnlyMixin
+from ._registry import QuantModuleRegistry, QuantModuleRegistryCls
+from .clip import Clip
+from .quant_activations import LeakyReLU, QuantLeakyReLU
 from .quant_conv import Conv1d, Conv2d, Conv3d, QuantConv1d, QuantConv2d, QuantConv3d
 from .quant_conv_transpose import (
     ConvTranspose1d,
@@ -10,8 +14,23 @@ from .quant_conv_transpose import (
     QuantConvTranspose2d,
     QuantConvTranspose3d,
 )
+from .quant_embedding import Embedding, QuantEmbedding
 from .quant_functional import Add, MatMul, QuantAdd, QuantMatMul
 from .quant_linear import Linear, QuantLinear
+from .quant_norm import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    QuantBatchNorm1d,
+    QuantBatchNorm2d,
+    QuantBatchNorm3d,
+    QuantInstanceNorm1d,
+    QuantInstanceNorm2d,
+    QuantInstanceNorm3d,
+)
 from .quant_pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -32,9 +51,18 @@ from .quant_pooling import (
     QuantMaxPool2d,
     QuantMaxPool3d,
 )
-from .quant_rnn import CellQuantizers, GemmQuantizers, QuantLSTM, QuantLSTMCell
+from .quant_rnn import (
+    CellQuantizers,
+    GemmQuantizers,
+    QuantGRU,
+    QuantGRUCell,
+    QuantLSTM,
+    QuantLSTMCell,
+    QuantRNN,
+    QuantRNNCell,
+)
 
-#: every quantized module class, by name
+#: every quantized module class defined here (the registry maps float classes to them)
 QUANT_MODULE_CLASSES = (
     QuantLinear,
     QuantConv1d,
@@ -52,8 +80,20 @@ QUANT_MODULE_CLASSES = (
     QuantAdaptiveAvgPool1d,
     QuantAdaptiveAvgPool2d,
     QuantAdaptiveAvgPool3d,
+    QuantBatchNorm1d,
+    QuantBatchNorm2d,
+    QuantBatchNorm3d,
+    QuantInstanceNorm1d,
+    QuantInstanceNorm2d,
+    QuantInstanceNorm3d,
+    QuantLeakyReLU,
+    QuantEmbedding,
     QuantLSTM,
     QuantLSTMCell,
+    QuantGRU,
+    QuantGRUCell,
+    QuantRNN,
+    QuantRNNCell,
     QuantMatMul,
     QuantAdd,
 )
@@ -61,6 +101,10 @@ QUANT_MODULE_CLASSES = (
 __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "QUANT_MODULE_CLASSES",
     "QuantModuleMixin",
+    "QuantInputOnlyMixin",
+    "QuantModuleRegistry",
+    "QuantModuleRegistryCls",
+    "Clip",
     "MatMul",
     "Add",
     "GemmQuantizers",
@@ -81,4 +125,12 @@ __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
     "AdaptiveAvgPool3d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "InstanceNorm3d",
+    "LeakyReLU",
+    "Embedding",
 ]

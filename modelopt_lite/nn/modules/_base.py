@@ -1,15 +1,21 @@
-"""``QuantModuleMixin``: what every quantized module shares (quantizer creation and ``from_float``).
+"""``QuantModuleMixin``: what every quantized module shares (quantizer creation, class defaults, ``from_float``).
 
 Each quantized module owns ``input_quantizer``, ``weight_quantizer`` (modules with weights) and
-``output_quantizer`` (disabled by default, applied to the output when enabled). The default descriptors are
-immutable class constants; there is deliberately no ``set_default_quant_desc_*``: pass ``quant_desc_input=`` /
-``quant_desc_weight=`` or configure the quantizers (``set_from_attribute_config`` / ``modelopt_lite.quantize``).
+``output_quantizer`` (disabled by default, applied to the output when enabled). The descriptors a new instance
+gets are the class attributes ``default_quant_desc_input`` / ``default_quant_desc_weight``; as in
+pytorch-quantization, ``QuantConv2d.set_default_quant_desc_input(desc)`` / ``..._weight(desc)`` change them for
+that class (and its subclasses) and every instance built afterwards: this is process-wide state, so prefer
+``quant_desc_input=`` / ``quant_desc_weight=`` or a ``modelopt_lite.quantize`` config.
+
+Quantized modules compute with fake-quantized values only: a quantizer in real-quant mode (``fake_quant=False``)
+would feed integer codes into the float op (a Linear ~127x too large), so it is rejected with a ValueError when
+the module is built and on every forward (:meth:`QuantModuleMixin._check_fake_quant`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,22 +28,47 @@ from ...descriptor import (
 from .._quantizer_config import as_descriptor
 from ..tensor_quantizer import TensorQuantizer
 
+if TYPE_CHECKING:  # the mixin is always combined with an nn.Module
+    _MixinBase = nn.Module
+else:
+    _MixinBase = object
+
 
 def module_device(module: nn.Module) -> torch.device:
     """Device of the first parameter or buffer (CPU for a module without tensors)."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
+    for p in module.parameters():
+        return p.device
+    for b in module.buffers():
+        return b.device
     return torch.device("cpu")
 
 
-class QuantModuleMixin:
+def check_fake_descriptor(desc: ScaledQuantDescriptor, owner: str, what: str) -> ScaledQuantDescriptor:
+    """``desc`` if it fake-quantizes; a ValueError naming the module class and the descriptor otherwise."""
+    if not desc.fake_quant:
+        raise ValueError(
+            f"{owner}: {what} has fake_quant=False; quantized modules only support fake quantization (their float "
+            "ops would run on integer codes). Use modelopt_lite.tensor_quant for codes, or modelopt_lite.fake2real "
+            "for real INT8 modules"
+        )
+    return desc
+
+
+def _quantizers(module: nn.Module):
+    """The TensorQuantizers under ``module`` (not looking inside a quantizer)."""
+    for child in module._modules.values():
+        if isinstance(child, TensorQuantizer):
+            yield child
+        elif child is not None:
+            yield from _quantizers(child)
+
+
+class QuantModuleMixin(_MixinBase):
     """Mixin for ``QuantX(QuantModuleMixin, nn.X)``: builds the quantizers and converts float modules.
 
-    Class attributes (immutable): ``default_quant_desc_input`` (8-bit per tensor), ``default_quant_desc_weight``
-    (8-bit per channel on axis 0, or None for modules without weights), ``_float_cls`` (the torch class this one
-    replaces).
+    Class attributes: ``default_quant_desc_input`` (8-bit per tensor), ``default_quant_desc_weight`` (8-bit per
+    channel on the output-channel axis, or None for modules without weights), ``_float_cls`` (the torch class this
+    one replaces).
     """
 
     #: "float" (default) or "integer": how a quantized Linear/Conv computes a quantized output (see
@@ -47,10 +78,29 @@ class QuantModuleMixin:
     default_quant_desc_weight: ClassVar[ScaledQuantDescriptor | None] = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
     _float_cls: ClassVar[type]
 
+    # --- class-wide defaults (pytorch-quantization's QuantMixin API) ----------------------------------------------
+    @classmethod
+    def set_default_quant_desc_input(cls, value) -> None:
+        """Descriptor (or dict of its fields) of the input quantizer of every ``cls`` built from now on."""
+        desc = as_descriptor(value, f"{cls.__name__}.set_default_quant_desc_input")
+        cls.default_quant_desc_input = check_fake_descriptor(desc, cls.__name__, "the default input descriptor")
+
+    @classmethod
+    def set_default_quant_desc_weight(cls, value) -> None:
+        """Descriptor (or dict of its fields) of the weight quantizer of every ``cls`` built from now on.
+
+        Raises:
+            TypeError: ``cls`` has no weight quantizer.
+        """
+        if cls.default_quant_desc_weight is None:
+            raise TypeError(f"{cls.__name__} has no weight quantizer; set_default_quant_desc_weight does not apply")
+        desc = as_descriptor(value, f"{cls.__name__}.set_default_quant_desc_weight")
+        cls.default_quant_desc_weight = check_fake_descriptor(desc, cls.__name__, "the default weight descriptor")
+
+    # --- construction ----------------------------------------------------------------------------------------------
     def _desc(self, value, default, what: str) -> ScaledQuantDescriptor:
-        if value is None:
-            return default
-        return as_descriptor(value, f"{type(self).__name__} {what}")
+        desc = default if value is None else as_descriptor(value, f"{type(self).__name__} {what}")
+        return check_fake_descriptor(desc, type(self).__name__, what)
 
     def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None) -> None:
         """Create input/weight/output quantizers on the module's device."""
@@ -81,10 +131,22 @@ class QuantModuleMixin:
                 f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}."
                 f"{cls._float_cls.__qualname__}, got {type(module).__qualname__}"
             )
-        new = copy.deepcopy(module)
+        new: Any = copy.deepcopy(module)
         new.__class__ = cls
         new._init_quantizers(quant_desc_input, quant_desc_weight)
         return new
+
+    # --- forward helpers -------------------------------------------------------------------------------------------
+    def _check_fake_quant(self) -> None:
+        """ValueError when an enabled quantizer of this module is in real-quant mode (``fake_quant=False``)."""
+        for q in _quantizers(self):
+            if not q.fake_quant and q.is_enabled:
+                name = next(n for n, m in self.named_modules() if m is q)
+                raise ValueError(
+                    f"{type(self).__name__}: quantizer {name!r} ({q.name or 'unnamed'}) has fake_quant=False; "
+                    "quantized modules only support fake quantization (the float op would run on integer codes). "
+                    "Set fake_quant=True, or use modelopt_lite.fake2real for real INT8 modules"
+                )
 
     # read-only aliases of pytorch-quantization's attribute names
     _input_quantizer = property(lambda self: self.input_quantizer, doc="Alias of ``input_quantizer``.")

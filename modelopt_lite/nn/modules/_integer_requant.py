@@ -123,11 +123,12 @@ def integer_forward(
     path from the quantized input on) gives the gradients when they are needed."""
     inq, wq, outq = module.input_quantizer, module.weight_quantizer, module.output_quantizer
     # the input quantizer runs once, as usual (its hooks too); its fake-quantized values divide back exactly to codes
-    sx = inq.scale
+    sx, so = inq.scale, outq.scale
+    if sx is None or so is None:  # active() admits calibrated (static) quantizers only
+        raise RuntimeError(f"{type(module).__name__}: integer requantization needs calibrated input/output quantizers")
     fx = inq(x)
     xc = torch.round(fx / sx)
     wc, sw = wq.quantize_weight_codes(module.weight)
-    so = outq.scale
     acc = module._integer_product(xc.double(), wc.double())
     shape = (1, -1) + (1,) * (acc.dim() - 2)  # the output channels are dim 1 (Linear: (N, C); Conv: (N, C, ...))
     out_channels = module.weight.shape[0]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
 from ...descriptor import (
@@ -15,9 +14,18 @@ from ...descriptor import (
 from . import _integer_requant
 from ._base import QuantModuleMixin
 from ._integer_requant import IntegerRequantLayer
+from ._registry import QuantModuleRegistry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+    from torch.nn.modules.conv import _ConvNd as _ConvTyping
+else:
+    _ConvTyping = object
 
 
-class _QuantConvNd(IntegerRequantLayer, QuantModuleMixin):
+class _QuantConvNd(IntegerRequantLayer, QuantModuleMixin, _ConvTyping):
     """Shared body: ``output_quantizer(conv(input_quantizer(x), weight_quantizer(W), b))``.
 
     Accepts the float class's arguments plus ``quant_desc_input=`` / ``quant_desc_weight=`` (keyword only);
@@ -26,7 +34,8 @@ class _QuantConvNd(IntegerRequantLayer, QuantModuleMixin):
     quantized input, as the float module pads its input).
     """
 
-    _conv_forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # nn.ConvNd's
+    if TYPE_CHECKING:  # provided by the nn.ConvNd class it is combined with
+        _conv_forward: Callable[..., torch.Tensor]
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -44,11 +53,13 @@ class _QuantConvNd(IntegerRequantLayer, QuantModuleMixin):
         return None if self.padding_mode == "zeros" else f"padding_mode={self.padding_mode!r} (only 'zeros')"
 
     def forward(self, input):
+        self._check_fake_quant()
         if _integer_requant.active(self, input):
             return _integer_requant.integer_forward(self, input, self._float_forward)
         return self._float_forward(self.input_quantizer(input))
 
 
+@QuantModuleRegistry.register({nn.Conv1d: "nn.Conv1d"})
 class QuantConv1d(_QuantConvNd, nn.Conv1d):
     """``nn.Conv1d`` with quantized input and weight (weight per output channel by default)."""
 
@@ -56,6 +67,7 @@ class QuantConv1d(_QuantConvNd, nn.Conv1d):
     _float_cls = nn.Conv1d
 
 
+@QuantModuleRegistry.register({nn.Conv2d: "nn.Conv2d"})
 class QuantConv2d(_QuantConvNd, nn.Conv2d):
     """``nn.Conv2d`` with quantized input and weight (weight per output channel by default)."""
 
@@ -63,6 +75,7 @@ class QuantConv2d(_QuantConvNd, nn.Conv2d):
     _float_cls = nn.Conv2d
 
 
+@QuantModuleRegistry.register({nn.Conv3d: "nn.Conv3d"})
 class QuantConv3d(_QuantConvNd, nn.Conv3d):
     """``nn.Conv3d`` with quantized input and weight (weight per output channel by default)."""
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._quantizer_config import as_descriptor
 from ..tensor_quantizer import TensorQuantizer
 from ._base import QuantModuleMixin, module_device
+from ._registry import QuantModuleRegistry
 
 
 class MatMul(nn.Module):
@@ -44,28 +44,28 @@ class _QuantBinary(QuantModuleMixin):
 
     def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None) -> None:
         super()._init_quantizers(quant_desc_input, quant_desc_weight)
-        desc = (
-            self.default_quant_desc_input
-            if quant_desc_input is None
-            else as_descriptor(quant_desc_input, f"{type(self).__name__} quant_desc_input")
-        )
+        desc = self._desc(quant_desc_input, self.default_quant_desc_input, "quant_desc_input")
         self.other_input_quantizer = TensorQuantizer(desc).to(module_device(self))
 
 
+@QuantModuleRegistry.register({MatMul: "MatMul"})
 class QuantMatMul(_QuantBinary, MatMul):
     """``output_quantizer(torch.matmul(input_quantizer(a), other_input_quantizer(b)))``."""
 
     _float_cls = MatMul
 
     def forward(self, input, other):
+        self._check_fake_quant()
         out = torch.matmul(self.input_quantizer(input), self.other_input_quantizer(other))
         return self.output_quantizer(out)
 
 
+@QuantModuleRegistry.register({Add: "Add"})
 class QuantAdd(_QuantBinary, Add):
     """``output_quantizer(input_quantizer(a) + other_input_quantizer(b))``."""
 
     _float_cls = Add
 
     def forward(self, input, other):
+        self._check_fake_quant()
         return self.output_quantizer(self.input_quantizer(input) + self.other_input_quantizer(other))

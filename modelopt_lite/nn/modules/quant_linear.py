@@ -10,8 +10,10 @@ from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 from . import _integer_requant
 from ._base import QuantModuleMixin
 from ._integer_requant import IntegerRequantLayer
+from ._registry import QuantModuleRegistry
 
 
+@QuantModuleRegistry.register({nn.Linear: "nn.Linear"})
 class QuantLinear(IntegerRequantLayer, QuantModuleMixin, nn.Linear):
     """``nn.Linear`` with quantized input and weight.
 
@@ -49,6 +51,7 @@ class QuantLinear(IntegerRequantLayer, QuantModuleMixin, nn.Linear):
         return x.dim() == 2  # a Gemm in ONNX
 
     def forward(self, input):
+        self._check_fake_quant()
         if _integer_requant.active(self, input):
             return _integer_requant.integer_forward(self, input, self._float_forward)
         return self._float_forward(self.input_quantizer(input))

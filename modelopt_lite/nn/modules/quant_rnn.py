@@ -1,54 +1,59 @@
-"""``QuantLSTM`` and ``QuantLSTMCell``: every gate matmul takes a quantized activation and a quantized weight.
+"""``QuantLSTM``, ``QuantGRU``, ``QuantRNN`` and their cells: every gate matmul takes a quantized activation and a
+quantized weight (the math is in :mod:`._rnn_cells`).
 
-An LSTM step computes ``gates = x W_ih^T + b_ih + h W_hh^T + b_hh`` (gate order i, f, g, o), then
-``c' = f * c + i * g`` and ``h' = o * tanh(c')`` with sigmoid i, f, o and tanh g. Each of the two matmuls has its
-own pair of quantizers (a :class:`GemmQuantizers`: ``input_quantizer`` for the activation, ``weight_quantizer``
-for the weight), because ``x`` and ``h`` have different ranges (pytorch-quantization shares one input quantizer
-between them). The biases and the element-wise gate math stay in float. Module paths look like
-``lstm.gate_quantizers.l1_reverse.hh.input_quantizer``, so ``"*input_quantizer"`` / ``"*weight_quantizer"``
-config patterns reach all of them.
+Each matmul has its own pair of quantizers (a :class:`GemmQuantizers`: ``input_quantizer`` for the activation,
+``weight_quantizer`` for the weight), because ``x`` and ``h`` have different ranges (pytorch-quantization shares
+one input quantizer between them). Module paths look like ``lstm.gate_quantizers.l1_reverse.hh.input_quantizer``,
+so ``"*input_quantizer"`` / ``"*weight_quantizer"`` config patterns reach all of them. An LSTM with
+``proj_size > 0`` has a third pair, ``hr``, for the projection ``h W_hr^T``.
 
 The computation is a functional re-implementation (a Python loop over time steps), not cuDNN/oneDNN: with
-quantization disabled it matches ``nn.LSTM`` to float rounding, not bit for bit. The input projection of a whole
-sequence is one matmul (its activation quantizer sees the whole sequence at once); the hidden state is quantized
-at every step. ``proj_size > 0`` and PackedSequence inputs are not supported.
+quantization disabled it matches ``nn.LSTM``/``nn.GRU``/``nn.RNN`` to float rounding, not bit for bit. The input
+projection of a whole sequence is one matmul (its activation quantizer sees the whole sequence at once); the hidden
+state is quantized at every step. PackedSequence inputs give PackedSequence outputs; their padding never reaches a
+quantizer (or its calibrator) and each sequence's final state is the one at its own length.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 from ..tensor_quantizer import TensorQuantizer
 from ._base import QuantModuleMixin, module_device
+from ._registry import QuantModuleRegistry
+from ._rnn_cells import (
+    RNN_ACTIVATIONS,
+    CellQuantizers,
+    DirectionWeights,
+    GemmQuantizers,
+    gru_step,
+    lstm_gates_to_state,
+    quantize_rows,
+    run_direction,
+)
 
+if TYPE_CHECKING:
+    _CellTyping = nn.RNNCellBase
+    _RNNTyping = nn.RNNBase
+else:
+    _CellTyping = _RNNTyping = object
 
-class GemmQuantizers(nn.Module):
-    """The quantizers of one matmul: ``input_quantizer`` (activation) and ``weight_quantizer`` (weight)."""
-
-    def __init__(self, desc_input, desc_weight):
-        super().__init__()
-        self.input_quantizer = TensorQuantizer(desc_input)
-        self.weight_quantizer = TensorQuantizer(desc_weight)
-
-
-class CellQuantizers(nn.Module):
-    """``ih`` (input projection) and ``hh`` (recurrent projection) quantizers of one LSTM cell."""
-
-    def __init__(self, desc_input, desc_weight):
-        super().__init__()
-        self.ih = GemmQuantizers(desc_input, desc_weight)
-        self.hh = GemmQuantizers(desc_input, desc_weight)
-
-
-def lstm_gates_to_state(gates: torch.Tensor, c: torch.Tensor):
-    """(h', c') from the pre-activation gates (i, f, g, o along the last dim) and the previous cell state."""
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c_new), c_new
+__all__ = [
+    "CellQuantizers",
+    "GemmQuantizers",
+    "QuantGRU",
+    "QuantGRUCell",
+    "QuantLSTM",
+    "QuantLSTMCell",
+    "QuantRNN",
+    "QuantRNNCell",
+]
 
 
 class _QuantRNNMixin(QuantModuleMixin):
@@ -60,15 +65,14 @@ class _QuantRNNMixin(QuantModuleMixin):
         return di, dw
 
 
-class QuantLSTMCell(_QuantRNNMixin, nn.LSTMCell):
-    """``nn.LSTMCell`` with quantized matmul operands: quantizers ``ih`` and ``hh`` (:class:`GemmQuantizers`).
+# --- cells ---------------------------------------------------------------------------------------------------------
+class _QuantCell(_QuantRNNMixin, _CellTyping):
+    """Shared body of the cells: quantizers ``cell_quantizers.ih`` / ``.hh``; ``output_quantizer`` on the new h."""
 
-    ``input_quantizer`` / ``weight_quantizer`` are read-only aliases of ``ih.input_quantizer`` /
-    ``ih.weight_quantizer``; ``output_quantizer`` (disabled by default) applies to the returned ``h``.
-    Defaults: activations 8-bit per tensor, weights 8-bit per row (axis 0 of ``(4 * hidden, in)``).
-    """
+    _kind: str
 
-    _float_cls = nn.LSTMCell
+    if TYPE_CHECKING:  # RNNCell only
+        nonlinearity: str
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -83,47 +87,87 @@ class QuantLSTMCell(_QuantRNNMixin, nn.LSTMCell):
     weight_quantizer = property(lambda self: self.cell_quantizers.ih.weight_quantizer, doc="Quantizer of W_ih.")
 
     def forward(self, input, hx=None):
+        self._check_fake_quant()
+        name = type(self).__name__
         if input.dim() not in (1, 2):
-            raise ValueError(f"QuantLSTMCell: expected a 1-D (unbatched) or 2-D (batched) input, got {input.dim()}-D")
+            raise ValueError(f"{name}: expected a 1-D (unbatched) or 2-D (batched) input, got {input.dim()}-D")
         batched = input.dim() == 2
         x = input if batched else input.unsqueeze(0)
         if hx is None:
             zeros = x.new_zeros(x.size(0), self.hidden_size)
-            h, c = zeros, zeros
+            state: tuple[torch.Tensor, ...] = (zeros, zeros) if self._kind == "LSTM" else (zeros,)
         else:
-            h, c = hx if batched else (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
+            state = tuple(hx) if self._kind == "LSTM" else (hx,)
+            state = state if batched else tuple(s.unsqueeze(0) for s in state)
         q = self.cell_quantizers
-        gates = F.linear(q.ih.input_quantizer(x), q.ih.weight_quantizer(self.weight_ih), self.bias_ih)
-        gates = gates + F.linear(q.hh.input_quantizer(h), q.hh.weight_quantizer(self.weight_hh), self.bias_hh)
-        h, c = lstm_gates_to_state(gates, c)
+        gx = F.linear(q.ih.input_quantizer(x), q.ih.weight_quantizer(self.weight_ih), self.bias_ih)
+        gh = F.linear(q.hh.input_quantizer(state[0]), q.hh.weight_quantizer(self.weight_hh), self.bias_hh)
+        if self._kind == "LSTM":
+            h, c = lstm_gates_to_state(gx + gh, state[1])
+            h = self.output_quantizer(h)
+            return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
+        h = gru_step(gx, gh, state[0]) if self._kind == "GRU" else RNN_ACTIVATIONS[self.nonlinearity](gx + gh)
         h = self.output_quantizer(h)
-        return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
+        return h if batched else h.squeeze(0)
 
 
-class QuantLSTM(_QuantRNNMixin, nn.LSTM):
-    """``nn.LSTM`` (any layers, bidirectional, batch_first, dropout) with quantized matmul operands.
+@QuantModuleRegistry.register({nn.LSTMCell: "nn.LSTMCell"})
+class QuantLSTMCell(_QuantCell, nn.LSTMCell):
+    """``nn.LSTMCell`` with quantized matmul operands: quantizers ``ih`` and ``hh`` (:class:`GemmQuantizers`).
 
-    ``gate_quantizers`` maps ``"l{k}"`` / ``"l{k}_reverse"`` to a :class:`CellQuantizers` (``ih`` and ``hh``).
-    ``input_quantizer`` / ``weight_quantizer`` are read-only aliases of layer 0's forward ``ih`` quantizers;
-    ``output_quantizer`` (disabled by default) applies to the output sequence.
+    ``input_quantizer`` / ``weight_quantizer`` are read-only aliases of ``ih.input_quantizer`` /
+    ``ih.weight_quantizer``; ``output_quantizer`` (disabled by default) applies to the returned ``h``.
+    Defaults: activations 8-bit per tensor, weights 8-bit per row (axis 0 of ``(4 * hidden, in)``).
     """
 
-    _float_cls = nn.LSTM
+    _float_cls = nn.LSTMCell
+    _kind = "LSTM"
+
+
+@QuantModuleRegistry.register({nn.GRUCell: "nn.GRUCell"})
+class QuantGRUCell(_QuantCell, nn.GRUCell):
+    """``nn.GRUCell`` with quantized matmul operands (as :class:`QuantLSTMCell`)."""
+
+    _float_cls = nn.GRUCell
+    _kind = "GRU"
+
+
+@QuantModuleRegistry.register({nn.RNNCell: "nn.RNNCell"})
+class QuantRNNCell(_QuantCell, nn.RNNCell):
+    """``nn.RNNCell`` (tanh or relu) with quantized matmul operands (as :class:`QuantLSTMCell`)."""
+
+    _float_cls = nn.RNNCell
+    _kind = "RNN"
+
+
+# --- multi-layer modules -------------------------------------------------------------------------------------------
+class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
+    """Shared body of QuantLSTM / QuantGRU / QuantRNN (any layers, bidirectional, batch_first, dropout).
+
+    ``gate_quantizers`` maps ``"l{k}"`` / ``"l{k}_reverse"`` to a :class:`CellQuantizers`. ``input_quantizer`` /
+    ``weight_quantizer`` are read-only aliases of layer 0's forward ``ih`` quantizers; ``output_quantizer``
+    (disabled by default) applies to the output sequence.
+    """
+
+    _kind: str
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 
-    def _suffixes(self):
+    def _suffixes(self) -> tuple[str, ...]:
         return ("", "_reverse") if self.bidirectional else ("",)
 
     def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None) -> None:
-        if self.proj_size > 0:
-            raise ValueError("QuantLSTM does not support proj_size > 0")
         di, dw = self._check_desc_args(quant_desc_input, quant_desc_weight)
         dev = module_device(self)
+        proj = self.proj_size > 0
         self.gate_quantizers = nn.ModuleDict(
-            {f"l{k}{s}": CellQuantizers(di, dw).to(dev) for k in range(self.num_layers) for s in self._suffixes()}
+            {
+                f"l{k}{s}": CellQuantizers(di, dw, proj=proj).to(dev)
+                for k in range(self.num_layers)
+                for s in self._suffixes()
+            }
         )
         self.output_quantizer = TensorQuantizer(self.default_quant_desc_input, disabled=True).to(dev)
 
@@ -132,55 +176,95 @@ class QuantLSTM(_QuantRNNMixin, nn.LSTM):
         lambda self: self.gate_quantizers["l0"].ih.weight_quantizer, doc="Quantizer of weight_ih_l0."
     )
 
-    def _direction(self, x, h, c, key: str, reverse: bool):
-        """Run one layer in one direction over x (T, N, In); returns (outputs (T, N, H), h_T, c_T)."""
-        q = self.gate_quantizers[key]
-        suffix = key[key.index("l") + 1 :]
-        w_ih, w_hh = getattr(self, f"weight_ih_l{suffix}"), getattr(self, f"weight_hh_l{suffix}")
-        b_ih = getattr(self, f"bias_ih_l{suffix}") if self.bias else None
-        b_hh = getattr(self, f"bias_hh_l{suffix}") if self.bias else None
-        gx = F.linear(q.ih.input_quantizer(x), q.ih.weight_quantizer(w_ih), b_ih)
-        w_hh_q = q.hh.weight_quantizer(w_hh)
-        outs = [None] * x.size(0)
-        steps = range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0))
-        for t in steps:
-            gates = gx[t] + F.linear(q.hh.input_quantizer(h), w_hh_q, b_hh)
-            h, c = lstm_gates_to_state(gates, c)
-            outs[t] = h
-        return torch.stack(outs), h, c
+    def _initial_state(self, x: torch.Tensor, hx, batched: bool) -> tuple[torch.Tensor, ...]:
+        n_state = self.num_layers * len(self._suffixes())
+        h_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+        if hx is None:
+            h0 = x.new_zeros(n_state, x.size(1), h_size)
+            return (h0, x.new_zeros(n_state, x.size(1), self.hidden_size)) if self._kind == "LSTM" else (h0,)
+        state = tuple(hx) if self._kind == "LSTM" else (hx,)
+        return state if batched else tuple(s.unsqueeze(1) for s in state)
 
     def forward(self, input, hx=None):
-        if isinstance(input, PackedSequence):
-            raise TypeError("QuantLSTM does not support PackedSequence inputs; pass a padded tensor")
-        if input.dim() not in (2, 3):
-            raise ValueError(f"QuantLSTM: expected a 2-D (unbatched) or 3-D (batched) input, got {input.dim()}-D")
-        batched = input.dim() == 3
-        x = input if batched else input.unsqueeze(1)
-        if batched and self.batch_first:
-            x = x.transpose(0, 1)
-        n_dirs = len(self._suffixes())
-        if hx is None:
-            zeros = x.new_zeros(self.num_layers * n_dirs, x.size(1), self.hidden_size)
-            h0, c0 = zeros, zeros
+        self._check_fake_quant()
+        name = type(self).__name__
+        packed = input if isinstance(input, PackedSequence) else None
+        lengths = None
+        if packed is not None:
+            x, lengths = pad_packed_sequence(packed)  # (T, N, In) in the caller's batch order
+            lengths = lengths.to(x.device)
+            batched = True
         else:
-            h0, c0 = hx if batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
-        hn, cn = [], []
+            if input.dim() not in (2, 3):
+                raise ValueError(f"{name}: expected a 2-D (unbatched) or 3-D (batched) input, got {input.dim()}-D")
+            batched = input.dim() == 3
+            x = input if batched else input.unsqueeze(1)
+            if batched and self.batch_first:
+                x = x.transpose(0, 1)
+        state0 = self._initial_state(x, hx, batched)
+        finals: list[tuple[torch.Tensor, ...]] = []
         layer_in = x
+        n_dirs = len(self._suffixes())
         for k in range(self.num_layers):
             outs = []
             for d, s in enumerate(self._suffixes()):
                 idx = k * n_dirs + d
-                o, h, c = self._direction(layer_in, h0[idx], c0[idx], f"l{k}{s}", reverse=bool(d))
+                key = f"l{k}{s}"
+                weights = DirectionWeights(self, f"{k}{s}", cast(CellQuantizers, self.gate_quantizers[key]))
+                start = tuple(t[idx] for t in state0)
+                nonlin = getattr(self, "nonlinearity", "tanh")
+                o, final = run_direction(self._kind, weights, layer_in, start, bool(d), lengths, nonlin)
                 outs.append(o)
-                hn.append(h)
-                cn.append(c)
+                finals.append(final)
             layer_in = torch.cat(outs, dim=-1) if n_dirs == 2 else outs[0]
             if self.dropout > 0 and self.training and k < self.num_layers - 1:
                 layer_in = F.dropout(layer_in, self.dropout, training=True)
-        out = self.output_quantizer(layer_in)
-        h_n, c_n = torch.stack(hn), torch.stack(cn)
+        valid = None
+        if lengths is not None:
+            valid = torch.arange(x.size(0), device=x.device).unsqueeze(1) < lengths.unsqueeze(0)
+        out = quantize_rows(self.output_quantizer, layer_in, valid)
+        state_n = tuple(torch.stack([f[i] for f in finals]) for i in range(len(finals[0])))
+        hidden: Any = state_n if self._kind == "LSTM" else state_n[0]
+        if packed is not None:
+            return _repack(out, packed), hidden
         if not batched:
-            return out.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
+            hidden = tuple(s.squeeze(1) for s in state_n) if self._kind == "LSTM" else state_n[0].squeeze(1)
+            return out.squeeze(1), hidden
         if self.batch_first:
             out = out.transpose(0, 1)
-        return out, (h_n, c_n)
+        return out, hidden
+
+
+def _repack(out: torch.Tensor, like: PackedSequence) -> PackedSequence:
+    """``out`` (T, N, H), padded in the caller's batch order, as a PackedSequence laid out like ``like``."""
+    order = like.sorted_indices
+    sorted_out = out if order is None else out.index_select(1, order.to(out.device))
+    sizes = like.batch_sizes
+    mask = torch.arange(out.size(1)).unsqueeze(0) < sizes.unsqueeze(1)  # (T, N) in sorted batch order
+    data = sorted_out[mask.to(out.device)]
+    return PackedSequence(data, sizes, like.sorted_indices, like.unsorted_indices)
+
+
+@QuantModuleRegistry.register({nn.LSTM: "nn.LSTM"})
+class QuantLSTM(_QuantRNNBase, nn.LSTM):
+    """``nn.LSTM`` (any layers, bidirectional, batch_first, dropout, ``proj_size``, PackedSequence inputs) with
+    quantized matmul operands; ``proj_size > 0`` adds the ``hr`` quantizers of the projection."""
+
+    _float_cls = nn.LSTM
+    _kind = "LSTM"
+
+
+@QuantModuleRegistry.register({nn.GRU: "nn.GRU"})
+class QuantGRU(_QuantRNNBase, nn.GRU):
+    """``nn.GRU`` (any layers, bidirectional, batch_first, dropout, PackedSequence inputs), quantized matmuls."""
+
+    _float_cls = nn.GRU
+    _kind = "GRU"
+
+
+@QuantModuleRegistry.register({nn.RNN: "nn.RNN"})
+class QuantRNN(_QuantRNNBase, nn.RNN):
+    """``nn.RNN`` (tanh or relu; any layers, bidirectional, batch_first, dropout, PackedSequence), quantized."""
+
+    _float_cls = nn.RNN
+    _kind = "RNN"
