@@ -43,16 +43,7 @@ LAYERS = {
 #: ``(importer, imported)`` for the layer rule or a frozenset of modules for a cycle). Do not add to these sets:
 #: fix the import instead (move the shared piece down, or register a hook from the higher layer).
 KNOWN_LAYER_VIOLATIONS: set[tuple[str, str]] = set()
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # nn/modules: _integer_requant imports quant_conv/quant_linear inside functions, and they import it back
-    frozenset(
-        {
-            "modelopt_lite.nn.modules._integer_requant",
-            "modelopt_lite.nn.modules.quant_conv",
-            "modelopt_lite.nn.modules.quant_linear",
-        }
-    ),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
