@@ -340,8 +340,20 @@ def test_cached_build_loads_without_compiling(native):
     assert mod is not None and mod.kernel_impl() in ("avx2", "scalar")
 
 
-def test_large_outputs_use_the_huge_page_path_and_stay_exact(native):
-    """Outputs of >= 4 MiB come from the kernels' own 2 MiB-aligned allocation: same bits, an ordinary tensor."""
+@pytest.mark.parametrize("advice", [True, False])
+def test_large_outputs_use_the_huge_page_path_and_stay_exact(native, advice):
+    """With the (opt-in) huge-page advice, outputs of >= 4 MiB come from the kernels' own 2 MiB-aligned allocation;
+    without it from torch's allocator: same bits, an ordinary tensor, either way."""
+    if not hasattr(native, "set_huge_page_advice"):
+        pytest.skip("kernels built without the huge-page switch")
+    native.set_huge_page_advice(advice)
+    try:
+        _check_large_outputs(native, advice)
+    finally:
+        native.set_huge_page_advice(None)
+
+
+def _check_large_outputs(native, advice):
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(1 << 20, 3, generator=gen) * 4  # 12 MiB of float32
     s = torch.tensor(4.0 / 127)
@@ -352,7 +364,7 @@ def test_large_outputs_use_the_huge_page_path_and_stay_exact(native):
         ("bwd", native.int_backward(g, x, s, -128, 127, True)[0], R.int_backward(g, x, s, -128, 127, True)[0]),
     ]:
         same(nat, ref, name)
-        assert nat.is_contiguous() and nat.data_ptr() % (2 << 20) == 0, name
+        assert nat.is_contiguous() and (nat.data_ptr() % (2 << 20) == 0 or not advice), name
         nat.add_(1.0).mul_(2.0)  # writable; its memory is freed with the tensor (no leak to check here)
         assert nat.untyped_storage().nbytes() == x.numel() * 4
     small = native.fake_quant_int(x[:10], s, -128, 127)  # under 4 MiB: torch's allocator
