@@ -24,12 +24,13 @@ class QuantInputOnlyMixin(QuantModuleMixin):
         return self._quant_output(super().forward(self.input_quantizer(input), *args, **kwargs))
 
 
-def make_input_only(float_cls: type, module: str, what: str = "quantized input") -> type:
-    """``Quant<Name>(QuantInputOnlyMixin, float_cls)``, registered for ``float_cls`` under ``"nn.<Name>"``."""
+def make_input_only(float_cls: type, module: str, what: str = "quantized input", register: bool = True) -> type:
+    """``Quant<Name>(QuantInputOnlyMixin, float_cls)``, registered for ``float_cls`` under ``"nn.<Name>"`` unless
+    ``register`` is False."""
     doc = f"``nn.{float_cls.__name__}`` with a {what} (8-bit per tensor by default); output quantizer disabled."
     cls = type(
         f"Quant{float_cls.__name__}",
         (QuantInputOnlyMixin, float_cls),
         {"_float_cls": float_cls, "__doc__": doc, "__module__": module},
     )
-    return QuantModuleRegistry.register({float_cls: f"nn.{float_cls.__name__}"})(cls)
+    return QuantModuleRegistry.register({float_cls: f"nn.{float_cls.__name__}"})(cls) if register else cls
