@@ -205,3 +205,43 @@ def test_yaml_missing_gives_an_install_hint(monkeypatch):
         QuantDescriptor().to_yaml()
     with pytest.raises(ImportError, match="pip install pyyaml"):
         QuantDescriptor.from_yaml("num_bits: 4\n")
+
+
+def test_convtranspose_per_channel_constants_mean_the_output_channel_axis():
+    """ConvTranspose weights are (in, out/groups, *k): the per-channel constants and the modules' default are axis 1."""
+    from torch import nn
+
+    from modelopt_lite import quant_nn
+    from modelopt_lite.descriptor import (
+        QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL,
+        QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL,
+        QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL,
+    )
+
+    for desc in (
+        QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL,
+        QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL,
+        QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL,
+    ):
+        assert desc.axis == (1,)
+    m = quant_nn.QuantConvTranspose2d(3, 5, 2)
+    m.weight_quantizer(m.weight)  # uncalibrated: the input's own max per output channel
+    w = m.weight.detach()
+    assert m.weight_quantizer.axis == (1,)
+    assert tuple(w.shape) == (3, 5, 2, 2)
+    assert isinstance(m, nn.ConvTranspose2d)
+
+
+def test_presets_leave_embeddings_float():
+    import torch
+    from torch import nn
+
+    import modelopt_lite as mtq
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
+    ids = torch.tensor([[1, 2, 3]])
+    ref = model(ids)
+    q = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(ids))
+    assert not q[0].weight_quantizer.is_enabled
+    assert torch.equal(q[0](ids), nn.functional.embedding(ids, model[0].weight))
+    assert q[1].weight_quantizer.is_enabled and ref.shape == q(ids).shape

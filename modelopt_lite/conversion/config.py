@@ -96,6 +96,8 @@ _DEFAULT_DISABLED = {
     "nn.BatchNorm2d": {"*": {"enable": False}},
     "nn.BatchNorm3d": {"*": {"enable": False}},
     "nn.LeakyReLU": {"*": {"enable": False}},
+    # QuantEmbedding is converted but off in every preset (they keep their behaviour): enable it by a config entry
+    "nn.Embedding": {"*": {"enable": False}},
     "*lm_head*": {"enable": False},
     "*output_layer*": {"enable": False},
     "*router*": {"enable": False},

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...descriptor import ScaledQuantDescriptor
+from ...descriptor import QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
 from ._base import QuantModuleMixin
 from ._registry import QuantModuleRegistry
 
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 else:
     _ConvTransposeTyping = object
 
-#: the default weight descriptor of every QuantConvTransposeNd: 8-bit, one amax per output channel (axis 1)
-QUANT_DESC_8BIT_CONVTRANSPOSE_WEIGHT_PER_OUTPUT_CHANNEL = ScaledQuantDescriptor(num_bits=8, axis=(1,))
+#: the default weight descriptor of every QuantConvTransposeNd: 8-bit, one amax per output channel (axis 1; the
+#: 1d/2d/3d constants of modelopt_lite.descriptor are equal)
+QUANT_DESC_8BIT_CONVTRANSPOSE_WEIGHT_PER_OUTPUT_CHANNEL = QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
 
 _FUNCS: dict[int, Callable[..., torch.Tensor]] = {
     1: F.conv_transpose1d,
