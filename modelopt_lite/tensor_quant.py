@@ -67,7 +67,7 @@ _ARG_DEFAULTS = {"bias": None, "num_bits": 8, "output_dtype": None, "unsigned": 
 _MODELOPT_ORDER = ("bias", "num_bits", "unsigned", "narrow_range")
 
 
-def _call_args(fn: str, args: tuple, given: dict) -> dict:
+def _call_args(fn: str, args: tuple, **given) -> dict:
     """Merge positional arguments of either layout with the keywords (``given``; defaults where not passed).
 
     The third positional argument decides the layout: None, a tensor or a float is ModelOpt's ``bias``; an int or an
@@ -141,13 +141,11 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
     p = _call_args(
         "fake_tensor_quant",
         args,
-        {
-            "bias": bias,
-            "num_bits": num_bits,
-            "unsigned": unsigned,
-            "narrow_range": narrow_range,
-            "output_dtype": output_dtype,
-        },
+        bias=bias,
+        num_bits=num_bits,
+        unsigned=unsigned,
+        narrow_range=narrow_range,
+        output_dtype=output_dtype,
     )
     out_dtype = _check_output_dtype(p["output_dtype"], fake=True)
     x, back = _to_compute(inputs)
@@ -184,13 +182,11 @@ def tensor_quant(
     p = _call_args(
         "tensor_quant",
         args,
-        {
-            "bias": bias,
-            "num_bits": num_bits,
-            "unsigned": unsigned,
-            "narrow_range": narrow_range,
-            "output_dtype": output_dtype,
-        },
+        bias=bias,
+        num_bits=num_bits,
+        unsigned=unsigned,
+        narrow_range=narrow_range,
+        output_dtype=output_dtype,
     )
     if dtype is not None and p["output_dtype"] is not None and dtype != p["output_dtype"]:
         raise TypeError(f"tensor_quant() got dtype={dtype} and output_dtype={p['output_dtype']}; give one")

@@ -7,22 +7,15 @@ not its members (``fc.weight_quantizer.0``).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import nn
 
 from ..nn.sequential_quantizer import SequentialQuantizer
 from ..nn.tensor_quantizer import TensorQuantizer
+from .utils import QuantizerSite
 
-
-class CfgSite(NamedTuple):
-    """A configurable quantizer: full path, attribute name in its owner, the owner (None for the root), the module."""
-
-    name: str
-    local: str
-    owner: nn.Module | None
-    quantizer: nn.Module
+#: a configurable quantizer: full path, attribute name in its owner, the owner (None for the root), the module
+CfgSite = QuantizerSite
 
 
 def config_sites(model: nn.Module) -> list[CfgSite]:
