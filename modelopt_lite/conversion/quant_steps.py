@@ -56,14 +56,20 @@ def set_quant_step(model: nn.Module, t) -> dict[str, int]:
         TypeError: ``t`` is not an integer.
         ValueError: ``t`` is outside ``[0, num_steps)`` of some quantizer (named); nothing is changed then.
     """
-    t = _as_step(t)
-    qs = temporal_quantizers(model)
-    for n, q in qs:
-        if not 0 <= t < q.num_steps:
-            raise ValueError(f"quant_step: step {t} is out of range for quantizer {n!r} (num_steps={q.num_steps})")
-    previous = {n: q.step for n, q in qs}
-    for _, q in qs:
-        q.step = t
+    return select_step(temporal_quantizers(model), _as_step(t), "quant_step", "quantizer")
+
+
+def select_step(items: list, t: int, caller: str, kind: str) -> dict[str, int]:
+    """Set ``step = t`` on every ``(name, obj)`` of ``items`` (objects with ``num_steps``/``step``), all or none.
+
+    Returns the previous ``{name: step}``; ValueError naming the first object whose ``num_steps`` excludes ``t``.
+    """
+    for n, o in items:
+        if not 0 <= t < o.num_steps:
+            raise ValueError(f"{caller}: step {t} is out of range for {kind} {n!r} (num_steps={o.num_steps})")
+    previous = {n: o.step for n, o in items}
+    for _, o in items:
+        o.step = t
     return previous
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..conversion.quant_steps import register_temporal_finder
+from ..conversion.quant_steps import register_temporal_finder, select_step
 from .real_types import REAL_CLASSES
 
 
@@ -30,11 +30,4 @@ def set_real_step(model: nn.Module, t: int) -> dict[str, int]:
     """
     if isinstance(t, bool) or not isinstance(t, int):
         raise TypeError(f"set_real_step: t must be an int, got {t!r}")
-    mods = temporal_real_modules(model)
-    for n, m in mods:
-        if not 0 <= t < m.num_steps:
-            raise ValueError(f"set_real_step: step {t} is out of range for module {n!r} (num_steps={m.num_steps})")
-    prev = {n: m.step for n, m in mods}
-    for _, m in mods:
-        m.step = t
-    return prev
+    return select_step(temporal_real_modules(model), t, "set_real_step", "module")
