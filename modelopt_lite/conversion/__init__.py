@@ -3,17 +3,8 @@
 The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quantize`` etc.).
 """
 
-from .config import (
-    FP8_DEFAULT_CFG,
-    INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
-    INT8_DEFAULT_CFG,
-    INT8_HISTOGRAM_CFG,
-    INT8_ORT_CFG,
-    INT8_SMOOTHQUANT_CFG,
-    W4A8_CFG,
-    QuantConfigError,
-    normalize_config,
-)
+from .algorithm_registry import ALGORITHMS, register_algorithm
+from .config import QuantConfigError, normalize_config
 from .model_quant import (
     calibrate,
     calibrate_loop,
@@ -23,6 +14,16 @@ from .model_quant import (
     replace_quant_modules,
     set_quantizer_by_cfg,
 )
+from .presets import (
+    FP8_DEFAULT_CFG,
+    INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+    INT8_DEFAULT_CFG,
+    INT8_HISTOGRAM_CFG,
+    INT8_ORT_CFG,
+    INT8_SMOOTHQUANT_CFG,
+    PRESETS,
+    W4A8_CFG,
+)
 from .quant_steps import quant_step, set_quant_step
 from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
@@ -30,10 +31,12 @@ from .registry import QuantModuleRegistry, register, registered, unregister
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .requant import set_requant
 from .save_restore import restore, save
-from .smoothquant import smooth_quant
+from .smoothquant import smooth_quant  # registers the "smoothquant" algorithm
 from .utils import named_quantizers
 
 __all__ = [
+    "ALGORITHMS",
+    "PRESETS",
     "FP8_DEFAULT_CFG",
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
     "INT8_DEFAULT_CFG",
@@ -54,6 +57,7 @@ __all__ = [
     "print_quant_summary",
     "quant_step",
     "quantize",
+    "register_algorithm",
     "register",
     "registered",
     "replace_quant_module",

@@ -56,7 +56,19 @@ from torch import nn
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
 from ..nn.modules._integer_requant import REQUANT_MODES
-from ..nn.modules.quant_conv_transpose import QUANT_DESC_8BIT_CONVTRANSPOSE_WEIGHT_PER_OUTPUT_CHANNEL as _CT_DESC
+from .algorithm_registry import ALGORITHMS
+from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS  # noqa: F401  (re-exported: the presets' ConvTranspose axis)
+from .presets import (  # noqa: F401  (re-exported: the presets used to live here)
+    FP8_DEFAULT_CFG,
+    INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+    INT8_DEFAULT_CFG,
+    INT8_HISTOGRAM_CFG,
+    INT8_ORT_CFG,
+    INT8_ORT_REDUCED_RANGE_CFG,
+    INT8_SMOOTHQUANT_CFG,
+    PRESETS,
+    W4A8_CFG,
+)
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
@@ -76,134 +88,12 @@ METHOD_PARAMS: dict[str | None, frozenset] = {
     "entropy": frozenset({"start_bin", "stride"}),
 }
 CALIB_METHODS = tuple(k for k in METHOD_PARAMS if k is not None)
-#: algorithms that transform the model before a max calibration (config "algorithm" only, not calibrate())
-ALGORITHM_PARAMS: dict[str, frozenset] = {"smoothquant": frozenset({"alpha"})}
-
-#: the per-channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel): the quantized modules' default
-#: (axis 1, one scale per output channel, as the peers' constants; see quant_conv_transpose.py)
-CONVTRANSPOSE_WEIGHT_AXIS = _CT_DESC.axis[0] if len(_CT_DESC.axis) == 1 else _CT_DESC.axis
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class QuantConfigError(ValueError, TypeError):
     """A malformed quantization config (an unknown attribute is both a ValueError and a TypeError)."""
-
-
-# --- presets -------------------------------------------------------------------------------------------------------
-_DEFAULT_DISABLED = {
-    "nn.BatchNorm1d": {"*": {"enable": False}},
-    "nn.BatchNorm2d": {"*": {"enable": False}},
-    "nn.BatchNorm3d": {"*": {"enable": False}},
-    "nn.LeakyReLU": {"*": {"enable": False}},
-    # QuantEmbedding is converted but off in every preset (they keep their behaviour): enable it by a config entry
-    "nn.Embedding": {"*": {"enable": False}},
-    "*lm_head*": {"enable": False},
-    "*output_layer*": {"enable": False},
-    "*router*": {"enable": False},
-    "*block_sparse_moe.gate*": {"enable": False},
-    "*mlp.gate.*": {"enable": False},
-}
-_INT8_W = {"num_bits": 8, "axis": 0, "calib_method": "max", "enable": True}
-_INT8_A = {"num_bits": 8, "axis": None, "calib_method": "max", "enable": True}
-_CT_KEYS = ("nn.ConvTranspose1d", "nn.ConvTranspose2d", "nn.ConvTranspose3d")
-
-
-def _preset(quant_cfg: dict, algorithm) -> dict:
-    return {
-        "quant_cfg": {"default": {"enable": False}, **quant_cfg, **copy.deepcopy(_DEFAULT_DISABLED)},
-        "algorithm": algorithm,
-    }
-
-
-def _int8_ct_weights() -> dict:
-    return {k: {"*weight_quantizer": dict(_INT8_W, axis=CONVTRANSPOSE_WEIGHT_AXIS)} for k in _CT_KEYS}
-
-
-#: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
-#: max calibration.
-INT8_DEFAULT_CFG = _preset(
-    {"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A), **_int8_ct_weights()}, "max"
-)
-
-#: As INT8_DEFAULT_CFG, but activations use histogram calibration, resolved by the 99.99th percentile.
-INT8_HISTOGRAM_CFG = _preset(
-    {
-        "*weight_quantizer": dict(_INT8_W),
-        "*input_quantizer": dict(_INT8_A, calib_method="histogram"),
-        **_int8_ct_weights(),
-    },
-    {"method": "percentile", "percentile": 99.99},
-)
-
-#: FP8 E4M3 weights and activations, per tensor, max calibration.
-FP8_DEFAULT_CFG = _preset(
-    {
-        "*weight_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True},
-        "*input_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True},
-    },
-    "max",
-)
-
-_INT4_BLOCK_W = {"num_bits": 4, "block_sizes": {-1: 128}, "axis": None, "calib_method": "max", "enable": True}
-
-#: INT4 weights in blocks of 128 along the last weight axis (static, max calibrated); activations not quantized.
-INT4_BLOCKWISE_WEIGHT_ONLY_CFG = _preset(
-    {"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_quantizer": {"enable": False}}, "max"
-)
-
-#: INT4 block-128 weights (as INT4_BLOCKWISE_WEIGHT_ONLY_CFG) with INT8 per-tensor activations.
-W4A8_CFG = _preset({"*weight_quantizer": copy.deepcopy(_INT4_BLOCK_W), "*input_quantizer": dict(_INT8_A)}, "max")
-
-#: INT8_DEFAULT_CFG plus INT8 per-tensor *output* quantizers on Conv, Linear and QuantMatMul. ONNX Runtime fuses
-#: ``DQ -> Conv/Gemm/MatMul -> Q`` into QLinearConv / QGemm / QLinearMatMul only when the op's output is quantized,
-#: so this layout runs as int8 kernels in ORT (INT8_DEFAULT_CFG, TensorRT style, leaves outputs in float).
-#: ``"requant": "integer"``: those layers compute their outputs as ORT's int8 kernels do (bit-identical to ORT).
-INT8_ORT_CFG = {
-    **_preset(
-        {
-            "*weight_quantizer": dict(_INT8_W),
-            "*input_quantizer": dict(_INT8_A),
-            **_int8_ct_weights(),
-            **{
-                k: {"*output_quantizer": dict(_INT8_A)}
-                for k in ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Linear", "QuantMatMul")
-            },
-        },
-        "max",
-    ),
-    "requant": "integer",
-}
-
-#: INT8_ORT_CFG with 7-bit weights (signed, codes in [-64, 63]: the range of ORT's ``reduce_range``; activations
-#: and outputs stay 8-bit). Exported with ``target="onnxruntime"`` (default ``ort_weights="auto"``) the weights are
-#: stored as int8 and run ORT's fast u8 x s8 kernels exactly on every CPU, also on x86 CPUs without VNNI, whose
-#: int16 pair sums would saturate on full-range 8-bit weights (2 * 255 * 64 = 32640 fits). Bit-identical to ORT.
-INT8_ORT_REDUCED_RANGE_CFG = copy.deepcopy(INT8_ORT_CFG)
-INT8_ORT_REDUCED_RANGE_CFG["quant_cfg"].update(
-    {
-        "*weight_quantizer": dict(_INT8_W, num_bits=7),
-        **{k: {"*weight_quantizer": dict(_INT8_W, num_bits=7, axis=CONVTRANSPOSE_WEIGHT_AXIS)} for k in _CT_KEYS},
-    }
-)
-
-#: INT8_DEFAULT_CFG with SmoothQuant (alpha 0.8) before the max calibration: activation outliers moved into the
-#: weights, so every Linear input can stay per-tensor INT8 (all-MiniLM-L6-v2: cosine to FP32 0.986 -> 0.997).
-INT8_SMOOTHQUANT_CFG = _preset(
-    {"*weight_quantizer": dict(_INT8_W), "*input_quantizer": dict(_INT8_A), **_int8_ct_weights()},
-    {"method": "smoothquant", "alpha": 0.8},
-)
-
-PRESETS = {
-    "INT8_DEFAULT_CFG": INT8_DEFAULT_CFG,
-    "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
-    "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG,
-    "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
-    "W4A8_CFG": W4A8_CFG,
-    "INT8_ORT_CFG": INT8_ORT_CFG,
-    "INT8_ORT_REDUCED_RANGE_CFG": INT8_ORT_REDUCED_RANGE_CFG,
-    "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
-}
 
 
 # --- validation ----------------------------------------------------------------------------------------------------
@@ -369,23 +259,22 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
         method = algorithm["method"]
     else:
         raise QuantConfigError(f"algorithm must be None, a method name or a dict with 'method', got {algorithm!r}")
-    if method in ALGORITHM_PARAMS:
-        unknown = sorted(set(params) - ALGORITHM_PARAMS[method])
+    if method in ALGORITHMS:
+        alg = ALGORITHMS[method]
+        unknown = sorted(set(params) - alg.params)
         if unknown:
             raise QuantConfigError(
-                f"algorithm {method!r} got unknown parameter(s) {unknown}; allowed: {sorted(ALGORITHM_PARAMS[method])}"
+                f"algorithm {method!r} got unknown parameter(s) {unknown}; allowed: {sorted(alg.params)}"
             )
-        if "alpha" in params:
-            from .smoothquant import check_alpha
-
+        if alg.check is not None:
             try:
-                check_alpha(params["alpha"])
-            except ValueError as e:
+                alg.check(params)
+            except (TypeError, ValueError) as e:
                 raise QuantConfigError(str(e)) from None
         return method, copy.deepcopy(params)
     if method not in METHOD_PARAMS:
         raise QuantConfigError(
-            f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS) + list(ALGORITHM_PARAMS)}"
+            f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS) + sorted(ALGORITHMS)}"
         )
     check_method(method, params)
     return method, copy.deepcopy(params)
@@ -393,11 +282,11 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
 
 def check_method(method: Any, params: dict) -> None:
     """Validate a calibration method and its parameters before any data is run (ValueError naming the problem)."""
-    if method in ALGORITHM_PARAMS:
+    if method in ALGORITHMS:
         raise QuantConfigError(
             f"{method!r} is an algorithm of quantize() (a config's 'algorithm'), not a calibration "
-            f"method: use quantize(model, INT8_SMOOTHQUANT_CFG, forward_loop) or "
-            f"smooth_quant(model, forward_loop) followed by calibrate(model)"
+            f"method: use quantize(model, {{'quant_cfg': ..., 'algorithm': {{'method': {method!r}}}}}, forward_loop)"
+            f"{ALGORITHMS[method].hint}"
         )
     if method not in METHOD_PARAMS:
         raise QuantConfigError(f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS)}")

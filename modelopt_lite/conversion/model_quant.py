@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from .algorithm_registry import ALGORITHMS
 from .cfg_sites import apply_attrs, config_sites, merge_attrs
 from .config import (
-    ALGORITHM_PARAMS,
     QuantConfig,
     QuantConfigError,
     check_method,
@@ -31,7 +31,6 @@ from .config import (
 )
 from .registry import REGISTRY, QuantModuleRegistryCls
 from .requant import set_requant
-from .smoothquant import smooth_quant
 from .state import ModuleSnapshot, snapshot_quantizers
 from .utils import named_quantizers
 
@@ -212,13 +211,15 @@ def quantize(
                 )
             else:
                 method, params = cfg.algorithm
-                if method in ALGORITHM_PARAMS:  # smoothquant: rescale the Linears, then calibrate with max
-                    weights = ModuleSnapshot(m for m in model.modules() if isinstance(m, nn.Linear))
-                    smooth_quant(model, lambda m: _call_forward_loop(forward_loop, m), **params)
-                    method, params = "max", {}
-                # the algorithm "max" is ModelOpt's max_calibrate: every quantizer's own calibrator (method None)
-                with _calibration(model, None if method == "max" else method, params):
-                    _call_forward_loop(forward_loop, model)
+                if method in ALGORITHMS:  # transform the model (weights may change), then calibrate
+                    weights = ModuleSnapshot(
+                        m for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
+                    )
+                    _run_algorithm(model, method, params, forward_loop)
+                else:
+                    # the algorithm "max" is ModelOpt's max_calibrate: every quantizer's own calibrator (method None)
+                    with _calibration(model, None if method == "max" else method, params):
+                        _call_forward_loop(forward_loop, model)
     except BaseException:
         for m, mode in modes.items():
             m.requant = mode
@@ -229,6 +230,19 @@ def quantize(
         raise
     log.info("quantize: %d modules converted, %d quantizers", len(record.done), sum(1 for _ in named_quantizers(model)))
     return model
+
+
+def _run_algorithm(model: nn.Module, method: str, params: dict, forward_loop: Callable) -> None:
+    """Run a registered algorithm (see :mod:`.algorithm_registry`) with the user's loop and a max calibration."""
+
+    def loop(m: nn.Module):
+        return _call_forward_loop(forward_loop, m)
+
+    def calibrate_max() -> None:
+        with _calibration(model, None, {}):
+            loop(model)
+
+    ALGORITHMS[method].run(model, loop, calibrate_max, **params)
 
 
 # --- calibration ---------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import logging
 import torch
 from torch import nn
 
+from .algorithm_registry import register_algorithm
 from .state import snapshot_quantizers
 from .utils import named_quantizers
 
@@ -129,3 +130,20 @@ def smooth_quant(model: nn.Module, forward_loop, alpha: float = 0.5) -> list[lis
         done.append(group)
     log.info("smoothquant: %d layer(s) in %d group(s) smoothed (alpha=%g)", sum(map(len, done)), len(done), alpha)
     return done
+
+
+def _check_params(params: dict) -> None:
+    if "alpha" in params:
+        check_alpha(params["alpha"])
+
+
+@register_algorithm(
+    "smoothquant",
+    params=("alpha",),
+    check=_check_params,
+    hint=" (INT8_SMOOTHQUANT_CFG), or smooth_quant(model, forward_loop) followed by calibrate(model)",
+)
+def _run(model: nn.Module, forward_loop, calibrate, *, alpha: float = 0.5) -> None:
+    """The config algorithm: rescale the Linears, then calibrate with max."""
+    smooth_quant(model, forward_loop, alpha=alpha)
+    calibrate()
