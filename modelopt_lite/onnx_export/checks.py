@@ -108,6 +108,16 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
     if kind == "e4m3":
         p.need(19, f"{name}: FP8 E4M3 needs opset >= 19")
         return
+    if kind in ("nvfp4", "mx"):  # block formats with scales computed per block (see microscaling.py)
+        elem = info.get("elem")
+        if kind == "nvfp4" or elem == "e2m1":
+            p.need(23, f"{name}: FP4 E2M1 (FLOAT4E2M1) needs opset >= 23")
+        if kind == "mx" and not weight:
+            p.need(24, f"{name}: MX activations compute E8M0 scales (Cast round_mode) at opset >= 24")
+        elif kind == "mx":
+            p.need(21, f"{name}: MX weights are blocked DequantizeLinear (opset >= 21)")
+            p.preferred_opset = max(p.preferred_opset, 24)  # E8M0 scale initializers
+        return
     if kind == "block":
         if not weight:
             problems.append(

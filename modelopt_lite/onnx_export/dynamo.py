@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from .symbolic import AFFINE_MARKER, DOMAIN, E4M3_MARKER, INT_MARKER
+from .symbolic import AFFINE_MARKER, DOMAIN, E4M3_MARKER, INT_MARKER, MX_MARKER, NVFP4_MARKER
 
 _FLOAT = 1
 
@@ -24,7 +24,7 @@ def _marker_ops():
     param = OpSchema.FormalParameter
     floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
-    def schema(name, inputs, attrs):
+    def schema(name, inputs, attrs, strings=()):
         return OpSchema(
             name,
             DOMAIN,
@@ -32,7 +32,8 @@ def _marker_ops():
             inputs=[param(n, t) for n, t in inputs],
             outputs=[param("y", "T")],
             type_constraints=[("T", floats, "float input")],
-            attributes=[OpSchema.Attribute(a, OpSchema.AttrType.INT, a) for a in attrs + ("dtype",)],
+            attributes=[OpSchema.Attribute(a, OpSchema.AttrType.INT, a) for a in attrs + ("dtype",)]
+            + [OpSchema.Attribute(a, OpSchema.AttrType.STRING, a) for a in strings],
         )
 
     int_in = [("x", "T"), ("scale", "tensor(float)")]
@@ -42,6 +43,10 @@ def _marker_ops():
         AFFINE_MARKER: Op(
             opset, AFFINE_MARKER, schema(AFFINE_MARKER, int_in + [("zero_point", "tensor(float)")], ("qmin", "qmax"))
         ),
+        NVFP4_MARKER: Op(
+            opset, NVFP4_MARKER, schema(NVFP4_MARKER, [("x", "T"), ("global_scale", "tensor(float)")], ("block",))
+        ),
+        MX_MARKER: Op(opset, MX_MARKER, schema(MX_MARKER, [("x", "T")], ("block",), ("elem", "rounding"))),
     }
 
 
@@ -62,15 +67,25 @@ def _fake_affine(x, scale, zero_point, qmin: int, qmax: int):
     return _marker_ops()[AFFINE_MARKER](x, scale, zero_point, qmin=qmin, qmax=qmax, dtype=_dtype(x))
 
 
+def _fake_nvfp4(x, global_scale, block: int):
+    return _marker_ops()[NVFP4_MARKER](x, global_scale, block=block, dtype=_dtype(x))
+
+
+def _fake_mx(x, elem: str, block: int, rounding: str):
+    return _marker_ops()[MX_MARKER](x, elem=elem, block=block, rounding=rounding, dtype=_dtype(x))
+
+
 def translation_table() -> dict:
     """``{torch op overload: onnxscript function}`` for ``torch.onnx.export(custom_translation_table=...)``."""
     import torch
 
-    from ..functional import library  # noqa: F401  (defines torch.ops.modelopt_lite.*)
+    from ..functional import library, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
 
     ops = torch.ops.modelopt_lite
     return {
         ops.fake_quant_int.default: _fake_quant_int,
         ops.fake_e4m3.default: _fake_e4m3,
         ops.fake_affine.default: _fake_affine,
+        ops.fake_nvfp4.default: _fake_nvfp4,
+        ops.fake_mx.default: _fake_mx,
     }

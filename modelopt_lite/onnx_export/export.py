@@ -72,8 +72,8 @@ class ExportReport:
 def _check_args(target, opset, dynamo, fp8_custom_ops):
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or not 10 <= opset <= 23):
-        raise ValueError(f"opset must be an int in 10..23 or None, got {opset!r}")
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or not 10 <= opset <= 24):
+        raise ValueError(f"opset must be an int in 10..24 or None, got {opset!r}")
     if not isinstance(dynamo, bool):
         raise TypeError(f"dynamo must be a bool, got {dynamo!r}")
     if fp8_custom_ops and target != "tensorrt":

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper
 
-from . import qdq, scale_codes, weights
+from . import microscaling, qdq, scale_codes, weights
 from .graph import Graph, attr
-from .symbolic import DOMAIN, MARKERS
+from .symbolic import DOMAIN, MARKERS, MICROSCALING_MARKERS, NVFP4_MARKER
 
 
 @dataclass
@@ -68,7 +69,8 @@ def _marker_key(node, consts):
     for name in node.input[1:]:
         a = consts[name]
         vals.append((a.shape, a.astype(np.float32).tobytes()))
-    return (node.op_type, node.input[0], attr(node, "qmin"), attr(node, "qmax"), tuple(vals))
+    attrs = tuple(sorted((a.name, onnx.helper.get_attribute_value(a)) for a in node.attribute))
+    return (node.op_type, node.input[0], attrs, tuple(vals))
 
 
 def _merge_pre_quant_muls(g: Graph, markers) -> int:
@@ -147,6 +149,9 @@ def resolve(model: onnx.ModelProto, *, opset: int, target: str, fp8_custom_ops: 
 def _replace(g: Graph, n, consts, res: Resolution, folded: dict, *, opset, target, fp8_custom_ops) -> None:
     """Replace one marker: a constant becomes codes + DequantizeLinear, a run-time tensor Q -> DQ."""
     label = site_label(n)
+    if n.op_type in MICROSCALING_MARKERS:
+        _replace_microscaling(g, n, consts, res, label, opset)
+        return
     x, out = n.input[0], n.output[0]
     scale = consts[n.input[1]]
     zp = consts[n.input[2]] if len(n.input) > 2 else None
@@ -193,6 +198,43 @@ def _replace(g: Graph, n, consts, res: Resolution, folded: dict, *, opset, targe
     g.nodes[idx : idx + 1] = nodes
     res.notes += info.pop("notes")
     res.activations.append(dict(info, site=label))
+
+
+def _replace_microscaling(g: Graph, n, consts, res: Resolution, label: str, opset: int) -> None:
+    """NVFP4/MX markers: weights become FP4/FP8/INT8 codes + block scales, activations a run-time sub-graph (see
+    :mod:`.microscaling`); computed in float32 with casts around them for float16/bfloat16 models."""
+    x, out = n.input[0], n.output[0]
+    dtype = attr(n, "dtype", TensorProto.FLOAT)
+    block = attr(n, "block")
+    nv = n.op_type == NVFP4_MARKER
+    if nv:
+        gs = consts[n.input[1]].astype(np.float32)
+        if gs.size != 1:
+            raise ValueError(f"{label}: the NVFP4 global scale must be a single value, got shape {gs.shape}")
+        gs = float(gs.reshape(()))
+    else:
+        elem, rounding = attr(n, "elem"), attr(n, "rounding")
+        elem = elem.decode() if isinstance(elem, bytes) else elem
+        rounding = rounding.decode() if isinstance(rounding, bytes) else rounding
+    of = out if dtype == TensorProto.FLOAT else g.fresh(f"{out}_float")
+    if x in consts:
+        w = torch.from_numpy(np.ascontiguousarray(consts[x].astype(np.float32)))
+        if nv:
+            nodes, info = microscaling.nvfp4_weight(g, w, gs, block, of, opset, label)
+        else:
+            nodes, info = microscaling.mx_weight(g, w, elem, block, rounding, of, opset, label)
+        res.weights.append(dict(info, site=label, absorbed=[], _out=of))
+        nodes = nodes + _cast(g, of, out, dtype)
+    else:
+        xf = x if dtype == TensorProto.FLOAT else g.fresh(f"{x}_float")
+        if nv:
+            nodes, info = microscaling.nvfp4_activation(g, xf, of, gs, block, opset, label)
+        else:
+            nodes, info = microscaling.mx_activation(g, xf, of, elem, block, rounding, opset, label)
+        res.activations.append(dict(info, site=label))
+        nodes = _cast(g, x, xf, TensorProto.FLOAT) + nodes + _cast(g, of, out, dtype)
+    idx = next(i for i, m in enumerate(g.nodes) if m is n)
+    g.nodes[idx : idx + 1] = nodes
 
 
 def _cast(g: Graph, src: str, dst: str, to: int) -> list[onnx.NodeProto]:

@@ -12,6 +12,8 @@ Markers (domain ``modelopt_lite``, version 1):
 - ``FakeQuantInt(x, scale) {qmin, qmax, dtype}``  ->  ``clamp(rint(x / scale), qmin, qmax) * scale``
 - ``FakeE4M3(x, scale) {dtype}``                  ->  ``e4m3(clamp(x / scale, -448, 448)) * scale``
 - ``FakeAffine(x, scale, zero_point) {qmin, qmax, dtype}``
+- ``FakeNVFP4(x, global_scale) {block, dtype}``  ->  NVFP4 (see :mod:`modelopt_lite.functional.microscaling`)
+- ``FakeMX(x) {elem, block, rounding, dtype}``    ->  OCP MX with element ``elem`` (a string attribute)
 """
 
 from __future__ import annotations
@@ -23,10 +25,20 @@ DOMAIN = "modelopt_lite"
 INT_MARKER = "FakeQuantInt"
 E4M3_MARKER = "FakeE4M3"
 AFFINE_MARKER = "FakeAffine"
-MARKERS = (INT_MARKER, E4M3_MARKER, AFFINE_MARKER)
+NVFP4_MARKER = "FakeNVFP4"
+MX_MARKER = "FakeMX"
+MARKERS = (INT_MARKER, E4M3_MARKER, AFFINE_MARKER, NVFP4_MARKER, MX_MARKER)
+#: markers of block formats whose scales the post-pass computes itself (see :mod:`.microscaling`)
+MICROSCALING_MARKERS = (NVFP4_MARKER, MX_MARKER)
 
 #: ``torch.ops.modelopt_lite`` op name -> marker op type.
-OP_TO_MARKER = {"fake_quant_int": INT_MARKER, "fake_e4m3": E4M3_MARKER, "fake_affine": AFFINE_MARKER}
+OP_TO_MARKER = {
+    "fake_quant_int": INT_MARKER,
+    "fake_e4m3": E4M3_MARKER,
+    "fake_affine": AFFINE_MARKER,
+    "fake_nvfp4": NVFP4_MARKER,
+    "fake_mx": MX_MARKER,
+}
 
 # ONNX TensorProto element types used by the casts around markers.
 _FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16
@@ -86,10 +98,31 @@ def _sym_fake_affine(g, x, scale, zero_point, qmin, qmax):
     )
 
 
+def _const_str(g_value, what: str) -> str:
+    from torch.onnx import symbolic_helper
+
+    v = symbolic_helper._maybe_get_const(g_value, "s")
+    if not isinstance(v, str):
+        raise TypeError(f"modelopt_lite ONNX export: {what} must be a Python str constant, got {v!r}")
+    return v
+
+
+def _sym_fake_nvfp4(g, x, global_scale, block):
+    b = _const_int(block, "block")
+    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{NVFP4_MARKER}", x, global_scale, block_i=b, dtype_i=dt))
+
+
+def _sym_fake_mx(g, x, elem, block, rounding):
+    e, b, r = _const_str(elem, "elem"), _const_int(block, "block"), _const_str(rounding, "rounding")
+    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{MX_MARKER}", x, elem_s=e, block_i=b, rounding_s=r, dtype_i=dt))
+
+
 _SYMBOLICS = {
     "fake_quant_int": _sym_fake_quant_int,
     "fake_e4m3": _sym_fake_e4m3,
     "fake_affine": _sym_fake_affine,
+    "fake_nvfp4": _sym_fake_nvfp4,
+    "fake_mx": _sym_fake_mx,
 }
 
 
@@ -102,7 +135,7 @@ def registered_symbolics():
     import torch
     import torch.onnx
 
-    from ..functional import library  # noqa: F401  (defines torch.ops.modelopt_lite.*)
+    from ..functional import library, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
 
     names = []
     try:
