@@ -35,6 +35,7 @@ from ..nn.modules.quant_conv import QuantConv2d
 from ..nn.modules.quant_linear import QuantLinear
 from ..nn.modules.quant_pooling import QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
 from .checkpoint import save_real
+from . import microscaling
 from .int8_gemm import check_backend
 from .packing import dequantize_weight, pack_int4
 from .pooling import pool_args
@@ -64,6 +65,9 @@ def _fail(name: str, what: str, why: str):
 
 
 def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
+    if microscaling.scheme_of(wq) is not None:  # NVFP4 / MX: packed codes and E4M3/E8M0 block scales
+        with torch.no_grad():
+            return microscaling.weight_part(name, module.weight, wq, wq(module.weight))
     info = wq.export_info()
     w = module.weight.detach()
     if info["kind"] not in ("int", "block"):
@@ -116,6 +120,8 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
 
 
 def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
+    if microscaling.scheme_of(iq) is not None:
+        return microscaling.input_part(name, iq)
     info = iq.export_info()
     if info["kind"] != "int" or info["dynamic"] or info["axis"] is not None or info["num_bits"] > 8:
         _fail(

@@ -32,10 +32,10 @@ from torch import nn
 
 from ..formats import int_range
 from ..functional import blocks, library
-from . import int8_gemm
+from . import int8_gemm, microscaling
 from .packing import dequantize_weight, unpack_int4
 
-_FP32_BUFFERS = ("weight_scale", "input_scale", "pre_quant_scale")
+_FP32_BUFFERS = ("weight_scale", "input_scale", "pre_quant_scale", "weight_global_scale")
 
 
 _DTYPES = {str(d).replace("torch.", ""): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
@@ -75,11 +75,15 @@ class _RealQuantModule(nn.Module):
         self.step = 0
         w, shape = spec["weight"], tuple(spec["weight_shape"])
         self.weight_dtype = _dtype(w["dtype"])
-        if w["storage"] == "int8":
+        if microscaling.is_microscaling(w):  # NVFP4 / MX (see .microscaling)
+            for k, t in microscaling.weight_buffers(w, shape).items():
+                self.register_buffer(k, t)
+        elif w["storage"] == "int8":
             self.register_buffer("weight", torch.zeros(shape, dtype=torch.int8))
         else:
             self.register_buffer("weight_packed", torch.zeros(shape[:-1] + ((shape[-1] + 1) // 2,), dtype=torch.uint8))
-        self.register_buffer("weight_scale", torch.ones(weight_scale_shape(spec), dtype=torch.float32))
+        if not microscaling.is_microscaling(w):
+            self.register_buffer("weight_scale", torch.ones(weight_scale_shape(spec), dtype=torch.float32))
         bias = spec.get("bias")
         self.register_buffer("bias", None if bias is None else torch.zeros(shape[0], dtype=_dtype(bias)))
         inp = spec.get("input")
@@ -87,7 +91,7 @@ class _RealQuantModule(nn.Module):
         self.register_buffer("input_scale", None if inp is None else torch.ones(self.num_steps, dtype=torch.float32))
         pqs = inp is not None and inp.get("pre_quant_scale", False)
         self.register_buffer("pre_quant_scale", torch.ones(shape[-1], dtype=torch.float32) if pqs else None)
-        if inp is not None:
+        if inp is not None and not microscaling.is_microscaling(inp):
             _, self._qmin, self._qmax = int_range(inp["num_bits"], inp["unsigned"], inp["narrow_range"])
         self._kernel = None
         self._kernel_key = None
@@ -97,6 +101,8 @@ class _RealQuantModule(nn.Module):
     def compute(self) -> str:
         """``"int8"`` (integer GEMM) or ``"dequant"`` (float op on dequantized weights); see the module doc."""
         w, inp = self.spec["weight"], self.spec.get("input")
+        if microscaling.is_microscaling(w) or microscaling.is_microscaling(inp):
+            return "dequant"
         ok_w = w["layout"] == "tensor" or (
             w["layout"] == "channel" and [a % len(self.spec["weight_shape"]) for a in w["axis"]] == [0]
         )
@@ -114,6 +120,9 @@ class _RealQuantModule(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weights as the fake-quant module sees them (``q * scale`` in float32, then the weight dtype)."""
+        if microscaling.is_microscaling(self.spec["weight"]):
+            shape = tuple(self.spec["weight_shape"])
+            return microscaling.dequantize(self.spec["weight"], dict(self.named_buffers()), shape).to(self.weight_dtype)
         bs = (
             block_sizes_from_json(self.spec["weight"]["block_sizes"])
             if self.spec["weight"]["layout"] == "block"
@@ -141,8 +150,11 @@ class _RealQuantModule(nn.Module):
 
     def fake_quant_input(self, x: torch.Tensor) -> torch.Tensor:
         """``codes * scale`` in x's dtype, as the fake-quant input quantizer returns it."""
-        if self.spec.get("input") is None:
+        inp = self.spec.get("input")
+        if inp is None:
             return x
+        if microscaling.is_microscaling(inp):
+            return microscaling.fake_quant(inp, self.input_scale, self._pre_scaled(x))
         return library.fake_quant_int(self._pre_scaled(x), self.current_input_scale(), self._qmin, self._qmax)
 
     def _get_kernel(self, make):
@@ -170,7 +182,7 @@ class _RealQuantModule(nn.Module):
     def _apply(self, fn, recurse=True):
         keep = {n: self._buffers[n] for n in _FP32_BUFFERS if self._buffers.get(n) is not None}
         out = super()._apply(fn, recurse)
-        anchor = self._buffers.get("weight", self._buffers.get("weight_packed"))
+        anchor = self._buffers.get("weight", self._buffers.get("weight_packed", self._buffers.get("weight_codes")))
         for n, t in keep.items():
             self._buffers[n] = t.to(anchor.device)
         self.weight_dtype = fn(torch.zeros((), dtype=self.weight_dtype)).dtype
@@ -184,6 +196,10 @@ class _RealQuantModule(nn.Module):
 
     def extra_repr(self) -> str:
         w, inp = self.spec["weight"], self.spec.get("input")
+        if microscaling.is_microscaling(w) or microscaling.is_microscaling(inp):
+            s = f"weight={w.get('scheme', 'int' + str(w.get('num_bits')))} ({w['storage']} storage)"
+            s += "" if inp is None else f", input={inp.get('scheme', 'int' + str(inp.get('num_bits')))}"
+            return s + f", compute={self.compute}"
         s = f"weight=int{w['num_bits']} {w['layout']} ({w['storage']} storage), compute={self.compute}"
         if inp is not None:
             s += f", input=int{inp['num_bits']}{' unsigned' if inp['unsigned'] else ''}"

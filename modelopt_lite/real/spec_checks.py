@@ -14,6 +14,7 @@ import torch
 from ..formats import int_range
 from ..functional import blocks
 from ..functional.checks import check_axes
+from . import microscaling
 from .modules import _DTYPES
 from .packing import unpack_int4
 from .real_types import REAL_CLASSES, WEIGHTED_TYPES
@@ -66,7 +67,20 @@ def _int_format(path, entry: str, d: dict) -> None:
     _bools(path, entry, d, ("unsigned", "narrow_range"))
 
 
+def _check_microscaling(path, entry: str, d, weight: bool) -> None:
+    keys = microscaling.WEIGHT_KEYS if weight else microscaling.INPUT_KEYS
+    _keys(path, entry, d, keys, keys)
+    why = microscaling.check_entry(d, weight)
+    if why is not None:
+        raise bad(path, entry, why)
+    if weight and d["dtype"] not in _DTYPES:
+        raise bad(path, f"{entry}.dtype", f"must be one of {sorted(_DTYPES)}, got {d['dtype']!r}")
+
+
 def _check_input(path, entry: str, inp) -> None:
+    if isinstance(inp, dict) and "format" in inp:
+        _check_microscaling(path, entry, inp, weight=False)
+        return
     _keys(path, entry, inp, _INPUT_KEYS, _INPUT_KEYS - {"pre_quant_scale"})
     _int_format(path, entry, inp)
     _bools(path, entry, inp, ("pre_quant_scale",))
@@ -75,6 +89,9 @@ def _check_input(path, entry: str, inp) -> None:
 
 
 def _check_weight(path, entry: str, w, shape: list) -> None:
+    if isinstance(w, dict) and "format" in w:
+        _check_microscaling(path, entry, w, weight=True)
+        return
     _keys(path, entry, w, _WEIGHT_KEYS, _WEIGHT_KEYS)
     _int_format(path, entry, w)
     if w["unsigned"]:
@@ -190,6 +207,11 @@ def check_values(path, name: str, spec: dict, tensors: dict) -> None:
     if spec["type"] not in WEIGHTED_TYPES:
         return
     w = spec["weight"]
+    if microscaling.is_microscaling(w):
+        found = microscaling.check_values(spec, tensors, name)
+        if found is not None:
+            _fail_values(path, *found)
+        return
     _, qmin, qmax = int_range(w["num_bits"], False, w["narrow_range"])
     if w["storage"] == "int8":
         key = f"{name}.weight"
