@@ -77,13 +77,13 @@ E4M3_RANGE = FloatRange(E4M3_MAX, -E4M3_MAX, E4M3_MAX)
 
 
 def format_range(num_bits, unsigned: bool = False, narrow_range: bool = False) -> IntRange | FloatRange:
-    """``(bound, qmin, qmax)`` of any format: :data:`E4M3_RANGE` for ``(4, 3)``, else :func:`int_range`.
+    """``(bound, qmin, qmax)`` of any format: the element format's for ``(E, M)`` tuples, else :func:`int_range`.
 
     >>> format_range((4, 3))
     FloatRange(bound=448.0, qmin=-448.0, qmax=448.0)
     """
-    if is_e4m3(num_bits):
-        return E4M3_RANGE
+    if is_float_format(num_bits):
+        return element_format(num_bits).float_range
     return int_range(num_bits, unsigned, narrow_range)
 
 
@@ -240,6 +240,11 @@ class ElementFormat:
         return self.name == "e4m3"
 
     @property
+    def float_range(self) -> FloatRange:
+        """``(bound, qmin, qmax)`` as a :class:`FloatRange`."""
+        return FloatRange(self.bound, self.qmin, self.qmax)
+
+    @property
     def signed(self) -> bool:
         return self.qmin < 0
 
@@ -349,3 +354,21 @@ def block_scheme(num_bits, block_sizes) -> BlockScheme | None:
     sb = block_sizes.get("scale_bits")
     nb = tuple(num_bits) if isinstance(num_bits, (tuple, list)) else num_bits
     return BLOCK_SCHEMES.get((nb, tuple(sb) if isinstance(sb, (tuple, list)) else sb))
+
+
+def scaled_format(num_bits, unsigned: bool = False, narrow_range: bool = False) -> ElementFormat:
+    """The element format of ``num_bits`` for float32-scaled quantization (per tensor, per channel, generic blocks):
+    the integers and E4M3. ValueError for the formats that exist only inside NVFP4/MX blocks (E2M1, E5M2, E8M0)."""
+    fmt = element_format(num_bits, unsigned, narrow_range)
+    if fmt.is_float and not fmt.is_e4m3:
+        raise ValueError(
+            f"num_bits={tuple(num_bits)!r} ({fmt.name.upper()}) has no float32-scaled (per-tensor/per-channel) "
+            "quantization: use it in NVFP4/MX blocks (block_sizes with 'scale_bits' (4, 3) or (8, 0))"
+        )
+    return fmt
+
+
+def scaled_is_e4m3(num_bits) -> bool:
+    """True when float32-scaled quantization with ``num_bits`` runs the E4M3 path, False for integers (validated by
+    their own path); ValueError (:func:`scaled_format`) for formats that exist only inside NVFP4/MX blocks."""
+    return is_float_format(num_bits) and scaled_format(num_bits).is_e4m3

@@ -85,7 +85,7 @@ __all__ = [
     "E2M1_MAX", "E2M1_VALUES", "E5M2_MAX", "MX_ELEMENTS", "NVFP4_BLOCK_SIZES", "MX_BLOCK_SIZES", "MX_ROUNDINGS",
     "e2m1_round", "e2m1_codes", "e2m1_decode", "e4m3_round", "e5m2_round", "int8_mx_round",
     "nvfp4_global_scale", "nvfp4_block_scales", "fake_nvfp4", "quantize_nvfp4", "dequantize_nvfp4",
-    "mx_scale_exponents", "fake_mx", "quantize_mx", "dequantize_mx",
+    "mx_scale_exponents", "fake_mx", "quantize_mx", "dequantize_mx", "nvfp4_backward", "mx_backward",
 ]  # fmt: skip
 
 #: ``6 * 448``: NVFP4's global scale is ``amax / NVFP4_GLOBAL_BOUND``.
@@ -340,3 +340,23 @@ def dequantize_mx(codes: torch.Tensor, scales: torch.Tensor, elem: str, block: i
     scale = torch.ldexp(torch.ones_like(k, dtype=torch.float32), k).unsqueeze(-1)
     y = _blocks(vals, block) * scale
     return _unblock(y, codes.shape[-1]).to(dtype or torch.float32)
+
+
+# --- straight-through gradients ------------------------------------------------------------------------------------
+def _ste(grad: torch.Tensor, x: torch.Tensor, top: torch.Tensor, block: int) -> torch.Tensor:
+    """grad where ``|x| <= top`` (top: float32 per block, ``(..., nblocks, 1)``), else 0."""
+    keep = _blocks(x, block).abs() <= top
+    g = _blocks(grad, block) * keep
+    return _unblock(g, x.shape[-1]).to(grad.dtype)
+
+
+def nvfp4_backward(grad: torch.Tensor, x: torch.Tensor, global_scale, block: int = 16) -> torch.Tensor:
+    """STE gradient of :func:`fake_nvfp4`: ``grad`` where ``|x| <= 6 * s * gs`` (its block's range), else 0."""
+    _, ds, _, _ = _nvfp4_values(x, global_scale, block)
+    return _ste(grad, x, ds * E2M1_MAX, block)
+
+
+def mx_backward(grad: torch.Tensor, x: torch.Tensor, elem: str, block: int = 32, rounding: str = "floor"):
+    """STE gradient of :func:`fake_mx`: ``grad`` where ``|x| <= elem_max * 2**k`` (its block's range), else 0."""
+    _, scale, _ = _mx_values(x, elem, block, rounding)
+    return _ste(grad, x, scale * MX_ELEMENTS[elem].max_value, block)
