@@ -121,3 +121,84 @@ def test_opset_too_low_names_the_site():
         M.nvfp4_weight(g, x, 0.01, 16, "y", 21, "layer.w")
     with pytest.raises(OpsetTooLow, match=r"MX \(e4m3\) activations .* need opset >= 24"):
         M.mx_activation(g, "x", "y", "e4m3", 32, "floor", 23, "act")
+
+
+# --- end to end: export_onnx of NVFP4 / MX models ------------------------------------------------------------------
+def _model_quantized(fmt_cfg: dict):
+    import modelopt_lite as mtq
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.GELU(), torch.nn.Linear(48, 40)).eval()
+    x = torch.randn(8, 64) * torch.logspace(-2, 1, 64)
+    cfg = {
+        "quant_cfg": {
+            "default": {"enable": False},
+            "*weight_quantizer": dict(fmt_cfg, enable=True),
+            "*input_quantizer": dict(fmt_cfg, enable=True),
+        },
+        "algorithm": "max",
+    }
+    return mtq.quantize(model, cfg, lambda m: m(x)), x
+
+
+_NVFP4_CFG = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}, "axis": None}
+
+
+def _mx_cfg(num_bits):
+    return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}, "axis": None}
+
+
+@pytest.mark.parametrize(
+    "name,cfg",
+    [("nvfp4", _NVFP4_CFG), ("mxfp8", _mx_cfg((4, 3))), ("mxfp4", _mx_cfg((2, 1))), ("mxint8", _mx_cfg(8))],
+)
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_export_onnx_runs_to_the_torch_output(tmp_path, name, cfg, dynamo):
+    import modelopt_lite as mtq
+
+    q, x = _model_quantized(cfg)
+    with torch.no_grad():
+        ref = q(x)
+    path = tmp_path / f"{name}.onnx"
+    rep = mtq.export_onnx(q, x, path, dynamo=dynamo)
+    m = onnx.load(path)
+    assert rep.opset == (23 if name == "nvfp4" else 24)
+    assert not [n for n in m.graph.node if n.domain not in ("", "ai.onnx")]  # standard ONNX only
+    types = {t.data_type for t in m.graph.initializer}
+    want = {"nvfp4": TensorProto.FLOAT4E2M1, "mxfp8": TensorProto.FLOAT8E4M3FN, "mxfp4": TensorProto.FLOAT4E2M1}
+    assert want.get(name, TensorProto.INT8) in types
+    assert (TensorProto.FLOAT8E8M0 in types) == (name != "nvfp4")
+    assert len(rep.weights) == 2 and len(rep.activations) == 2
+    (y,) = ReferenceEvaluator(m).run(None, {rep.path and m.graph.input[0].name: x.numpy()})
+    # the float ops between quantizers (GEMM, GELU) run in the evaluator's numpy: re-quantized values may move
+    # by one step where the float input already differs; the first layer's output is exact
+    yt = torch.from_numpy(y)
+    assert yt.shape == ref.shape and yt.dtype == torch.float32
+    assert float((yt - ref).abs().max()) <= 0.05 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("name,cfg", [("nvfp4", _NVFP4_CFG), ("mxfp4", _mx_cfg((2, 1))), ("mxint8", _mx_cfg(8))])
+def test_export_quantized_tensors_bit_exact(tmp_path, name, cfg):
+    """The Q/DQ outputs feeding the GEMM equal the torch quantizers' outputs bit for bit (weight and input)."""
+    import modelopt_lite as mtq
+
+    q, x = _model_quantized(cfg)
+    lin = q[0]
+    path = tmp_path / "one.onnx"
+    mtq.export_onnx(lin, x, path)
+    m = onnx.load(path)
+    gemm = next(n for n in m.graph.node if n.op_type in ("Gemm", "MatMul"))
+    prod = {o: n for n in m.graph.node for o in n.output}
+    w_name = gemm.input[1]
+    while prod[w_name].op_type == "Transpose":
+        w_name = prod[w_name].input[0]
+    assert prod[w_name].op_type == "DequantizeLinear"
+    ev = ReferenceEvaluator(m)
+    a, w = ev.run([gemm.input[0], w_name], {m.graph.input[0].name: x.numpy()})
+    with torch.no_grad():
+        ref_a, ref_w = lin.input_quantizer(x), lin.weight_quantizer(lin.weight)
+    a, w = torch.from_numpy(a), torch.from_numpy(w)
+    if tuple(w.shape) != tuple(ref_w.shape):
+        w = w.T
+    _assert_same(a, ref_a)
+    _assert_same(w, ref_w)

@@ -93,24 +93,23 @@ def test_checkpoint_round_trip(tmp_path, fmt):
 
 
 def _corrupt(tmp_path, fmt: str, edit_config=None, edit_tensors=None):
+    """A saved checkpoint with its config (kept in the safetensors metadata) or tensors edited."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
     q, _ = _quantized(fmt, False)
-    save_real(fake2real(q), tmp_path / "ckpt")
-    files = {p.name: p for p in (tmp_path / "ckpt").iterdir()}
-    cfg_file = next(p for n, p in files.items() if n.endswith(".json"))
+    path = save_real(fake2real(q), tmp_path / "ckpt")
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+    tensors = load_file(str(path))
     if edit_config is not None:
-        cfg = json.loads(cfg_file.read_text())
+        cfg = json.loads(meta["modelopt_lite"])
         edit_config(cfg["modules"]["0"])
-        cfg_file.write_text(json.dumps(cfg))
+        meta["modelopt_lite"] = json.dumps(cfg)
     if edit_tensors is not None:
-        from modelopt_lite.real.checkpoint import read_checkpoint
-
-        _, tensors = read_checkpoint(tmp_path / "ckpt")
         edit_tensors(tensors)
-        from safetensors.torch import save_file
-
-        tfile = next(p for n, p in files.items() if n.endswith(".safetensors"))
-        save_file(tensors, str(tfile))
-    return tmp_path / "ckpt"
+    save_file(tensors, str(path), metadata=meta)
+    return path
 
 
 def test_load_rejects_bad_spec(tmp_path):

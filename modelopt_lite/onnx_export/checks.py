@@ -58,6 +58,13 @@ def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
             calibrating.append(name)
         if not q.fake_quant:
             real.append(name)
+        scheme = getattr(q.quant_desc, "block_scheme", None)
+        if scheme is not None:  # NVFP4 / MX: per-block scales computed in the graph (see microscaling.py)
+            if scheme.calibrates_amax and not q.is_calibrated:
+                uncalibrated.append(name)
+            else:
+                _scheme_requirements(p, name, scheme)
+            continue
         if q.dynamic:
             if not _is_weight(name):
                 dynamic.append(name)
@@ -95,6 +102,27 @@ def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
     return p
 
 
+def _scheme_requirements(p: Plan, name: str, scheme) -> None:
+    """Opsets of an NVFP4 / MX quantizer: FP4 elements need 23; MX activations compute E8M0 scales with a
+    ``Cast(round_mode="down")`` (24); MX weights prefer 24 (E8M0 scale initializers; float32 scales below)."""
+    weight = _is_weight(name)
+    if scheme.elem == "e2m1":
+        p.need(23, f"{name}: FP4 E2M1 (FLOAT4E2M1) needs opset >= 23")
+    elif scheme.elem in ("e4m3", "e5m2"):
+        p.need(19, f"{name}: FP8 elements need opset >= 19")
+    if scheme.kind == "mx" and not weight:
+        p.need(24, f"{name}: MX activations compute E8M0 scales (Cast round_mode) at opset >= 24")
+    elif scheme.kind == "mx":
+        p.need(21, f"{name}: MX weights are a blocked DequantizeLinear (opset >= 21)")
+        p.preferred_opset = max(p.preferred_opset, 24)
+    p.notes.append(
+        f"{name}: {scheme.name} (FLOAT4E2M1/FLOAT8E8M0 need onnx's ReferenceEvaluator: ONNX Runtime's CPU provider "
+        "has no kernels for them)"
+        if scheme.elem == "e2m1" or scheme.kind == "mx"
+        else f"{name}: {scheme.name}"
+    )
+
+
 def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[str]) -> None:
     kind, bits = info.get("kind"), info.get("num_bits")
     weight = _is_weight(name)
@@ -107,16 +135,6 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
         p.need(13, f"{name}: per-channel quantization (axis) needs opset >= 13")
     if kind == "e4m3":
         p.need(19, f"{name}: FP8 E4M3 needs opset >= 19")
-        return
-    if kind in ("nvfp4", "mx"):  # block formats with scales computed per block (see microscaling.py)
-        elem = info.get("elem")
-        if kind == "nvfp4" or elem == "e2m1":
-            p.need(23, f"{name}: FP4 E2M1 (FLOAT4E2M1) needs opset >= 23")
-        if kind == "mx" and not weight:
-            p.need(24, f"{name}: MX activations compute E8M0 scales (Cast round_mode) at opset >= 24")
-        elif kind == "mx":
-            p.need(21, f"{name}: MX weights are blocked DequantizeLinear (opset >= 21)")
-            p.preferred_opset = max(p.preferred_opset, 24)  # E8M0 scale initializers
         return
     if kind == "block":
         if not weight:

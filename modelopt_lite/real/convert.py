@@ -34,8 +34,8 @@ from ..functional.scales import scale_from_amax
 from ..nn.modules.quant_conv import QuantConv2d
 from ..nn.modules.quant_linear import QuantLinear
 from ..nn.modules.quant_pooling import QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
-from .checkpoint import save_real
 from . import microscaling
+from .checkpoint import save_real
 from .int8_gemm import check_backend
 from .packing import dequantize_weight, pack_int4
 from .pooling import pool_args

@@ -62,7 +62,11 @@ def weight_part(name: str, weight: torch.Tensor, wq, fake_w: torch.Tensor) -> tu
     if e["format"] == "nvfp4":
         gs = _global_scale(wq)
         codes, s = mx.quantize_nvfp4(w, gs, e["block"])
-        tensors = {"weight_packed": pack_int4(codes), "weight_block_scale": s.view(torch.uint8), "weight_global_scale": gs}
+        tensors = {
+            "weight_packed": pack_int4(codes),
+            "weight_block_scale": s.view(torch.uint8),
+            "weight_global_scale": gs,
+        }
         storage = "fp4"
     else:
         codes, e8 = mx.quantize_mx(w, e["elem"], e["block"], e["rounding"])
@@ -112,7 +116,9 @@ def input_part(name: str, iq) -> tuple[dict, torch.Tensor]:
     """``(spec["input"], input_scale)`` of an NVFP4/MX input quantizer (checked on a probe)."""
     e = dict(_entry(iq), num_steps=1)
     if int(getattr(iq, "num_steps", 1)) != 1:
-        raise ValueError(f"fake2real: module {name!r}: input_quantizer: temporal {e['scheme']} inputs are not supported")
+        raise ValueError(
+            f"fake2real: module {name!r}: input_quantizer: temporal {e['scheme']} inputs are not supported"
+        )
     scale = _global_scale(iq).reshape(1) if e["format"] == "nvfp4" else torch.zeros(1)
     g = torch.Generator().manual_seed(0)
     probe = torch.randn(4, 4 * e["block"], generator=g) * torch.logspace(-3, 3, 4 * e["block"])
