@@ -226,7 +226,8 @@ def export_onnx(
         args: example inputs (a tensor or a tuple of positional inputs).
         path: where to write the ``.onnx`` file.
         opset: ONNX opset; None picks the lowest that expresses every quantizer (>= 17; 19 for FP8, 21 for INT4
-            blocks or 16-bit grids, 23 for NVFP4 / FP4 elements, 24 for MX: E8M0 scales). Too low an opset for a quantizer raises ValueError naming it.
+            blocks or 16-bit grids, 23 for NVFP4 / FP4 elements, 24 for MX: E8M0 scales). Too low an opset
+            for a quantizer raises ValueError naming it.
         target: ``"tensorrt"`` (Q/DQ on inputs and weights, zero points 0, positive scales) or ``"onnxruntime"``
             (same graph, stored so that ORT's CPU provider fuses real int8 kernels; see :mod:`.ort_layout`;
             pair it with the ``INT8_ORT_CFG`` preset, which also quantizes Conv/Linear outputs and sets
