@@ -202,3 +202,28 @@ def test_export_quantized_tensors_bit_exact(tmp_path, name, cfg):
         w = w.T
     _assert_same(a, ref_a)
     _assert_same(w, ref_w)
+
+
+@pytest.mark.parametrize(
+    "name,cfg", [("mxfp8", _mx_cfg((4, 3))), ("mxfp8_e5m2", _mx_cfg((5, 2))), ("mxint8", _mx_cfg(8))]
+)
+def test_onnxruntime_runs_mx_weights_at_opset_23(tmp_path, name, cfg):
+    """Where ORT has the types (FP8/INT8 codes with float32 block scales, opset 23) it runs the export too; the
+    E8M0 scales of opset 24 and FLOAT4E2M1 have no ORT 1.32 CPU kernels (the ReferenceEvaluator tests above)."""
+    import onnxruntime as ort
+
+    import modelopt_lite as mtq
+    from modelopt_lite.conversion import named_quantizers
+
+    q, x = _model_quantized(cfg)
+    for n, qq in named_quantizers(q):
+        if n.endswith("input_quantizer"):
+            qq.disable()
+    path = tmp_path / f"{name}.onnx"
+    rep = mtq.export_onnx(q, x, path, opset=23)
+    assert all(w["scales"]["dtype"] == "FLOAT" for w in rep.weights)
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (y,) = s.run(None, {s.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        ref = q(x)
+    assert torch.allclose(torch.from_numpy(y), ref, rtol=1e-5, atol=1e-6)  # GEMM summation order only
