@@ -155,3 +155,18 @@ def test_presets_run_and_summaries_name_the_format():
     q = copy.deepcopy(model)
     mtq.quantize(q, mtq.NVFP4_DEFAULT_CFG, lambda m: m(x))
     assert "nvfp4" in str(summary(q)) and "nvfp4" in repr(q)
+
+
+def test_export_fake2real_and_save_restore(tmp_path):
+    x = torch.randn(4, 32)
+    model = nn.Sequential(nn.Linear(32, 16))
+    mtq.quantize(model, mtq.W4A16_NVFP4_CFG, lambda m: m(x))
+    with pytest.raises(ValueError, match="0.weight_quantizer: NVFP4 quantization has no ONNX export yet"):
+        mtq.export_onnx(model, (x,), str(tmp_path / "m.onnx"))
+    with pytest.raises(ValueError, match="weight_quantizer is nvfp4; only integer weights"):
+        mtq.fake2real(copy.deepcopy(model))
+    mtq.save(model, str(tmp_path / "q.pt"))
+    other = nn.Sequential(nn.Linear(32, 16))
+    other.load_state_dict(model.state_dict(), strict=False)
+    mtq.restore(other, str(tmp_path / "q.pt"))
+    assert other[0].weight_quantizer.amax.shape == () and torch.equal(other(x), model(x))
