@@ -126,16 +126,18 @@ def test_ste_gradients():
     assert x.grad[0].tolist() == [0.0] * 8 + [1.0] * 8
 
 
-def test_compile_and_export_keep_the_ops():
+@pytest.mark.parametrize("preset, op", [("MXFP8_DEFAULT_CFG", "fake_mx"), ("NVFP4_DEFAULT_CFG", "fake_nvfp4")])
+def test_compile_and_export_keep_the_ops(preset, op):
     model = nn.Sequential(nn.Linear(64, 32))
     x = torch.randn(4, 64)
-    mtq.quantize(model, mtq.MXFP8_DEFAULT_CFG, None)
+    cfg = getattr(mtq, preset)
+    mtq.quantize(model, cfg, (lambda m: m(x)) if cfg["algorithm"] else None)
     want = model(x)
     f = torch.compile(model, fullgraph=True, backend="eager")
     assert torch.equal(f(x), want)
     ep = torch.export.export(model, (x,))
     names = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    assert "modelopt_lite.fake_mx.default" in names
+    assert f"modelopt_lite.{op}.default" in names
     assert torch.equal(ep.module()(x), want)
 
 
