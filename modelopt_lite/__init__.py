@@ -66,6 +66,12 @@ _LAZY = {
     "INT8_ORT_CFG": "modelopt_lite.conversion.config",
     "INT8_ORT_REDUCED_RANGE_CFG": "modelopt_lite.conversion.config",
     "INT8_SMOOTHQUANT_CFG": "modelopt_lite.conversion.config",
+    "NVFP4_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
+    "W4A16_NVFP4_CFG": "modelopt_lite.conversion.presets_mx",
+    "W4A8_NVFP4_FP8_CFG": "modelopt_lite.conversion.presets_mx",
+    "MXFP8_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
+    "MXFP4_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
+    "MXINT8_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
     "smooth_quant": "modelopt_lite.conversion.smoothquant",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",

@@ -319,7 +319,11 @@ class BlockScheme:
     """A block format with its own kernels (not the generic "float32 scale per block" of integer/E4M3 blocks).
 
     ``kind`` is "nvfp4" (E4M3 block scales under a calibrated per-tensor float32 global scale) or "mx" (E8M0
-    shared scales, fully dynamic); ``blocks`` are the allowed sizes along the last axis."""
+    shared scales, fully dynamic); ``blocks`` are the allowed sizes along the last axis. MXFP8 and MXFP4 round
+    their E8M0 scales with "rceil" (the smallest power of two that holds the block without saturating), as
+    ModelOpt's MXFP8QTensor/MXFP4QTensor and NVIDIA's MX conversion do (all-MiniLM-L6-v2 MXFP8 W8A8: cosine to
+    FP32 0.9974 with "rceil", 0.9960 with the OCP "floor" rule, which saturates blocks whose amax significand
+    exceeds 1.75); MXINT8 keeps the OCP "floor" rule."""
 
     name: str
     kind: str
@@ -327,6 +331,7 @@ class BlockScheme:
     scale: ScaleFormat
     blocks: tuple[int, ...]
     elem: str  #: the element's name in :mod:`modelopt_lite.functional.microscaling` ("e2m1", "int8", ...)
+    rounding: str = "floor"  #: MX E8M0 scale rule: "floor" (OCP v1.0) or "rceil" (see microscaling)
 
     @property
     def calibrates_amax(self) -> bool:
@@ -339,9 +344,9 @@ BLOCK_SCHEMES: dict[tuple, BlockScheme] = {
     (s.element.num_bits, s.scale.scale_bits): s
     for s in (
         BlockScheme("nvfp4", "nvfp4", FLOAT_ELEMENTS[(2, 1)], E4M3_BLOCK_SCALE, (16, 32), "e2m1"),
-        BlockScheme("mxfp8", "mx", FLOAT_ELEMENTS[(4, 3)], E8M0_SCALE, (32,), "e4m3"),
-        BlockScheme("mxfp8_e5m2", "mx", FLOAT_ELEMENTS[(5, 2)], E8M0_SCALE, (32,), "e5m2"),
-        BlockScheme("mxfp4", "mx", FLOAT_ELEMENTS[(2, 1)], E8M0_SCALE, (32,), "e2m1"),
+        BlockScheme("mxfp8", "mx", FLOAT_ELEMENTS[(4, 3)], E8M0_SCALE, (32,), "e4m3", "rceil"),
+        BlockScheme("mxfp8_e5m2", "mx", FLOAT_ELEMENTS[(5, 2)], E8M0_SCALE, (32,), "e5m2", "rceil"),
+        BlockScheme("mxfp4", "mx", FLOAT_ELEMENTS[(2, 1)], E8M0_SCALE, (32,), "e2m1", "rceil"),
         BlockScheme("mxint8", "mx", element_format(8, narrow_range=True), E8M0_SCALE, (32,), "int8"),
     )
 }

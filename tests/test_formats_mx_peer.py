@@ -51,3 +51,28 @@ def test_nvfp4_tiny_block_is_dead_for_us_clamped_by_modelopt():
     assert y[0, 16:].ne(0).all()
     ours = mx.fake_nvfp4(x, gs)
     assert torch.equal(ours[0, 16:], torch.zeros(16)) and torch.equal(ours[0, :16], y[0, :16])
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVFP4_DEFAULT_CFG", "W4A16_NVFP4_CFG", "W4A8_NVFP4_FP8_CFG", "MXFP8_DEFAULT_CFG", "MXFP4_DEFAULT_CFG",
+     "MXINT8_DEFAULT_CFG"],
+)  # fmt: skip
+def test_presets_carry_modelopts_quant_cfg(name):
+    from modelopt.torch.quantization import config as peer_config
+
+    from modelopt_lite.conversion import presets_mx
+
+    peer = getattr(peer_config, name)
+    ours = getattr(presets_mx, name)
+    assert ours["algorithm"] == peer["algorithm"]
+    entries = {e["quantizer_name"]: e for e in peer["quant_cfg"]}
+    for key in ("*weight_quantizer", "*input_quantizer"):
+        mine = ours["quant_cfg"][key]
+        if key not in entries:
+            assert mine == {"enable": False}
+            continue
+        cfg = dict(entries[key]["cfg"])
+        cfg.pop("effective_bits", None)  # informational in ModelOpt
+        assert {k: mine[k] for k in cfg} == cfg
+        assert mine["enable"] is True and mine.get("axis") is None

@@ -24,6 +24,14 @@ from .presets import (
     PRESETS,
     W4A8_CFG,
 )
+from .presets_mx import (
+    MXFP4_DEFAULT_CFG,
+    MXFP8_DEFAULT_CFG,
+    MXINT8_DEFAULT_CFG,
+    NVFP4_DEFAULT_CFG,
+    W4A8_NVFP4_FP8_CFG,
+    W4A16_NVFP4_CFG,
+)
 from .quant_steps import quant_step, set_quant_step
 from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
@@ -44,6 +52,12 @@ __all__ = [
     "INT8_ORT_CFG",
     "INT8_SMOOTHQUANT_CFG",
     "W4A8_CFG",
+    "NVFP4_DEFAULT_CFG",
+    "W4A16_NVFP4_CFG",
+    "W4A8_NVFP4_FP8_CFG",
+    "MXFP8_DEFAULT_CFG",
+    "MXFP4_DEFAULT_CFG",
+    "MXINT8_DEFAULT_CFG",
     "QuantConfigError",
     "QuantModuleRegistry",
     "calibrate",

@@ -129,7 +129,7 @@ def mx_fake_quant(x: Tensor, elem: str, block: int = 32, rounding: str = "floor"
 
 def scheme_fake_quant(x: Tensor, scheme, block_sizes, amax, fake_quant: bool = True) -> Tensor:
     """Quantize ``x`` with a :class:`~modelopt_lite.formats.BlockScheme` (NVFP4: ``amax`` is the per-tensor global
-    amax; MX: dynamic, ``amax`` unused; E8M0 scales rounded by the OCP "floor" rule)."""
+    amax; MX: dynamic, ``amax`` unused; E8M0 scales rounded by the scheme's rule, ``scheme.rounding``)."""
     if not fake_quant:
         raise ValueError(
             f"{scheme.name.upper()} real quantization returns packed codes and block scales: use "
@@ -138,4 +138,4 @@ def scheme_fake_quant(x: Tensor, scheme, block_sizes, amax, fake_quant: bool = T
     block = int(block_sizes[-1])
     if scheme.kind == "nvfp4":
         return nvfp4_fake_quant(x, amax, block)
-    return mx_fake_quant(x, scheme.elem, block)
+    return mx_fake_quant(x, scheme.elem, block, scheme.rounding)

@@ -393,13 +393,14 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     def export_info(self) -> dict:
         """What an exporter needs, as fresh tensors (the amax buffer is never modified).
 
-        Keys: ``kind`` ("int" | "e4m3" | "block"), ``num_bits``, ``unsigned``, ``narrow_range``, ``axis`` (tuple of
+        Keys: ``kind`` ("int" | "e4m3" | "block" | a block scheme's name: "nvfp4", "mxfp8", ...), ``num_bits``, ``unsigned``, ``narrow_range``, ``axis`` (tuple of
         non-negative dims resolved against the last input rank, or None), ``block_sizes`` (axis keys made
         non-negative when the rank is known), ``amax`` (current step, ``scale_amax`` applied; None when dynamic),
         ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``.
         """
         d = self._desc
         kind = "block" if d.block_sizes else ("e4m3" if element_format(d.num_bits).is_e4m3 else "int")
+        kind = d.block_scheme.name if d.block_scheme else kind  # "nvfp4", "mxfp8", ... (formats.BLOCK_SCHEMES)
         _, qmin, qmax = format_range(d.num_bits, d.unsigned, d.narrow_range)
         rank = self._export_rank()
         axis = None

@@ -1,0 +1,48 @@
+"""The NVFP4 and OCP MX presets, under ModelOpt 0.47's names and with its quant_cfg content.
+
+NVFP4 (``num_bits=(2, 1)``, E4M3 block scales, ``"scale_bits": (4, 3)``) calibrates a per-tensor global amax
+("max"); the MX presets (``"scale_bits": (8, 0)``) are dynamic and need no calibration (algorithm None). ModelOpt's
+``"effective_bits"`` entry (4.5 for NVFP4: informational) is left out. Numerics: :mod:`modelopt_lite.functional.
+microscaling`. These formats have no ONNX export yet.
+"""
+
+from __future__ import annotations
+
+from .preset_base import preset
+
+_NVFP4 = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}, "axis": None,
+          "enable": True}  # fmt: skip
+
+
+def _mx(num_bits) -> dict:
+    return {"num_bits": num_bits, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (8, 0)}, "axis": None,
+            "enable": True}  # fmt: skip
+
+
+#: NVFP4 weights and activations (blocks of 16, calibrated per-tensor global amax).
+NVFP4_DEFAULT_CFG = preset({"*weight_quantizer": dict(_NVFP4), "*input_quantizer": dict(_NVFP4)}, "max")
+#: NVFP4 weights only; activations stay in float.
+W4A16_NVFP4_CFG = preset({"*weight_quantizer": dict(_NVFP4), "*input_quantizer": {"enable": False}}, "max")
+#: NVFP4 weights in blocks of 32 with FP8 E4M3 per-tensor activations.
+W4A8_NVFP4_FP8_CFG = preset(
+    {
+        "*weight_quantizer": {**_NVFP4, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (4, 3)}},
+        "*input_quantizer": {"num_bits": (4, 3), "axis": None, "enable": True},
+    },
+    "max",
+)
+#: OCP MXFP8 (E4M3 elements, E8M0 scales per 32) weights and activations.
+MXFP8_DEFAULT_CFG = preset({"*weight_quantizer": _mx((4, 3)), "*input_quantizer": _mx((4, 3))}, None)
+#: OCP MXFP4 (E2M1 elements) weights and activations.
+MXFP4_DEFAULT_CFG = preset({"*weight_quantizer": _mx((2, 1)), "*input_quantizer": _mx((2, 1))}, None)
+#: OCP MXINT8 (INT8 elements read as 1.6 fixed point) weights and activations.
+MXINT8_DEFAULT_CFG = preset({"*weight_quantizer": _mx(8), "*input_quantizer": _mx(8)}, None)
+
+MX_PRESETS = {
+    "NVFP4_DEFAULT_CFG": NVFP4_DEFAULT_CFG,
+    "W4A16_NVFP4_CFG": W4A16_NVFP4_CFG,
+    "W4A8_NVFP4_FP8_CFG": W4A8_NVFP4_FP8_CFG,
+    "MXFP8_DEFAULT_CFG": MXFP8_DEFAULT_CFG,
+    "MXFP4_DEFAULT_CFG": MXFP4_DEFAULT_CFG,
+    "MXINT8_DEFAULT_CFG": MXINT8_DEFAULT_CFG,
+}
