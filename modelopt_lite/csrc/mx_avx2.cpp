@@ -113,11 +113,14 @@ MXK_TGT inline float block_amax(const float* x, int64_t m) {
   return _mm_cvtss_f32(h);
 }
 
-MXK_TGT void nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int64_t block, float scale_2) {
+MXK_TGT bool nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int64_t block, float scale_2) {
   if (block % 8 != 0) return mxscalar::nvfp4_fwd(x, out, scales, n, block, scale_2);
   int64_t b0 = 0, k = 0;
+  bool bad = false;
   for (; b0 + block <= n; b0 += block, ++k) {
-    const float s = mxe::nvfp4_block_scale(block_amax(x + b0, block), scale_2);
+    const float a = block_amax(x + b0, block);
+    bad |= mxe::nonfinite(a);
+    const float s = mxe::nvfp4_block_scale(a, scale_2);
     if (scales != nullptr) scales[k] = s;
     if (s == 0.0f) {
       for (int64_t i = 0; i < block; i += 8) _mm256_storeu_ps(out + b0 + i, _mm256_setzero_ps());
@@ -129,14 +132,17 @@ MXK_TGT void nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int
       _mm256_storeu_ps(out + b0 + i, _mm256_mul_ps(elemv<mxe::kE2M1>(v), d));
     }
   }
-  if (b0 < n) mxscalar::nvfp4_fwd(x + b0, out + b0, scales ? scales + k : nullptr, n - b0, block, scale_2);
+  if (b0 < n) bad |= mxscalar::nvfp4_fwd(x + b0, out + b0, scales ? scales + k : nullptr, n - b0, block, scale_2);
+  return bad;
 }
 
 template <int ELEM>
-MXK_TGT void mx_t(bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
+MXK_TGT bool mx_t(bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
   int64_t b0 = 0, k = 0;
+  bool bad = false;
   for (; b0 + block <= n; b0 += block, ++k) {
     const float a = block_amax(x + b0, block);
+    bad |= mxe::nonfinite(a);
     if (a != a) {
       if (exps != nullptr) exps[k] = a;
       for (int64_t i = 0; i < block; i += 8) _mm256_storeu_ps(out + b0 + i, _mm256_set1_ps(a));
@@ -150,10 +156,11 @@ MXK_TGT void mx_t(bool rceil, const float* x, float* out, float* exps, int64_t n
       _mm256_storeu_ps(out + b0 + i, _mm256_mul_ps(elemv<ELEM>(v), X));
     }
   }
-  if (b0 < n) mxscalar::mx_fwd(ELEM, rceil, x + b0, out + b0, exps ? exps + k : nullptr, n - b0, block);
+  if (b0 < n) bad |= mxscalar::mx_fwd(ELEM, rceil, x + b0, out + b0, exps ? exps + k : nullptr, n - b0, block);
+  return bad;
 }
 
-void mx_fwd(int elem, bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
+bool mx_fwd(int elem, bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
   if (block % 8 != 0) return mxscalar::mx_fwd(elem, rceil, x, out, exps, n, block);
   switch (elem) {
     case mxe::kE4M3:

@@ -1,16 +1,23 @@
 // modelopt_lite native CPU kernels of the blocked 4-bit and microscaling formats: the tensor driver and the Python
 // binding (registered into the module of quant_cpu.cpp by register_mx_ops).
 //
-// Exposes fake_nvfp4 and fake_mx with the results of functional/microscaling.py bit for bit: blocks along the last
-// axis (the last block of a row may be partial), float32/float16/bfloat16 (float64 too) inputs of any strides,
-// outputs contiguous in x's dtype, plus (on request) the per-block scales as float32. One pass: at::parallel_for
+// Exposes fake_nvfp4(x, global_scale, block) and fake_mx(x, elem, block, rounding), the functions of
+// functional/microscaling.py with the same signatures, errors and results bit for bit (blocks along the last axis,
+// the last block of a row may be partial; float32/float16/bfloat16 inputs of any strides; outputs contiguous in x's
+// dtype), plus nvfp4_fake_with_scales / mx_fake_with_exponents, which also return the per-block scales.
+// NaN/Inf inputs raise ValueError as in the reference, detected in the kernels' block-amax pass (no extra pass). One pass: at::parallel_for
 // over the blocks of the whole tensor, chunks of whole blocks staged through small float32 buffers (float32 data is
 // used in place), the per-chunk work done by the kernels of mx_kernels.h of the implementation in force.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/logical_not.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -34,14 +41,6 @@ const MxKernels& mx_kernels(const Kernels& K) {
   return (a != nullptr && std::string(K.name) == "avx2") ? *a : mol::mx_scalar_kernels();
 }
 
-void check_x(const at::Tensor& x, const char* fn) {
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "modelopt_lite cpu kernels, ", fn, ": x must be on the CPU, got ",
-                    x.device());
-  const auto dt = x.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
-                   "modelopt_lite cpu kernels, ", fn, ": x must be float32, float16 or bfloat16, got ", dt);
-}
-
 void to_f32(const Kernels& K, const void* p, at::ScalarType dt, int64_t n, float* buf) {
   if (dt == at::kHalf) {
     K.f16_to_f32(static_cast<const uint16_t*>(p), buf, n);
@@ -58,24 +57,26 @@ void from_f32(const Kernels& K, const float* src, void* p, at::ScalarType dt, in
   }
 }
 
-// Run kern(in, out, block_scales, n) over every row of x (blocks of `block` along the last axis), returning the
-// output in x's dtype and, if need_scales, the float32 per-block values the kernel wrote (shape [..., blocks]).
+// Run kern(M, in, out, block_scales, n) -> bool over every row of x (blocks of `block` along the last axis).
+// Returns the output in x's dtype, the float32 per-block values the kernel wrote (shape [..., blocks]) when
+// need_scales, and whether any kernel call reported a non-finite block amax.
+struct BlockedResult {
+  at::Tensor y;
+  std::optional<at::Tensor> scales;
+  bool nonfinite;
+};
+
 template <class Fn>
-std::tuple<at::Tensor, std::optional<at::Tensor>> blocked(const at::Tensor& x_in, int64_t block, bool need_scales,
-                                                          const char* fn, const Fn& kern) {
-  check_x(x_in, fn);
-  TORCH_CHECK_VALUE(block > 0, "modelopt_lite cpu kernels, ", fn, ": block size must be > 0, got ", block);
-  const bool dbl = x_in.scalar_type() == at::kDouble;
-  const at::Tensor x = (dbl ? x_in.to(at::kFloat) : x_in).contiguous();
+BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern) {
+  const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());
-  const int64_t K = x.dim() == 0 ? 1 : x.size(-1);
-  const int64_t nbr = K == 0 ? 0 : (K + block - 1) / block;
+  const int64_t K = x.size(-1);
+  const int64_t nbr = (K + block - 1) / block;
   std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
-  if (sshape.empty()) sshape.push_back(1);
   sshape.back() = nbr;
   std::optional<at::Tensor> scales;
   if (need_scales) scales = at::empty(sshape, x.options().dtype(at::kFloat));
-  if (x.numel() == 0) return {dbl ? y.to(at::kDouble) : y, scales};
+  if (x.numel() == 0) return {y, scales, false};
   const int64_t rows = x.numel() / K, total = rows * nbr;
   const at::ScalarType dt = x.scalar_type();
   const size_t es = x.element_size();
@@ -86,12 +87,14 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> blocked(const at::Tensor& x_in
   const MxKernels& M = mx_kernels(Kn);
   const int64_t cap = std::max<int64_t>(1, kChunk / block);  // blocks per chunk
   const int64_t grain = std::max<int64_t>(1, 32768 / block);
+  std::atomic<bool> bad{false};
   at::parallel_for(0, total, grain, [&](int64_t b0, int64_t b1) {
     std::vector<float> bin, bout;
     if (dt != at::kFloat) {
       bin.resize(static_cast<size_t>(cap * block));
       bout.resize(static_cast<size_t>(cap * block));
     }
+    bool seen = false;
     for (int64_t b = b0; b < b1;) {
       const int64_t r = b / nbr, j = b % nbr;
       const int64_t jj = std::min({nbr, j + (b1 - b), j + cap});
@@ -99,57 +102,155 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> blocked(const at::Tensor& x_in
       const int64_t off = r * K + e0;
       float* s = sp ? sp + r * nbr + j : nullptr;
       if (dt == at::kFloat) {
-        kern(M, reinterpret_cast<const float*>(xp) + off, reinterpret_cast<float*>(yp) + off, s, m);
+        seen |= kern(M, reinterpret_cast<const float*>(xp) + off, reinterpret_cast<float*>(yp) + off, s, m);
       } else {
         to_f32(Kn, xp + off * es, dt, m, bin.data());
-        kern(M, bin.data(), bout.data(), s, m);
+        seen |= kern(M, bin.data(), bout.data(), s, m);
         from_f32(Kn, bout.data(), yp + off * es, dt, m);
       }
       b += jj - j;
     }
+    if (seen) bad.store(true, std::memory_order_relaxed);
   });
-  return {dbl ? y.to(at::kDouble) : y, scales};
+  return {y, scales, bad.load()};
 }
 
-float scalar_f32(const at::Tensor& t, const char* fn, const char* what) {
-  TORCH_CHECK_VALUE(t.numel() == 1, "modelopt_lite cpu kernels, ", fn, ": ", what, " must have one element, got ",
-                    t.numel());
-  return t.to(at::kCPU).to(at::kFloat).item<float>();
-}
-
-// NVFP4 fake quant: blocks of `block` with E4M3 scales relative to the float32 global scale scale_2 (a dead
-// scale_2 == 0 gives zeros). Returns (y, block scales or None).
-std::tuple<at::Tensor, std::optional<at::Tensor>> fake_nvfp4(const at::Tensor& x, const at::Tensor& scale_2,
-                                                              int64_t block, bool need_scales) {
-  const float s2 = scalar_f32(scale_2, "fake_nvfp4", "scale_2");
-  TORCH_CHECK_VALUE(s2 >= 0.0f && s2 < INFINITY, "modelopt_lite cpu kernels, fake_nvfp4: scale_2 must be finite and ",
-                    ">= 0, got ", s2);
-  if (s2 == 0.0f) {
-    return blocked(x, block, need_scales, "fake_nvfp4",
-                   [](const MxKernels&, const float*, float* out, float* s, int64_t n) {
-                     std::fill(out, out + n, 0.0f);
-                     (void)s;
-                   });
+// The reference's checks (microscaling._prepare / _check_block), same exception types and messages.
+std::string torch_dtype_name(at::ScalarType dt) {
+  switch (dt) {
+    case at::kDouble:
+      return "torch.float64";
+    case at::kLong:
+      return "torch.int64";
+    case at::kInt:
+      return "torch.int32";
+    case at::kShort:
+      return "torch.int16";
+    case at::kChar:
+      return "torch.int8";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kBool:
+      return "torch.bool";
+    default:
+      return c10::toString(dt);
   }
-  auto r = blocked(x, block, need_scales, "fake_nvfp4",
-                   [&](const MxKernels& M, const float* in, float* out, float* s, int64_t n) {
-                     M.nvfp4_fwd(in, out, s, n, block, s2);
-                   });
+}
+
+void check_x(const at::Tensor& x, const std::string& what) {
+  const auto dt = x.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, what,
+                   " must be float32, float16 or bfloat16, got ", torch_dtype_name(dt));
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "modelopt_lite cpu kernels: ", what, " must be on the CPU, got ", x.device());
+  TORCH_CHECK_VALUE(x.dim() > 0, what, " must have at least one dimension (blocks run along the last axis), got a ",
+                    "scalar");
+}
+
+void check_block(int64_t block, std::initializer_list<int64_t> allowed, const char* fmt) {
+  std::string list = "(";
+  bool ok = false;
+  for (const int64_t a : allowed) {
+    ok |= a == block;
+    list += std::to_string(a) + (allowed.size() == 1 ? ",)" : (a == *(allowed.end() - 1) ? ")" : ", "));
+  }
+  TORCH_CHECK_VALUE(ok, fmt, " block size must be one of ", list, " along the last axis, got ", block);
+}
+
+std::string float_repr(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return std::to_string(v);
+}
+
+[[noreturn]] void raise_nonfinite(const at::Tensor& x, const std::string& what) {
+  const at::Tensor xf = x.contiguous().reshape({-1});
+  const at::Tensor idx = at::logical_not(at::isfinite(xf)).nonzero();
+  const float v = idx.numel() ? xf[idx[0][0].item<int64_t>()].item<float>() : NAN;
+  TORCH_CHECK_VALUE(false, what, " contains NaN or Inf (", float_repr(v),
+                    "); NVFP4/MX formats cannot represent it: clean the input");
+  abort();  // unreachable
+}
+
+const char* kElemNames[] = {"e4m3", "e5m2", "e2m1", "int8"};
+
+int elem_index(const std::string& elem) {
+  for (int i = 0; i < 4; ++i) {
+    if (elem == kElemNames[i]) return i;
+  }
+  TORCH_CHECK_VALUE(false, "MX element format must be one of ('e4m3', 'e5m2', 'e2m1', 'int8'), got '", elem, "'");
+  return -1;
+}
+
+bool rounding_rceil(const std::string& rounding) {
+  TORCH_CHECK_VALUE(rounding == "floor" || rounding == "rceil",
+                    "MX scale rounding must be one of ('floor', 'rceil'), got '", rounding, "'");
+  return rounding == "rceil";
+}
+
+float global_scale_value(const at::Tensor& gs) {
+  TORCH_CHECK_VALUE(gs.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ", gs.sizes());
+  const float v = gs.to(at::kCPU).to(at::kFloat).item<float>();
+  TORCH_CHECK_VALUE(v >= 0.0f && !std::isinf(v), "NVFP4 global_scale must be finite and >= 0, got ", float_repr(v));
+  return v;
+}
+
+BlockedResult nvfp4_run(const at::Tensor& x, const at::Tensor& global_scale, int64_t block, bool need_scales) {
+  const std::string what = "NVFP4 input";
+  check_x(x, what);
+  check_block(block, {16, 32}, "NVFP4");
+  const float gs = global_scale_value(global_scale);
+  BlockedResult r =
+      gs == 0.0f
+          ? blocked(x, block, need_scales,
+                    [&](const MxKernels& M, const float* in, float* out, float* s, int64_t n) {
+                      // a dead tensor: zeros and zero scales, but still the finiteness check of the reference
+                      const bool bad = M.nvfp4_fwd(in, out, s, n, block, 1.0f);
+                      std::fill(out, out + n, 0.0f);
+                      if (s != nullptr) std::fill(s, s + (n + block - 1) / block, 0.0f);
+                      return bad;
+                    })
+          : blocked(x, block, need_scales, [&](const MxKernels& M, const float* in, float* out, float* s, int64_t n) {
+              return M.nvfp4_fwd(in, out, s, n, block, gs);
+            });
+  if (r.nonfinite) raise_nonfinite(x, what);
   return r;
 }
 
-// MX fake quant: blocks of `block` with a shared power-of-two scale 2**e (e in [-127, 127]); elem 0..3 =
-// e4m3, e5m2, e2m1, int8; rceil selects ceil(log2(amax / max)) over floor(log2(amax)) - emax.
-// Returns (y, exponents e as float32 or None).
-std::tuple<at::Tensor, std::optional<at::Tensor>> fake_mx(const at::Tensor& x, int64_t elem, int64_t block,
-                                                           bool rceil, bool need_scales) {
-  TORCH_CHECK_VALUE(elem >= 0 && elem <= 3, "modelopt_lite cpu kernels, fake_mx: elem must be 0..3 ",
-                    "(e4m3, e5m2, e2m1, int8), got ", elem);
-  const int e = static_cast<int>(elem);
-  return blocked(x, block, need_scales, "fake_mx",
-                 [&](const MxKernels& M, const float* in, float* out, float* s, int64_t n) {
-                   M.mx_fwd(e, rceil, in, out, s, n, block);
-                 });
+BlockedResult mx_run(const at::Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
+                     bool need_scales) {
+  const int e = elem_index(elem);
+  const bool rceil = rounding_rceil(rounding);
+  const std::string what = "MX (" + elem + ") input";
+  check_x(x, what);
+  check_block(block, {32}, "MX");
+  BlockedResult r = blocked(x, block, need_scales, [&](const MxKernels& M, const float* in, float* out, float* s,
+                                                       int64_t n) { return M.mx_fwd(e, rceil, in, out, s, n, block); });
+  if (r.nonfinite) raise_nonfinite(x, what);
+  return r;
+}
+
+// microscaling.fake_nvfp4: e2m1(x / (s * gs)) * (s * gs) per block of 16 or 32, in x's dtype.
+at::Tensor fake_nvfp4(const at::Tensor& x, const at::Tensor& global_scale, int64_t block) {
+  return nvfp4_run(x, global_scale, block, false).y;
+}
+
+// (y, E4M3-valued float32 block scales of shape (..., nblocks)): microscaling.nvfp4_block_scales alongside.
+std::tuple<at::Tensor, at::Tensor> nvfp4_fake_with_scales(const at::Tensor& x, const at::Tensor& global_scale,
+                                                          int64_t block) {
+  BlockedResult r = nvfp4_run(x, global_scale, block, true);
+  return {r.y, *r.scales};
+}
+
+// microscaling.fake_mx: elem(x / 2**k) * 2**k per block of 32, in x's dtype.
+at::Tensor fake_mx(const at::Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
+  return mx_run(x, elem, block, rounding, false).y;
+}
+
+// (y, int32 exponents k of shape (..., nblocks)): microscaling.mx_scale_exponents alongside.
+std::tuple<at::Tensor, at::Tensor> mx_fake_with_exponents(const at::Tensor& x, const std::string& elem, int64_t block,
+                                                          const std::string& rounding) {
+  BlockedResult r = mx_run(x, elem, block, rounding, true);
+  return {r.y, r.scales->to(at::kInt)};
 }
 
 std::string mx_kernel_impl() { return mx_kernels(mol::active_kernels()).name; }
@@ -161,10 +262,14 @@ namespace mol {
 void register_mx_ops(pybind11::module_& m) {
   namespace py = pybind11;
   using rel = py::call_guard<py::gil_scoped_release>;
-  m.def("fake_nvfp4", &fake_nvfp4, "NVFP4 fake quant along the last axis: (y, E4M3 block scales or None)",
-        py::arg("x"), py::arg("scale_2"), py::arg("block"), py::arg("need_scales"), rel());
-  m.def("fake_mx", &fake_mx, "MX fake quant along the last axis: (y, block exponents or None)", py::arg("x"),
-        py::arg("elem"), py::arg("block"), py::arg("rceil"), py::arg("need_scales"), rel());
+  m.def("fake_nvfp4", &fake_nvfp4, "NVFP4 fake quant along the last axis (microscaling.fake_nvfp4)", py::arg("x"),
+        py::arg("global_scale"), py::arg("block") = 16, rel());
+  m.def("nvfp4_fake_with_scales", &nvfp4_fake_with_scales, "(fake_nvfp4 output, float32 E4M3 block scales)",
+        py::arg("x"), py::arg("global_scale"), py::arg("block") = 16, rel());
+  m.def("fake_mx", &fake_mx, "OCP MX fake quant along the last axis (microscaling.fake_mx)", py::arg("x"),
+        py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
+  m.def("mx_fake_with_exponents", &mx_fake_with_exponents, "(fake_mx output, int32 E8M0 exponents k)", py::arg("x"),
+        py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
   m.def("mx_kernel_impl", &mx_kernel_impl, "name of the blocked-format kernels in use: 'avx2' or 'scalar'");
 }
 

@@ -85,6 +85,9 @@ MXE_HD float clampn(float v, float lo, float hi) {
   return (hi < t) ? hi : t;
 }
 
+// NaN or +-Inf.
+MXE_HD bool nonfinite(float v) { return (fbits(v) & 0x7FFFFFFFu) >= 0x7F800000u; }
+
 // |v| (the sign bit cleared; NaN stays NaN).
 MXE_HD float fabs_bits(float v) { return ffrom(fbits(v) & 0x7FFFFFFFu); }
 

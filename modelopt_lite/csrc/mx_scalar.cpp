@@ -25,11 +25,13 @@ void minifloat_fwd(int elem, const float* x, const float* s, int sinc, float* ou
   }
 }
 
-void nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int64_t block, float scale_2) {
+bool nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int64_t block, float scale_2) {
+  bool bad = false;
   for (int64_t b0 = 0, k = 0; b0 < n; b0 += block, ++k) {
     const int64_t m = (n - b0 < block) ? n - b0 : block;
     float a = 0.0f;
     for (int64_t i = 0; i < m; ++i) a = mxe::amax_step(a, x[b0 + i]);
+    bad |= mxe::nonfinite(a);
     const float s = mxe::nvfp4_block_scale(a, scale_2);
     if (scales != nullptr) scales[k] = s;
     if (s == 0.0f) {
@@ -39,14 +41,17 @@ void nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int64_t blo
     const float d = mxe::fmul(s, scale_2);
     for (int64_t i = 0; i < m; ++i) out[b0 + i] = mxe::fmul(mxe::e2m1(mxe::fdiv(x[b0 + i], d)), d);
   }
+  return bad;
 }
 
 template <int ELEM>
-static void mx_t(bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
+static bool mx_t(bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
+  bool bad = false;
   for (int64_t b0 = 0, k = 0; b0 < n; b0 += block, ++k) {
     const int64_t m = (n - b0 < block) ? n - b0 : block;
     float a = 0.0f;
     for (int64_t i = 0; i < m; ++i) a = mxe::amax_step(a, x[b0 + i]);
+    bad |= mxe::nonfinite(a);
     if (a != a) {  // a NaN in the block: the whole block is NaN (2**floor(log2(NaN)) is NaN)
       if (exps != nullptr) exps[k] = a;
       for (int64_t i = 0; i < m; ++i) out[b0 + i] = a;
@@ -57,9 +62,10 @@ static void mx_t(bool rceil, const float* x, float* out, float* exps, int64_t n,
     const float X = mxe::pow2f(e), inv = mxe::pow2f(-e);  // x * 2**-e == x / 2**e exactly (one rounding)
     for (int64_t i = 0; i < m; ++i) out[b0 + i] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(x[b0 + i], inv)), X);
   }
+  return bad;
 }
 
-void mx_fwd(int elem, bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
+bool mx_fwd(int elem, bool rceil, const float* x, float* out, float* exps, int64_t n, int64_t block) {
   switch (elem) {
     case mxe::kE4M3:
       return mx_t<mxe::kE4M3>(rceil, x, out, exps, n, block);

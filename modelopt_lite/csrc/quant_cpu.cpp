@@ -280,8 +280,6 @@ at::Tensor fake_e4m3(const at::Tensor& x, const at::Tensor& scale) {
 // E4M3 / E5M2 / E2M1 (elem 0 / 1 / 2 of mx_elem.h): elem(clamp(x / s, -max, max)) * s in x's dtype.
 at::Tensor fake_minifloat(const at::Tensor& x, const at::Tensor& scale, int64_t elem) {
   check_data(x, "x");
-  TORCH_CHECK_VALUE(elem >= 0 && elem <= 2, "modelopt_lite cpu kernels: elem must be 0..2 (e4m3, e5m2, e2m1), got ",
-                    elem);
   const at::Tensor s = as_f32(scale, "scale");
   at::Tensor y = empty_out(at::infer_size_dimvector(x.sizes(), s.sizes()), x.options());
   if (y.numel() == 0) return y;
@@ -294,6 +292,10 @@ at::Tensor fake_minifloat(const at::Tensor& x, const at::Tensor& scale, int64_t 
   });
   return y;
 }
+
+at::Tensor fake_e5m2(const at::Tensor& x, const at::Tensor& scale) { return fake_minifloat(x, scale, 1); }
+
+at::Tensor fake_e2m1(const at::Tensor& x, const at::Tensor& scale) { return fake_minifloat(x, scale, 2); }
 
 at::Tensor affine_forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, int64_t qmin,
                           int64_t qmax, bool codes) {
@@ -455,8 +457,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "True/False: advise large fresh outputs as transparent huge pages or not; None: the default "
         "(MODELOPT_LITE_HUGEPAGES=1 turns it on; off otherwise)",
         py::arg("on"));
-  m.def("fake_minifloat", &fake_minifloat, "elem(clamp(x / s, -max, max)) * s in x's dtype, elem 0/1/2 = e4m3/e5m2/e2m1",
-        py::arg("x"), py::arg("scale"), py::arg("elem"), rel());
+  m.def("fake_e5m2", &fake_e5m2, "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
+        py::arg("scale"), rel());
+  m.def("fake_e2m1", &fake_e2m1, "e2m1_round(x / s) * s in x's dtype (FP4 E2M1 elements)", py::arg("x"),
+        py::arg("scale"), rel());
   mol::register_mx_ops(m);
   m.def("set_kernel_impl", &set_kernel_impl, "force 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
         py::arg("name"));
