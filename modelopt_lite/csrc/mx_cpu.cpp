@@ -9,8 +9,6 @@
 // over the blocks of the whole tensor, chunks of whole blocks staged through small float32 buffers (float32 data is
 // used in place), the per-chunk work done by the kernels of mx_kernels.h of the implementation in force.
 #include <ATen/ops/empty.h>
-#include <ATen/ops/isfinite.h>
-#include <ATen/ops/logical_not.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -22,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mx_checks.h"
 #include "mx_elem.h"
 #include "mx_kernels.h"
 #include "quant_kernels.h"
@@ -116,83 +115,16 @@ BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, c
 }
 
 // The reference's checks (microscaling._prepare / _check_block), same exception types and messages.
-std::string torch_dtype_name(at::ScalarType dt) {
-  switch (dt) {
-    case at::kDouble:
-      return "torch.float64";
-    case at::kLong:
-      return "torch.int64";
-    case at::kInt:
-      return "torch.int32";
-    case at::kShort:
-      return "torch.int16";
-    case at::kChar:
-      return "torch.int8";
-    case at::kByte:
-      return "torch.uint8";
-    case at::kBool:
-      return "torch.bool";
-    default:
-      return c10::toString(dt);
-  }
-}
-
 void check_x(const at::Tensor& x, const std::string& what) {
-  const auto dt = x.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, what,
-                   " must be float32, float16 or bfloat16, got ", torch_dtype_name(dt));
   TORCH_CHECK_VALUE(x.device().is_cpu(), "modelopt_lite cpu kernels: ", what, " must be on the CPU, got ", x.device());
-  TORCH_CHECK_VALUE(x.dim() > 0, what, " must have at least one dimension (blocks run along the last axis), got a ",
-                    "scalar");
+  mol::mxchk::check_x(x, what);
 }
 
-void check_block(int64_t block, std::initializer_list<int64_t> allowed, const char* fmt) {
-  std::string list = "(";
-  bool ok = false;
-  for (const int64_t a : allowed) {
-    ok |= a == block;
-    list += std::to_string(a) + (allowed.size() == 1 ? ",)" : (a == *(allowed.end() - 1) ? ")" : ", "));
-  }
-  TORCH_CHECK_VALUE(ok, fmt, " block size must be one of ", list, " along the last axis, got ", block);
-}
-
-std::string float_repr(float v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return std::to_string(v);
-}
-
-[[noreturn]] void raise_nonfinite(const at::Tensor& x, const std::string& what) {
-  const at::Tensor xf = x.contiguous().reshape({-1});
-  const at::Tensor idx = at::logical_not(at::isfinite(xf)).nonzero();
-  const float v = idx.numel() ? xf[idx[0][0].item<int64_t>()].item<float>() : NAN;
-  TORCH_CHECK_VALUE(false, what, " contains NaN or Inf (", float_repr(v),
-                    "); NVFP4/MX formats cannot represent it: clean the input");
-  abort();  // unreachable
-}
-
-const char* kElemNames[] = {"e4m3", "e5m2", "e2m1", "int8"};
-
-int elem_index(const std::string& elem) {
-  for (int i = 0; i < 4; ++i) {
-    if (elem == kElemNames[i]) return i;
-  }
-  TORCH_CHECK_VALUE(false, "MX element format must be one of ('e4m3', 'e5m2', 'e2m1', 'int8'), got '", elem, "'");
-  return -1;
-}
-
-bool rounding_rceil(const std::string& rounding) {
-  TORCH_CHECK_VALUE(rounding == "floor" || rounding == "rceil",
-                    "MX scale rounding must be one of ('floor', 'rceil'), got '", rounding, "'");
-  return rounding == "rceil";
-}
-
-float global_scale_value(const at::Tensor& gs) {
-  TORCH_CHECK_VALUE(gs.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ", gs.sizes());
-  const float v = gs.to(at::kCPU).to(at::kFloat).item<float>();
-  TORCH_CHECK_VALUE(v >= 0.0f && !std::isinf(v), "NVFP4 global_scale must be finite and >= 0, got ", float_repr(v));
-  return v;
-}
+using mol::mxchk::check_block;
+using mol::mxchk::elem_index;
+using mol::mxchk::global_scale_value;
+using mol::mxchk::raise_nonfinite;
+using mol::mxchk::rounding_rceil;
 
 BlockedResult nvfp4_run(const at::Tensor& x, const at::Tensor& global_scale, int64_t block, bool need_scales) {
   const std::string what = "NVFP4 input";
