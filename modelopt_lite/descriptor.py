@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .formats import int_range, is_e4m3
+from .formats import block_scheme, element_format, int_range, is_float_format
 
 _DEFAULTS: dict[str, Any] = {
     "num_bits": 8,
@@ -80,11 +80,12 @@ def _check_num_bits(v, field: str = "num_bits"):
         v = tuple(v)
         if len(v) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
             raise TypeError(f"{field} as a tuple must be (E, M) integers, got {v!r}")
-        if not is_e4m3(v):
-            raise ValueError(f"{field}={v!r}: the only floating-point format supported is (4, 3) (FP8 E4M3)")
+        fmt = element_format(v)  # ValueError naming the supported formats
+        if fmt.name == "e8m0" and field == "num_bits":
+            raise ValueError(f"num_bits={v!r} (E8M0) is a scale format only: use it as block_sizes['scale_bits']")
         return v
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{field} must be an int in 1..16 or the tuple (4, 3), got {v!r}")
+        raise TypeError(f"{field} must be an int in 1..16 or an (E, M) tuple such as (4, 3), got {v!r}")
     if not 1 <= int(v) <= 16:
         raise ValueError(f"{field} must be in 1..16, got {v}")
     return int(v)
@@ -160,7 +161,8 @@ class ScaledQuantDescriptor:
     """How to quantize a tensor: format, granularity, range and calibration. Immutable and validated.
 
     Args:
-        num_bits: int in 1..16 for integer formats, or ``(4, 3)`` for FP8 E4M3. Default 8.
+        num_bits: int in 1..16 for integer formats, ``(4, 3)`` for FP8 E4M3; ``(2, 1)`` (E2M1) and ``(5, 2)``
+            (E5M2) in NVFP4/MX blocks (see :data:`modelopt_lite.formats.BLOCK_SCHEMES`). Default 8.
         name: optional label.
         fake_quant: True to simulate (quantize-dequantize); False for real quantization (integer codes).
         axis: None (per tensor), an int or a tuple of ints: the axes that keep their own amax (per channel).
@@ -229,14 +231,17 @@ class ScaledQuantDescriptor:
     def _validate_combination(f: dict) -> None:
         if f["axis"] is not None and f["block_sizes"] is not None:
             raise ValueError("axis and block_sizes are mutually exclusive: block_sizes already sets the granularity")
-        if is_e4m3(f["num_bits"]):
+        if is_float_format(f["num_bits"]):
+            name = element_format(f["num_bits"]).name.upper()
             if f["unsigned"]:
-                raise ValueError("unsigned=True is meaningless for FP8 E4M3 (num_bits=(4, 3)), which is signed")
+                raise ValueError(f"unsigned=True is meaningless for {name} (num_bits={f['num_bits']}), which is signed")
             if f["narrow_range"]:
-                raise ValueError("narrow_range=True applies to integer formats only, not FP8 E4M3")
+                raise ValueError(f"narrow_range=True applies to integer formats only, not {name}")
         else:
             int_range(f["num_bits"], f["unsigned"], f["narrow_range"])  # raises for a signed 1-bit grid
+        scheme = _check_scheme(f)
         block_dynamic = bool(f["block_sizes"]) and f["block_sizes"].get("type") == "dynamic"
+        block_dynamic = block_dynamic and not (scheme and scheme.calibrates_amax)  # NVFP4: calibrated global amax
         if f["learn_amax"] and (f["dynamic"] or block_dynamic):
             raise ValueError("learn_amax=True contradicts dynamic quantization: a dynamic amax is recomputed per input")
         if f["amax"] is not None and (f["dynamic"] or block_dynamic):
@@ -270,7 +275,15 @@ class ScaledQuantDescriptor:
     @property
     def dynamic(self) -> bool:
         """True when amax is recomputed from each input (``dynamic=True`` or dynamic blocks)."""
+        scheme = block_scheme(self._num_bits, self._block_sizes)
+        if scheme is not None:  # NVFP4 calibrates its per-tensor global amax; MX is dynamic
+            return self._dynamic or not scheme.calibrates_amax
         return self._dynamic or bool(self._block_sizes and self._block_sizes.get("type") == "dynamic")
+
+    @property
+    def block_scheme(self):
+        """The :class:`~modelopt_lite.formats.BlockScheme` (NVFP4, MXFP8, MXFP4, MXINT8, ...) or None."""
+        return block_scheme(self._num_bits, self._block_sizes)
 
     def dict(self) -> _PlainDict[str, Any]:
         """The fields that differ from their defaults (amax as a list, block_sizes as plain dicts), enough to rebuild
@@ -327,6 +340,42 @@ class ScaledQuantDescriptor:
         if block_sizes is None:
             return {}
         return {k: v for k, v in block_sizes.items() if not isinstance(k, str)}
+
+
+def _check_scheme(f: dict):
+    """The block scheme of the fields (NVFP4/MX), validated: last-axis blocks of an allowed size, nothing else."""
+    nb, bs = f["num_bits"], f["block_sizes"]
+    scheme = block_scheme(nb, bs)
+    if scheme is None:
+        elem = element_format(nb) if is_float_format(nb) else None
+        if elem is not None and not elem.is_e4m3:
+            raise ValueError(
+                f"num_bits={nb!r} ({elem.name.upper()}) is supported in NVFP4/MX blocks only, e.g. block_sizes="
+                "{-1: 16, 'type': 'dynamic', 'scale_bits': (4, 3)} or {-1: 32, 'type': 'dynamic', 'scale_bits': (8, 0)}"
+            )
+        if bs and bs.get("scale_bits") == (8, 0):
+            raise ValueError(f"scale_bits=(8, 0) (E8M0, OCP MX) needs num_bits (4, 3), (5, 2), (2, 1) or 8, got {nb!r}")
+        return None
+    axes = {k: v for k, v in bs.items() if not isinstance(k, str)}
+    if list(axes.items()) not in ([(-1, b)] for b in scheme.blocks):
+        raise ValueError(
+            f"{scheme.name.upper()} blocks run along the last axis with a size in {scheme.blocks}: block_sizes "
+            f"{{-1: {scheme.blocks[0]}, ...}}, got {axes!r}"
+        )
+    if bs.get("type", "dynamic") != "dynamic":
+        raise ValueError(f"{scheme.name.upper()} computes its block scales from each input: block_sizes['type'] "
+                         f"must be 'dynamic', got {bs.get('type')!r}")  # fmt: skip
+    if "scale_block_sizes" in bs:
+        raise ValueError(f"{scheme.name.upper()} has no scale_block_sizes (its scale format is fixed)")
+    if f["unsigned"] or f["narrow_range"]:
+        raise ValueError(f"{scheme.name.upper()} is signed (unsigned/narrow_range do not apply)")
+    if f["learn_amax"]:
+        raise ValueError(f"learn_amax=True is not supported for {scheme.name.upper()}")
+    if f["amax"] is not None and not scheme.calibrates_amax:
+        raise ValueError(f"{scheme.name.upper()} takes no amax (its E8M0 scales come from each block)")
+    if f["amax"] is not None and np.asarray(f["amax"]).size != 1:
+        raise ValueError(f"{scheme.name.upper()}'s amax is per tensor (one value), got {np.asarray(f['amax']).size}")
+    return scheme
 
 
 def _rebuild(d):

@@ -11,6 +11,8 @@ kernels' callers, the calibrators, the real modules and the exporters ask here, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -58,7 +60,7 @@ def int_range(num_bits: int, unsigned: bool = False, narrow_range: bool = False)
 
 
 def is_e4m3(num_bits) -> bool:
-    """True when ``num_bits`` names FP8 E4M3, written ``(4, 3)``."""
+    """True when ``num_bits`` names FP8 E4M3, written ``(4, 3)`` (prefer ``element_format(nb).is_e4m3``)."""
     return isinstance(num_bits, tuple) and tuple(num_bits) == (4, 3)
 
 
@@ -75,13 +77,13 @@ E4M3_RANGE = FloatRange(E4M3_MAX, -E4M3_MAX, E4M3_MAX)
 
 
 def format_range(num_bits, unsigned: bool = False, narrow_range: bool = False) -> IntRange | FloatRange:
-    """``(bound, qmin, qmax)`` of any format: :data:`E4M3_RANGE` for ``(4, 3)``, else :func:`int_range`.
+    """``(bound, qmin, qmax)`` of any format: the element format's for ``(E, M)`` tuples, else :func:`int_range`.
 
     >>> format_range((4, 3))
     FloatRange(bound=448.0, qmin=-448.0, qmax=448.0)
     """
-    if is_e4m3(num_bits):
-        return E4M3_RANGE
+    if is_float_format(num_bits):
+        return element_format(num_bits).float_range
     return int_range(num_bits, unsigned, narrow_range)
 
 
@@ -171,3 +173,202 @@ def torch_code_dtype(num_bits: int, unsigned: bool = False) -> torch.dtype:
     if num_bits <= 8:
         return torch.uint8 if unsigned else torch.int8
     return torch.int32 if unsigned else torch.int16
+
+
+# --- formats as data -----------------------------------------------------------------------------------------------
+# One object per element format and per scale format; the layers above ask these objects (``element_format(nb)``,
+# ``scale_format(bits)``, ``block_scheme(nb, block_sizes)``) instead of testing tuples. Adding a format is one
+# entry in :data:`FLOAT_ELEMENTS` (or :data:`BLOCK_SCHEMES`) plus its kernels.
+def _sat_cast(v: torch.Tensor, top: float, dtype: torch.dtype) -> torch.Tensor:
+    return v.float().clamp(-top, top).to(dtype).float()
+
+
+def e4m3_round(v: torch.Tensor) -> torch.Tensor:
+    """Saturating round-half-to-even of float values onto E4M3 (max 448), as float32 (NaN stays NaN)."""
+    return _sat_cast(v, E4M3_MAX, E4M3_DTYPE)
+
+
+#: Largest finite value of float8 E5M2.
+E5M2_MAX = 57344.0
+#: Largest E2M1 magnitude and the 8 non-negative E2M1 values (a code's bits 0..2 index this list).
+E2M1_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def e5m2_round(v: torch.Tensor) -> torch.Tensor:
+    """Saturating round-half-to-even onto float8 E5M2 (max 57344), as float32 (NaN stays NaN)."""
+    return _sat_cast(v, E5M2_MAX, torch.float8_e5m2)
+
+
+def e2m1_round(v: torch.Tensor) -> torch.Tensor:
+    """Saturating round-half-to-even onto the E2M1 grid, as float32: ``m = min(|v|, 6)``, ``step`` = 0.5 below 2,
+    1 below 4, else 2; ``m = rne(m / step) * step`` (exact); ``-m`` where ``v < 0`` (NaN stays NaN)."""
+    v = v.float()
+    m = v.abs().clamp_(max=E2M1_MAX)
+    half, one, two = (torch.tensor(c, dtype=torch.float32, device=v.device) for c in (0.5, 1.0, 2.0))
+    step = torch.where(m < 2.0, half, torch.where(m < 4.0, one, two))
+    m = m.div_(step).round_().mul_(step)
+    return torch.where(v < 0, -m, m)
+
+
+@dataclass(frozen=True)
+class ElementFormat:
+    """An element (code) format: its grid, rounding, containers and ONNX type.
+
+    ``bound`` is what amax maps to with a float32 per-tensor/channel scale (``scale = amax / bound``); codes lie in
+    ``[qmin, qmax]``. ``emax`` is the exponent of the largest power of two (the MX scale rule); ``max_significand``
+    is ``qmax / 2**emax`` (the "rceil" MX threshold). ``round`` is the saturating round-half-to-even onto the grid
+    (float in, float32 out) for floating-point formats, None for integers (``clamp(rint(v), qmin, qmax)``).
+    """
+
+    name: str
+    num_bits: int | tuple[int, int]  #: the config spelling: bits for integers, ``(E, M)`` for floats
+    is_float: bool
+    bound: float
+    qmin: float
+    qmax: float
+    code_dtype: torch.dtype | None  #: torch dtype of real codes (None: packed by hand, e.g. 4-bit)
+    onnx_type: str | None  #: ``onnx.TensorProto`` element type name
+    onnx_opset: int | None  #: first opset whose Q/DQ accept it
+    emax: int | None = None
+    max_significand: float | None = None
+    round: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def is_e4m3(self) -> bool:
+        """True for FP8 E4M3 (the per-tensor FP8 path of the quantizers and exporters)."""
+        return self.name == "e4m3"
+
+    @property
+    def float_range(self) -> FloatRange:
+        """``(bound, qmin, qmax)`` as a :class:`FloatRange`."""
+        return FloatRange(self.bound, self.qmin, self.qmax)
+
+    @property
+    def signed(self) -> bool:
+        return self.qmin < 0
+
+
+def _float_format(name, num_bits, top, dtype, onnx, opset, emax, rnd=None, lo=None) -> ElementFormat:
+    return ElementFormat(name, num_bits, True, top, -top if lo is None else lo, top, dtype, onnx, opset, emax,
+                         top / 2.0**emax, rnd)  # fmt: skip
+
+
+#: The floating-point element formats, keyed by their ``num_bits`` spelling ``(E, M)``.
+FLOAT_ELEMENTS: dict[tuple[int, int], ElementFormat] = {
+    (4, 3): _float_format("e4m3", (4, 3), E4M3_MAX, E4M3_DTYPE, E4M3_ONNX_TYPE, 19, 8, e4m3_round),
+    (5, 2): _float_format("e5m2", (5, 2), E5M2_MAX, torch.float8_e5m2, "FLOAT8E5M2", 19, 15, e5m2_round),
+    (2, 1): _float_format("e2m1", (2, 1), E2M1_MAX, None, "FLOAT4E2M1", 23, 2, e2m1_round),
+    # E8M0: exponent only (2**-127..2**127, biased by 127; 0xFF is NaN): the MX scale format, never an element
+    (8, 0): _float_format("e8m0", (8, 0), 2.0**127, torch.float8_e8m0fnu, "FLOAT8E8M0", 24, 127, lo=2.0**-127),
+}
+
+
+def register_element_format(fmt: ElementFormat) -> None:
+    """Add a floating-point element format (its kernels must be registered where the quantizers dispatch)."""
+    if not isinstance(fmt.num_bits, tuple) or fmt.num_bits in FLOAT_ELEMENTS:
+        raise ValueError(f"element format {fmt.name!r}: num_bits {fmt.num_bits!r} is not a new (E, M) tuple")
+    FLOAT_ELEMENTS[fmt.num_bits] = fmt
+
+
+def element_format(num_bits, unsigned: bool = False, narrow_range: bool = False) -> ElementFormat:
+    """The :class:`ElementFormat` a ``num_bits`` (int bits or ``(E, M)``) names.
+
+    >>> element_format((4, 3)).name, element_format(8).qmin, element_format(4, unsigned=True).onnx_type
+    ('e4m3', -128, 'UINT4')
+    """
+    if isinstance(num_bits, (tuple, list)):
+        key = tuple(num_bits)
+        if key not in FLOAT_ELEMENTS:
+            names = ", ".join(f"{k} ({f.name.upper()})" for k, f in FLOAT_ELEMENTS.items() if f.name != "e8m0")
+            raise ValueError(f"num_bits={key!r} is not a supported floating-point format; supported: {names}")
+        return FLOAT_ELEMENTS[key]
+    bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
+    c = smallest_code_type(qmin, qmax, ONNX_WEIGHT_TYPES)
+    name = f"{'u' if unsigned else ''}int{num_bits}{'n' if narrow_range else ''}"
+    return ElementFormat(name, int(num_bits), False, float(bound), qmin, qmax, torch_code_dtype(num_bits, unsigned),
+                         c.onnx_type if c else None, c.onnx_opset if c else None)  # fmt: skip
+
+
+def is_float_format(num_bits) -> bool:
+    """True when ``num_bits`` is an ``(E, M)`` tuple (a floating-point element format)."""
+    return isinstance(num_bits, (tuple, list))
+
+
+@dataclass(frozen=True)
+class ScaleFormat:
+    """How block scales are stored: ``scale_bits`` (ModelOpt's spelling) -> element format and structure.
+
+    ``global_scale``: the block scales are relative to a per-tensor float32 scale (NVFP4); ``power_of_two``: shared
+    exponent-only scales (OCP MX)."""
+
+    name: str
+    scale_bits: int | tuple[int, int] | None
+    element: ElementFormat | None  #: None: float32 scales
+    global_scale: bool = False
+    power_of_two: bool = False
+
+
+FLOAT32_SCALE = ScaleFormat("float32", None, None)
+E4M3_BLOCK_SCALE = ScaleFormat("e4m3", (4, 3), FLOAT_ELEMENTS[(4, 3)], global_scale=True)
+E8M0_SCALE = ScaleFormat("e8m0", (8, 0), FLOAT_ELEMENTS[(8, 0)], power_of_two=True)
+
+
+@dataclass(frozen=True)
+class BlockScheme:
+    """A block format with its own kernels (not the generic "float32 scale per block" of integer/E4M3 blocks).
+
+    ``kind`` is "nvfp4" (E4M3 block scales under a calibrated per-tensor float32 global scale) or "mx" (E8M0
+    shared scales, fully dynamic); ``blocks`` are the allowed sizes along the last axis."""
+
+    name: str
+    kind: str
+    element: ElementFormat
+    scale: ScaleFormat
+    blocks: tuple[int, ...]
+    elem: str  #: the element's name in :mod:`modelopt_lite.functional.microscaling` ("e2m1", "int8", ...)
+
+    @property
+    def calibrates_amax(self) -> bool:
+        """True when the quantizer calibrates a per-tensor amax (NVFP4's global scale); MX needs none."""
+        return self.scale.global_scale
+
+
+#: The block schemes, keyed by ``(num_bits, scale_bits)``.
+BLOCK_SCHEMES: dict[tuple, BlockScheme] = {
+    (s.element.num_bits, s.scale.scale_bits): s
+    for s in (
+        BlockScheme("nvfp4", "nvfp4", FLOAT_ELEMENTS[(2, 1)], E4M3_BLOCK_SCALE, (16, 32), "e2m1"),
+        BlockScheme("mxfp8", "mx", FLOAT_ELEMENTS[(4, 3)], E8M0_SCALE, (32,), "e4m3"),
+        BlockScheme("mxfp8_e5m2", "mx", FLOAT_ELEMENTS[(5, 2)], E8M0_SCALE, (32,), "e5m2"),
+        BlockScheme("mxfp4", "mx", FLOAT_ELEMENTS[(2, 1)], E8M0_SCALE, (32,), "e2m1"),
+        BlockScheme("mxint8", "mx", element_format(8, narrow_range=True), E8M0_SCALE, (32,), "int8"),
+    )
+}
+
+
+def block_scheme(num_bits, block_sizes) -> BlockScheme | None:
+    """The :class:`BlockScheme` of a ``(num_bits, block_sizes)`` pair, or None for generic block quantization."""
+    if not block_sizes:
+        return None
+    sb = block_sizes.get("scale_bits")
+    nb = tuple(num_bits) if isinstance(num_bits, (tuple, list)) else num_bits
+    return BLOCK_SCHEMES.get((nb, tuple(sb) if isinstance(sb, (tuple, list)) else sb))
+
+
+def scaled_format(num_bits, unsigned: bool = False, narrow_range: bool = False) -> ElementFormat:
+    """The element format of ``num_bits`` for float32-scaled quantization (per tensor, per channel, generic blocks):
+    the integers and E4M3. ValueError for the formats that exist only inside NVFP4/MX blocks (E2M1, E5M2, E8M0)."""
+    fmt = element_format(num_bits, unsigned, narrow_range)
+    if fmt.is_float and not fmt.is_e4m3:
+        raise ValueError(
+            f"num_bits={tuple(num_bits)!r} ({fmt.name.upper()}) has no float32-scaled (per-tensor/per-channel) "
+            "quantization: use it in NVFP4/MX blocks (block_sizes with 'scale_bits' (4, 3) or (8, 0))"
+        )
+    return fmt
+
+
+def scaled_is_e4m3(num_bits) -> bool:
+    """True when float32-scaled quantization with ``num_bits`` runs the E4M3 path, False for integers (validated by
+    their own path); ValueError (:func:`scaled_format`) for formats that exist only inside NVFP4/MX blocks."""
+    return is_float_format(num_bits) and scaled_format(num_bits).is_e4m3

@@ -28,7 +28,7 @@ from .descriptor import (  # noqa: F401  (re-exported API)
     QuantDescriptor,
     ScaledQuantDescriptor,
 )
-from .formats import CODE_TYPES, E4M3_MAX, TORCH_CODE_TYPES, e4m3_codes, int_range, is_e4m3, torch_dtype_range
+from .formats import CODE_TYPES, E4M3_MAX, TORCH_CODE_TYPES, e4m3_codes, int_range, scaled_is_e4m3, torch_dtype_range
 from .functional import blocks, library, reference
 from .functional.checks import (
     as_amax,
@@ -155,7 +155,7 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
         b = _bias_tensor(p["bias"], x)
         back = back or x.dtype
         x = x.float() - b
-    if is_e4m3(p["num_bits"]):
+    if scaled_is_e4m3(p["num_bits"]):
         y = scaled_e4m3(x, amax)
     else:
         scale, qmin, qmax = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
@@ -196,7 +196,7 @@ def tensor_quant(
         check_input(x)
         x = x.float() - _bias_tensor(p["bias"], x)
     nb = p["num_bits"]
-    if is_e4m3(nb):
+    if scaled_is_e4m3(nb):
         check_input(x)
         scale = scale_from_amax(as_amax(amax, x), E4M3_MAX)
         return e4m3_codes(x, scale), positive_scale(scale)
@@ -297,9 +297,11 @@ def quantize_block_scales(scale: torch.Tensor, scale_bits, scale_block_sizes=Non
     """
     if scale_block_sizes:
         s_amax = blocks.block_amax(scale, scale_block_sizes)
-        return fake_block_quant(scale, scale_block_sizes, s_amax, num_bits=scale_bits, unsigned=not is_e4m3(scale_bits))
+        return fake_block_quant(
+            scale, scale_block_sizes, s_amax, num_bits=scale_bits, unsigned=not scaled_is_e4m3(scale_bits)
+        )
     s_amax = scale.detach().reshape(-1).amax(0) if scale.numel() else scale.new_zeros(())  # dim given: dynamo export
-    return fake_tensor_quant(scale, s_amax, scale_bits, unsigned=not is_e4m3(scale_bits), narrow_range=False)
+    return fake_tensor_quant(scale, s_amax, scale_bits, unsigned=not scaled_is_e4m3(scale_bits), narrow_range=False)
 
 
 def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
@@ -341,7 +343,7 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
         check_unsigned_input(x)
     xb, pad = blocks.to_blocks(x, sizes)
     sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(x.shape, sizes)), sizes)
-    if is_e4m3(num_bits):
+    if scaled_is_e4m3(num_bits):
         yb = library.fake_e4m3(xb, sb)
     else:
         _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
@@ -351,7 +353,7 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
 
 def block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
     """Real block quantization: ``(q, scale)``; q (float32 codes) has the input's shape, scale blocks-per-axis."""
-    if is_e4m3(num_bits):
+    if scaled_is_e4m3(num_bits):
         raise ValueError("block_quant returns integer codes; use fake_block_quant for E4M3 blocks")
     x, back = _to_compute(inputs)
     scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)

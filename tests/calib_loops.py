@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from modelopt_lite.formats import int_range, is_e4m3
+from modelopt_lite.formats import element_format, int_range
 from modelopt_lite.functional.scales import bound_of, scale_from_amax
 
 REL_TOL, ABS_TOL = 1e-9, 1e-12  # the documented tie rule of modelopt_lite.calib.methods
@@ -75,7 +75,7 @@ def mse_loop(counts, width: float, start_bin: int, stride: int, num_bits, unsign
     hi = lo + width
     cnt = counts[:n]
     bound = bound_of(num_bits, unsigned)
-    lv = e4m3_levels() if is_e4m3(num_bits) else None
+    lv = e4m3_levels() if element_format(num_bits).is_e4m3 else None
     qmax = None if lv is not None else int_range(num_bits, unsigned, False).qmax
 
     def g(v):

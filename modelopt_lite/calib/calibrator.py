@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ..formats import int_range, is_e4m3
+from ..formats import element_format, int_range
 from ..functional.checks import check_axes
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -42,11 +42,9 @@ class AmaxShapeChangedError(RuntimeError, ValueError):
 
 
 def check_num_bits(num_bits):
-    """Validate ``num_bits``: an int (an integer grid) or ``(4, 3)`` (FP8 E4M3). Returns the normalized value."""
+    """Validate ``num_bits``: an int (an integer grid) or an ``(E, M)`` element format. Returns it normalized."""
     if isinstance(num_bits, (tuple, list)):
-        if is_e4m3(tuple(num_bits)):
-            return (4, 3)
-        raise ValueError(f"num_bits={num_bits!r}: the only floating-point format supported is (4, 3) (E4M3)")
+        return element_format(tuple(num_bits)).num_bits  # ValueError naming the supported formats
     int_range(num_bits)  # raises TypeError / ValueError with a clear message
     return num_bits
 
@@ -105,8 +103,8 @@ class Calibrator:
             raise TypeError(f"unsigned must be a bool, got {unsigned!r}")
         if not isinstance(skip_nonfinite, bool):
             raise TypeError(f"skip_nonfinite must be a bool, got {skip_nonfinite!r}")
-        if unsigned and is_e4m3(self._num_bits):
-            raise ValueError("unsigned=True is not supported with num_bits=(4, 3) (E4M3 is signed)")
+        if unsigned and isinstance(self._num_bits, tuple):
+            raise ValueError(f"unsigned=True is not supported with num_bits={self._num_bits} (it is signed)")
         self._unsigned = unsigned
         self._skip_nonfinite = skip_nonfinite
         self.name = name

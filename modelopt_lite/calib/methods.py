@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import is_e4m3
+from ..formats import is_float_format
 from .grid import E_MIN, widths
 
 #: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices: cache sized on
@@ -127,7 +127,7 @@ def _entropy_scores(b, cb, nz, bl, s, n, i_all, levels):
 
 def check_entropy_args(num_bits, start_bin: int, what: str = "entropy") -> None:
     """Raise ValueError when the entropy search is not defined (E4M3, or ``start_bin < 1``)."""
-    if is_e4m3(num_bits):
+    if is_float_format(num_bits):
         raise ValueError(
             f"{what}: entropy calibration maps the histogram onto uniformly spaced integer levels; "
             "FP8 E4M3 levels are not uniform, so it is not defined for num_bits=(4, 3): use 'mse' "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import e4m3_levels, int_range, is_e4m3
+from ..formats import e4m3_levels, int_range, scaled_is_e4m3
 
 
 class ErrorIntegral:
@@ -32,7 +32,7 @@ class ErrorIntegral:
     """
 
     def __init__(self, num_bits, unsigned: bool = False, device=None):
-        self.e4m3 = is_e4m3(num_bits)
+        self.e4m3 = scaled_is_e4m3(num_bits)
         if not self.e4m3:
             self.qmax = int_range(num_bits, unsigned, False).qmax
             self.top, self.top_start = float(self.qmax), self.qmax - 0.5

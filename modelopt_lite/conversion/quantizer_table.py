@@ -11,7 +11,7 @@ from typing import TextIO
 
 from torch import nn
 
-from ..formats import is_e4m3
+from ..formats import element_format, is_float_format
 from .utils import quantizer_sites
 
 COLUMNS = ("name", "module", "format", "granularity", "amax", "calibrated", "state")
@@ -19,8 +19,8 @@ COLUMNS = ("name", "module", "format", "granularity", "amax", "calibrated", "sta
 
 def format_name(desc) -> str:
     """A short name for a descriptor's number format: ``int8``, ``uint4``, ``int8n`` (narrow), ``fp8_e4m3``."""
-    if is_e4m3(desc.num_bits):
-        name = "fp8_e4m3"
+    if desc.block_scheme is not None or is_float_format(desc.num_bits):
+        name = desc.block_scheme.name if desc.block_scheme else f"fp8_{element_format(desc.num_bits).name}"
     else:
         name = f"{'u' if desc.unsigned else ''}int{desc.num_bits}{'n' if desc.narrow_range else ''}"
     return name if desc.fake_quant else f"{name} (real)"
@@ -33,7 +33,7 @@ def granularity_name(desc) -> str:
         text = f"blocks{{{sizes}}}"
         if desc.block_sizes.get("scale_bits") is not None:
             sb = desc.block_sizes["scale_bits"]
-            text += f" scale={'e4m3' if is_e4m3(sb) else f'uint{sb}'}"
+            text += f" scale={element_format(sb).name if is_float_format(sb) else f'uint{sb}'}"
     elif desc.axis is not None:
         text = f"axis={desc.axis}"
     else:

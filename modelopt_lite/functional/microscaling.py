@@ -68,14 +68,26 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..formats import AMAX_EPS, E4M3_MAX
+from ..formats import (
+    AMAX_EPS,
+    E2M1_MAX,
+    E2M1_VALUES,
+    E4M3_MAX,
+    E5M2_MAX,
+    FLOAT_ELEMENTS,
+    e2m1_round,
+    e4m3_round,
+    e5m2_round,
+)
 from .checks import _compiling, check_input
 
-#: Largest E2M1 magnitude, largest E5M2 value.
-E2M1_MAX = 6.0
-E5M2_MAX = 57344.0
-#: The 8 non-negative E2M1 values; a code's bits 0..2 index this list.
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+__all__ = [
+    "E2M1_MAX", "E2M1_VALUES", "E5M2_MAX", "MX_ELEMENTS", "NVFP4_BLOCK_SIZES", "MX_BLOCK_SIZES", "MX_ROUNDINGS",
+    "e2m1_round", "e2m1_codes", "e2m1_decode", "e4m3_round", "e5m2_round", "int8_mx_round",
+    "nvfp4_global_scale", "nvfp4_block_scales", "fake_nvfp4", "quantize_nvfp4", "dequantize_nvfp4",
+    "mx_scale_exponents", "fake_mx", "quantize_mx", "dequantize_mx", "nvfp4_backward", "mx_backward",
+]  # fmt: skip
+
 #: ``6 * 448``: NVFP4's global scale is ``amax / NVFP4_GLOBAL_BOUND``.
 NVFP4_GLOBAL_BOUND = E2M1_MAX * E4M3_MAX
 #: NVFP4 block sizes accepted (16: the format; 32: ModelOpt's W4A8_NVFP4_FP8 weights) and the MX block size.
@@ -101,24 +113,16 @@ class MXElement(NamedTuple):
 MX_ELEMENTS: dict[str, MXElement] = {
     e.name: e
     for e in (
-        MXElement("e4m3", 8, E4M3_MAX, 1.75, torch.float8_e4m3fn),
-        MXElement("e5m2", 15, E5M2_MAX, 1.75, torch.float8_e5m2),
-        MXElement("e2m1", 2, E2M1_MAX, 1.5, torch.uint8),
+        *(
+            MXElement(f.name, f.emax, f.qmax, f.max_significand, f.code_dtype or torch.uint8)  # type: ignore[arg-type]
+            for f in (FLOAT_ELEMENTS[nb] for nb in ((4, 3), (5, 2), (2, 1)))
+        ),
         MXElement("int8", 0, 127.0 / 64.0, 127.0 / 64.0, torch.int8),
     )
 }
 
 
-# --- element rounding ----------------------------------------------------------------------------------------------
-def e2m1_round(v: torch.Tensor) -> torch.Tensor:
-    """Saturating round-half-to-even of float values onto the E2M1 grid, as float32 (NaN stays NaN)."""
-    v = v.float()
-    m = v.abs().clamp_(max=E2M1_MAX)
-    step = torch.where(m < 2.0, 0.5, torch.where(m < 4.0, 1.0, 2.0))
-    m = m.div_(step).round_().mul_(step)
-    return torch.where(v < 0, -m, m)
-
-
+# --- element rounding (e2m1_round, e4m3_round, e5m2_round: the formats' own, re-exported here) ------------------
 def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (uint8 0..15: bit 3 the sign ``v < 0``, bits 0..2 the magnitude index) of float values."""
     v = v.float()
@@ -134,16 +138,6 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     values = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
     m = values[c & 7]
     return torch.where((c & 8) != 0, -m, m)
-
-
-def e4m3_round(v: torch.Tensor) -> torch.Tensor:
-    """Saturating rne cast to float8_e4m3fn, returned as float32."""
-    return v.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
-
-
-def e5m2_round(v: torch.Tensor) -> torch.Tensor:
-    """Saturating rne cast to float8_e5m2 (max 57344), returned as float32 (NaN stays NaN)."""
-    return v.float().clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2).float()
 
 
 def int8_mx_round(v: torch.Tensor) -> torch.Tensor:
@@ -346,3 +340,23 @@ def dequantize_mx(codes: torch.Tensor, scales: torch.Tensor, elem: str, block: i
     scale = torch.ldexp(torch.ones_like(k, dtype=torch.float32), k).unsqueeze(-1)
     y = _blocks(vals, block) * scale
     return _unblock(y, codes.shape[-1]).to(dtype or torch.float32)
+
+
+# --- straight-through gradients ------------------------------------------------------------------------------------
+def _ste(grad: torch.Tensor, x: torch.Tensor, top: torch.Tensor, block: int) -> torch.Tensor:
+    """grad where ``|x| <= top`` (top: float32 per block, ``(..., nblocks, 1)``), else 0."""
+    keep = _blocks(x, block).abs() <= top
+    g = _blocks(grad, block) * keep
+    return _unblock(g, x.shape[-1]).to(grad.dtype)
+
+
+def nvfp4_backward(grad: torch.Tensor, x: torch.Tensor, global_scale, block: int = 16) -> torch.Tensor:
+    """STE gradient of :func:`fake_nvfp4`: ``grad`` where ``|x| <= 6 * s * gs`` (its block's range), else 0."""
+    _, ds, _, _ = _nvfp4_values(x, global_scale, block)
+    return _ste(grad, x, ds * E2M1_MAX, block)
+
+
+def mx_backward(grad: torch.Tensor, x: torch.Tensor, elem: str, block: int = 32, rounding: str = "floor"):
+    """STE gradient of :func:`fake_mx`: ``grad`` where ``|x| <= elem_max * 2**k`` (its block's range), else 0."""
+    _, scale, _ = _mx_values(x, elem, block, rounding)
+    return _ste(grad, x, scale * MX_ELEMENTS[elem].max_value, block)

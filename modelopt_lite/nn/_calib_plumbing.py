@@ -63,7 +63,7 @@ def make_calibrator(desc, name: str | None = None):
     """A fresh collector for a descriptor (None for dynamic quantizers)."""
     if desc.dynamic:
         return None
-    if desc.block_sizes:
+    if desc.block_sizes and desc.block_scheme is None:  # NVFP4 calibrates a per-tensor (global) amax
         return BlockMaxCollector(desc.block_sizes, name=name)
     # imported lazily: most quantizers never calibrate in a given process
     from .. import calib

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 
 from ..descriptor import _DEFAULTS, ScaledQuantDescriptor
-from ..formats import is_e4m3
+from ..formats import element_format, is_float_format
 
 #: keys besides the descriptor fields (``enable`` is one) that ``set_from_attribute_config`` accepts
 EXTRA_KEYS = ("num_steps",)
@@ -62,7 +62,7 @@ def patched_descriptor(desc: ScaledQuantDescriptor, changes: dict, label: str) -
     if changes.get("axis") is not None:
         changes.setdefault("block_sizes", None)
     nb = changes.get("num_bits")
-    if isinstance(nb, (tuple, list)) and is_e4m3(tuple(nb)):
+    if is_float_format(nb):
         changes.setdefault("unsigned", False)
         changes.setdefault("narrow_range", False)
     bs = changes.get("block_sizes")
@@ -101,8 +101,8 @@ def describe(q) -> str:
     if not q.is_enabled:
         return "disabled" + (f", {pqs_text}" if pqs_text else "")
     d = q.quant_desc
-    if is_e4m3(d.num_bits):
-        fmt = "fp8 e4m3"
+    if d.block_scheme is not None or element_format(d.num_bits).is_float:
+        fmt = d.block_scheme.name if d.block_scheme else f"fp8 {element_format(d.num_bits).name}"
     else:
         fmt = f"{d.num_bits}b" + (" unsigned" if d.unsigned else "") + (" narrow" if d.narrow_range else "")
     if d.block_sizes:

@@ -26,9 +26,11 @@ import warnings
 import torch
 
 from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
-from ..formats import format_range, is_e4m3, torch_code_dtype
+from ..formats import element_format, format_range, torch_code_dtype
 from ..functional import blocks
 from ..functional.checks import check_axes
+from ..functional.library_mx import scheme_fake_quant
+from ..functional.microscaling import nvfp4_global_scale
 from ..functional.scales import positive_scale, scale_from_amax
 from ..tensor_quant import (
     block_quant,
@@ -191,6 +193,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         a = self._effective_amax()
         if a is None:
             return None
+        if self._desc.block_scheme is not None:  # NVFP4: the per-tensor float32 global scale amax / (6 * 448)
+            return positive_scale(nvfp4_global_scale(a.detach()))
         s = scale_from_amax(a.detach(), float(self.maxbound))
         bs = self.block_sizes
         if bs and bs.get("scale_bits") is not None:
@@ -327,7 +331,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """The amax to quantize ``x`` with: the stored one, else ``x``'s own (None for blocks: computed per block)."""
         stored = None if self.dynamic else self.amax
         if stored is None:
-            if self.block_sizes:
+            if self.block_sizes and not (self._desc.block_scheme and self._desc.block_scheme.calibrates_amax):
                 return None
             a = self._dynamic_amax(x)
         else:
@@ -361,11 +365,13 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         d = self._desc
         try:
             amax = self._amax_for(x)
+            if d.block_scheme is not None:  # NVFP4 / OCP MX (formats.BLOCK_SCHEMES)
+                return scheme_fake_quant(x, d.block_scheme, d.block_sizes, amax, d.fake_quant)
             if d.block_sizes:
                 if d.fake_quant:
                     return fake_block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
                 return block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
-            if is_e4m3(d.num_bits):
+            if element_format(d.num_bits).is_e4m3:
                 return scaled_e4m3(x, amax) if d.fake_quant else tensor_quant(x, amax, d.num_bits)[0].float()
             if d.fake_quant:
                 return fake_tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)
@@ -393,7 +399,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``.
         """
         d = self._desc
-        kind = "block" if d.block_sizes else ("e4m3" if is_e4m3(d.num_bits) else "int")
+        kind = "block" if d.block_sizes else ("e4m3" if element_format(d.num_bits).is_e4m3 else "int")
         _, qmin, qmax = format_range(d.num_bits, d.unsigned, d.narrow_range)
         rank = self._export_rank()
         axis = None
@@ -438,7 +444,9 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             raise self._uncalibrated_error()
         try:
             amax = self._amax_for(w)
-            if is_e4m3(d.num_bits):
+            if d.block_scheme is not None:
+                raise ValueError(f"{d.block_scheme.name.upper()} real codes: use functional.microscaling.quantize_*")
+            if element_format(d.num_bits).is_e4m3:
                 if d.block_sizes:
                     raise ValueError("E4M3 block quantization has no code export; use fake quantization")
                 return tensor_quant(w, amax, d.num_bits)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ...formats import int_range, is_e4m3
+from ...formats import int_range, is_float_format
 from ...functional import requant as R
 from ..tensor_quantizer import TensorQuantizer
 
@@ -60,7 +60,7 @@ class IntegerRequantLayer(nn.Module):
 def _int8_per_tensor(q: TensorQuantizer, what: str) -> str | None:
     if not q.is_enabled:
         return f"{what} is disabled"
-    if is_e4m3(q.num_bits) or q.num_bits != 8:
+    if is_float_format(q.num_bits) or q.num_bits != 8:
         return f"{what} is not 8-bit integer (num_bits={q.num_bits})"
     if q.axis is not None or q.block_sizes:
         return f"{what} is not per tensor"
@@ -88,7 +88,7 @@ def unfit_reason(module: nn.Module) -> str | None:
     w = module.weight_quantizer
     if not w.is_enabled:
         return "weight_quantizer is disabled"
-    if is_e4m3(w.num_bits) or w.num_bits > 8 or w.unsigned:
+    if is_float_format(w.num_bits) or w.num_bits > 8 or w.unsigned:
         return (
             f"weight_quantizer is not signed integer of at most 8 bits (num_bits={w.num_bits}, unsigned={w.unsigned})"
         )

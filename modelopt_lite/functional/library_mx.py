@@ -1,0 +1,141 @@
+"""``torch.library`` ops of the NVFP4 and OCP MX formats, with fake (meta) impls and straight-through gradients.
+
+Ops (namespace ``modelopt_lite``), numerics in :mod:`.microscaling`:
+
+- ``fake_nvfp4(x, global_scale, block) -> y``         ``nvfp4_backward(grad, x, global_scale, block) -> grad_x``
+- ``fake_mx(x, elem, block, rounding) -> y``          ``mx_backward(grad, x, elem, block, rounding) -> grad_x``
+
+A backend whose kernel module (see :mod:`.backend`) defines a function of the same name runs it (the native
+kernels are tested bit for bit against the reference); otherwise the pure-torch reference runs.
+
+Gradient (STE with clipping, as the integer and E4M3 ops): ``dy/dx = 1`` where ``|x|`` lies within the block's
+range, ``6 * s * gs`` (NVFP4) or ``elem_max * 2**k`` (MX), else 0; dead blocks pass only ``x == 0``. The scales
+get no gradient (the global amax is calibrated, the MX scales are dynamic).
+
+:func:`nvfp4_fake_quant` and :func:`mx_fake_quant` are the validated entry points the quantizers call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import microscaling as ref
+from .backend import kernels_for
+from .checks import _compiling, check_input
+
+
+def _impl(x: Tensor, name: str):
+    return getattr(kernels_for(x.device.type), name, None) or getattr(ref, name)
+
+
+def _like(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("modelopt_lite::fake_nvfp4", mutates_args=())
+def fake_nvfp4(x: Tensor, global_scale: Tensor, block: int) -> Tensor:
+    return _impl(x, "fake_nvfp4")(x.contiguous(), global_scale, block)
+
+
+@fake_nvfp4.register_fake
+def _(x, global_scale, block):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::nvfp4_backward", mutates_args=())
+def nvfp4_backward(grad: Tensor, x: Tensor, global_scale: Tensor, block: int) -> Tensor:
+    return _impl(x, "nvfp4_backward")(grad, x.contiguous(), global_scale, block)
+
+
+@nvfp4_backward.register_fake
+def _(grad, x, global_scale, block):
+    return _like(grad)
+
+
+@torch.library.custom_op("modelopt_lite::fake_mx", mutates_args=())
+def fake_mx(x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
+    return _impl(x, "fake_mx")(x.contiguous(), elem, block, rounding)
+
+
+@fake_mx.register_fake
+def _(x, elem, block, rounding):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::mx_backward", mutates_args=())
+def mx_backward(grad: Tensor, x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
+    return _impl(x, "mx_backward")(grad, x.contiguous(), elem, block, rounding)
+
+
+@mx_backward.register_fake
+def _(grad, x, elem, block, rounding):
+    return _like(grad)
+
+
+def _setup_nvfp4(ctx, inputs, output):
+    x, gs, block = inputs
+    ctx.save_for_backward(x, gs)
+    ctx.block = block
+
+
+def _nvfp4_bwd(ctx, grad):
+    x, gs = ctx.saved_tensors
+    return nvfp4_backward(grad.contiguous(), x, gs, ctx.block), None, None
+
+
+def _setup_mx(ctx, inputs, output):
+    x, elem, block, rounding = inputs
+    ctx.save_for_backward(x)
+    ctx.args = (elem, block, rounding)
+
+
+def _mx_bwd(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return mx_backward(grad.contiguous(), x, *ctx.args), None, None, None
+
+
+fake_nvfp4.register_autograd(_nvfp4_bwd, setup_context=_setup_nvfp4)
+fake_mx.register_autograd(_mx_bwd, setup_context=_setup_mx)
+
+
+# --- validated entry points ----------------------------------------------------------------------------------------
+def _check(x: Tensor, what: str, block: int, allowed: tuple[int, ...], fmt: str) -> None:
+    check_input(x, what)
+    if x.dim() == 0:
+        raise ValueError(f"{what} must have at least one dimension ({fmt} blocks run along the last axis)")
+    ref._check_block(block, allowed, fmt)
+    if not _compiling():
+        ref._check_finite(x, what)
+
+
+def nvfp4_fake_quant(x: Tensor, amax, block: int = 16, what: str = "inputs") -> Tensor:
+    """NVFP4 quantize-dequantize of ``x`` with the per-tensor (global) ``amax`` (a number or a one-element tensor)."""
+    _check(x, what, block, ref.NVFP4_BLOCK_SIZES, "NVFP4")
+    a = torch.as_tensor(amax, dtype=torch.float32, device=x.device) if not isinstance(amax, Tensor) else amax
+    if a.numel() != 1:
+        raise ValueError(f"NVFP4 amax must be per tensor (one value), got shape {tuple(a.shape)}")
+    gs = ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device))
+    return fake_nvfp4(x, gs, block)
+
+
+def mx_fake_quant(x: Tensor, elem: str, block: int = 32, rounding: str = "floor", what: str = "inputs") -> Tensor:
+    """OCP MX quantize-dequantize of ``x`` (``elem`` in "e4m3", "e5m2", "e2m1", "int8")."""
+    ref._element(elem)
+    ref._check_rounding(rounding)
+    _check(x, what, block, ref.MX_BLOCK_SIZES, "MX")
+    return fake_mx(x, elem, block, rounding)
+
+
+def scheme_fake_quant(x: Tensor, scheme, block_sizes, amax, fake_quant: bool = True) -> Tensor:
+    """Quantize ``x`` with a :class:`~modelopt_lite.formats.BlockScheme` (NVFP4: ``amax`` is the per-tensor global
+    amax; MX: dynamic, ``amax`` unused; E8M0 scales rounded by the OCP "floor" rule)."""
+    if not fake_quant:
+        raise ValueError(
+            f"{scheme.name.upper()} real quantization returns packed codes and block scales: use "
+            "modelopt_lite.functional.microscaling.quantize_nvfp4/quantize_mx (fake_quant=True here)"
+        )
+    block = int(block_sizes[-1])
+    if scheme.kind == "nvfp4":
+        return nvfp4_fake_quant(x, amax, block)
+    return mx_fake_quant(x, scheme.elem, block)
