@@ -222,3 +222,67 @@ def test_parallel_split_inside_rows(native, impl):
     same(native.fake_mx(x, "e4m3", 32, "floor"), MS.fake_mx(x, "e4m3", 32, "floor"), "long rows mx")
     x = torch.randn(3000, 20)
     same(native.fake_mx(x, "int8", 32, "rceil"), MS.fake_mx(x, "int8", 32, "rceil"), "many rows mx")
+
+
+# --- dispatch: the torch.library ops and the quantizer run the native kernels ------------------------------------
+def test_library_ops_dispatch_to_native(native, monkeypatch):
+    """library_mx's NVFP4/MX ops and library_minifloat's E5M2/E2M1 ops call the native functions under the native
+    backend (a spy on the module) and equal the reference backend bit for bit."""
+    from modelopt_lite.functional import library_minifloat as LF
+    from modelopt_lite.functional import library_mx as LM
+
+    x = blocked_data(torch.bfloat16, 96, seed=7)
+    amax = x.float().abs().amax()
+    s = torch.rand(24, 1) + 0.1
+    calls = []
+    for name in ("fake_nvfp4", "fake_mx", "fake_e5m2", "fake_e2m1"):
+        real = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a))
+    runs = {
+        "nvfp4": lambda: LM.nvfp4_fake_quant(x, amax, 16),
+        "mx": lambda: LM.mx_fake_quant(x, "e2m1", 32, "rceil"),
+        "e5m2": lambda: LF.fake_e5m2(x, s),
+        "e2m1": lambda: LF.fake_e2m1(x, s),
+    }
+    for what, fn in runs.items():
+        with backend.use_backend("reference"):
+            ref = fn()
+        with backend.use_backend("native"):
+            got = fn()
+        same(got, ref, what)
+    assert calls == ["fake_nvfp4", "fake_mx", "fake_e5m2", "fake_e2m1"]
+    same(LF.fake_e5m2_reference(x, s), (MS.e5m2_round(x.float() / s) * s).to(x.dtype), "e5m2 reference")
+
+
+def test_tensor_quantizer_nvfp4_and_mx_native_equals_reference(native):
+    from modelopt_lite.descriptor import QuantDescriptor
+    from modelopt_lite.nn import TensorQuantizer
+
+    x = torch.randn(4, 8, 64, generator=torch.Generator().manual_seed(5))
+    cfgs = {
+        "nvfp4": dict(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}),
+        "mxfp8": dict(num_bits=(4, 3), block_sizes={-1: 32, "type": "dynamic", "scale_bits": (8, 0)}),
+    }
+    for what, cfg in cfgs.items():
+        outs = {}
+        for name in ("reference", "native"):
+            with backend.use_backend(name):
+                amax = x.abs().amax() if what == "nvfp4" else None
+                outs[name] = TensorQuantizer(QuantDescriptor(**cfg), amax=amax)(x)
+        same(outs["native"], outs["reference"], what)
+
+
+def test_minifloat_ops_gradient_and_fake_impl(native):
+    from modelopt_lite.functional import library_minifloat as LF
+
+    x = torch.tensor([-70000.0, -3.0, 0.2, 6.5, 57344.0], requires_grad=True)
+    with backend.use_backend("native"):
+        LF.fake_e2m1(x, torch.tensor(1.0)).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0]))
+    x.grad = None
+    with backend.use_backend("native"):
+        LF.fake_e5m2(x, torch.tensor(1.0)).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0]))
+    with torch.device("meta"):
+        y = torch.ops.modelopt_lite.fake_e5m2(torch.empty(3, 4, dtype=torch.float16), torch.empty(3, 1))
+    assert y.shape == (3, 4) and y.dtype == torch.float16
