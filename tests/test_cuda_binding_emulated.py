@@ -122,7 +122,7 @@ def test_microscaling_ops_equal_reference(emulated):
     from modelopt_lite.functional import microscaling as ms
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(6, 83, generator=g) * 2.0 ** torch.randint(-30, 30, (6, 1), generator=g)
+    x = torch.randn(6, 83, generator=g) * 2.0 ** torch.randint(-12, 8, (6, 1), generator=g)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         xd = x.to(dtype)
         gs = ms.nvfp4_global_scale(xd.float().abs().amax())
