@@ -286,3 +286,16 @@ def test_minifloat_ops_gradient_and_fake_impl(native):
     with torch.device("meta"):
         y = torch.ops.modelopt_lite.fake_e5m2(torch.empty(3, 4, dtype=torch.float16), torch.empty(3, 1))
     assert y.shape == (3, 4) and y.dtype == torch.float16
+
+
+def test_preallocated_out(native, impl):
+    x = blocked_data(torch.float16, 64, seed=9)
+    gs = MS.nvfp4_global_scale(x.float().abs().amax())
+    y = torch.full_like(x, float("nan"))
+    assert native.fake_nvfp4(x, gs, 16, y) is not None
+    same(y, MS.fake_nvfp4(x, gs, 16), "nvfp4 out=")
+    native.fake_mx(x, "e5m2", 32, "rceil", y)
+    same(y, MS.fake_mx(x, "e5m2", 32, "rceil"), "mx out=")
+    for bad in (torch.empty(3, 64, dtype=torch.float16), torch.empty_like(x, dtype=torch.float32), x):
+        with pytest.raises(ValueError, match="out must be a contiguous CPU tensor of x's shape and dtype"):
+            native.fake_mx(x, "e4m3", 32, "floor", bad)

@@ -65,10 +65,19 @@ struct BlockedResult {
   bool nonfinite;
 };
 
+// out (optional): a preallocated contiguous output of x's shape and dtype (benchmarks: the kernel without the page
+// faults of a fresh output).
 template <class Fn>
-BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern) {
+BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern,
+                      const std::optional<at::Tensor>& out = std::nullopt) {
   const at::Tensor x = x_in.contiguous();
-  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (out.has_value()) {
+    TORCH_CHECK_VALUE(out->is_contiguous() && out->sizes() == x.sizes() && out->scalar_type() == x.scalar_type() &&
+                          out->device().is_cpu() && !out->is_same(x),
+                      "modelopt_lite cpu kernels: out must be a contiguous CPU tensor of x's shape and dtype, "
+                      "distinct from x");
+  }
+  at::Tensor y = out.has_value() ? *out : at::empty(x.sizes(), x.options());
   const int64_t K = x.size(-1);
   const int64_t nbr = (K + block - 1) / block;
   std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
@@ -126,7 +135,8 @@ using mol::mxchk::global_scale_value;
 using mol::mxchk::raise_nonfinite;
 using mol::mxchk::rounding_rceil;
 
-BlockedResult nvfp4_run(const at::Tensor& x, const at::Tensor& global_scale, int64_t block, bool need_scales) {
+BlockedResult nvfp4_run(const at::Tensor& x, const at::Tensor& global_scale, int64_t block, bool need_scales,
+                        const std::optional<at::Tensor>& out = std::nullopt) {
   const std::string what = "NVFP4 input";
   check_x(x, what);
   check_block(block, {16, 32}, "NVFP4");
@@ -140,30 +150,39 @@ BlockedResult nvfp4_run(const at::Tensor& x, const at::Tensor& global_scale, int
                       std::fill(out, out + n, 0.0f);
                       if (s != nullptr) std::fill(s, s + (n + block - 1) / block, 0.0f);
                       return bad;
-                    })
-          : blocked(x, block, need_scales, [&](const MxKernels& M, const float* in, float* out, float* s, int64_t n) {
-              return M.nvfp4_fwd(in, out, s, n, block, gs);
-            });
+                    },
+                    out)
+          : blocked(
+                x, block, need_scales,
+                [&](const MxKernels& M, const float* in, float* o, float* s, int64_t n) {
+                  return M.nvfp4_fwd(in, o, s, n, block, gs);
+                },
+                out);
   if (r.nonfinite) raise_nonfinite(x, what);
   return r;
 }
 
 BlockedResult mx_run(const at::Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
-                     bool need_scales) {
+                     bool need_scales, const std::optional<at::Tensor>& out = std::nullopt) {
   const int e = elem_index(elem);
   const bool rceil = rounding_rceil(rounding);
   const std::string what = "MX (" + elem + ") input";
   check_x(x, what);
   check_block(block, {32}, "MX");
-  BlockedResult r = blocked(x, block, need_scales, [&](const MxKernels& M, const float* in, float* out, float* s,
-                                                       int64_t n) { return M.mx_fwd(e, rceil, in, out, s, n, block); });
+  BlockedResult r = blocked(
+      x, block, need_scales,
+      [&](const MxKernels& M, const float* in, float* o, float* s, int64_t n) {
+        return M.mx_fwd(e, rceil, in, o, s, n, block);
+      },
+      out);
   if (r.nonfinite) raise_nonfinite(x, what);
   return r;
 }
 
 // microscaling.fake_nvfp4: e2m1(x / (s * gs)) * (s * gs) per block of 16 or 32, in x's dtype.
-at::Tensor fake_nvfp4(const at::Tensor& x, const at::Tensor& global_scale, int64_t block) {
-  return nvfp4_run(x, global_scale, block, false).y;
+at::Tensor fake_nvfp4(const at::Tensor& x, const at::Tensor& global_scale, int64_t block,
+                      const std::optional<at::Tensor>& out) {
+  return nvfp4_run(x, global_scale, block, false, out).y;
 }
 
 // (y, E4M3-valued float32 block scales of shape (..., nblocks)): microscaling.nvfp4_block_scales alongside.
@@ -174,8 +193,9 @@ std::tuple<at::Tensor, at::Tensor> nvfp4_fake_with_scales(const at::Tensor& x, c
 }
 
 // microscaling.fake_mx: elem(x / 2**k) * 2**k per block of 32, in x's dtype.
-at::Tensor fake_mx(const at::Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
-  return mx_run(x, elem, block, rounding, false).y;
+at::Tensor fake_mx(const at::Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
+                   const std::optional<at::Tensor>& out) {
+  return mx_run(x, elem, block, rounding, false, out).y;
 }
 
 // (y, int32 exponents k of shape (..., nblocks)): microscaling.mx_scale_exponents alongside.
@@ -195,11 +215,11 @@ void register_mx_ops(pybind11::module_& m) {
   namespace py = pybind11;
   using rel = py::call_guard<py::gil_scoped_release>;
   m.def("fake_nvfp4", &fake_nvfp4, "NVFP4 fake quant along the last axis (microscaling.fake_nvfp4)", py::arg("x"),
-        py::arg("global_scale"), py::arg("block") = 16, rel());
+        py::arg("global_scale"), py::arg("block") = 16, py::arg("out") = py::none(), rel());
   m.def("nvfp4_fake_with_scales", &nvfp4_fake_with_scales, "(fake_nvfp4 output, float32 E4M3 block scales)",
         py::arg("x"), py::arg("global_scale"), py::arg("block") = 16, rel());
   m.def("fake_mx", &fake_mx, "OCP MX fake quant along the last axis (microscaling.fake_mx)", py::arg("x"),
-        py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
+        py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", py::arg("out") = py::none(), rel());
   m.def("mx_fake_with_exponents", &mx_fake_with_exponents, "(fake_mx output, int32 E8M0 exponents k)", py::arg("x"),
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
   m.def("mx_kernel_impl", &mx_kernel_impl, "name of the blocked-format kernels in use: 'avx2' or 'scalar'");
