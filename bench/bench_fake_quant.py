@@ -4,6 +4,7 @@
     python bench/bench_fake_quant.py --quick              # fewer rounds, (4096,4096) only
     python bench/bench_fake_quant.py --device cuda        # 256M-element tensors, cudaEvent timing
     python bench/bench_fake_quant.py --shapes 64x1024x1024 --dtype bf16 --rounds 15 --compile
+    python bench/bench_fake_quant.py --formats mx --compile  # NVFP4 / MXFP8 rows only (issue 15 formats)
 
 Prints one markdown table: median ms over interleaved rounds (every case once per round, so a noisy neighbour hits
 all cases alike), GB/s counting the bytes read plus written, and the ratio to ``x.clone()`` in the same run. Outputs
@@ -27,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+from mx_formulations import mx_cases, mx_summary  # bench/mx_formulations.py: the NVFP4 / MX rows
 from run_all import (
     cpu_model,  # bench/run_all.py: one machine description for every report
 )
@@ -154,9 +156,18 @@ class Timer:
         return ms
 
 
-def run_shape(shape, dtype, device, rounds, include_compile):
+def run_shape(shape, dtype, device, rounds, include_compile, formats="all"):
     x = torch.randn(shape, dtype=dtype, device=device)
-    table = cases(x, include_compile)
+    if formats == "mx":
+        y = torch.empty_like(x)
+        table = [
+            ("x.clone()", lambda: x.clone(), "fresh output"),
+            ("y.copy_(x), preallocated y", lambda: y.copy_(x), "bandwidth floor"),
+        ]
+    else:
+        table = cases(x, include_compile)
+    if formats in ("all", "mx"):
+        table += mx_cases(x, include_compile)
     timer = Timer(device)
     times: dict[str, list[float]] = {name: [] for name, _, _ in table}
     errors: dict[str, str] = {}
@@ -173,13 +184,14 @@ def run_shape(shape, dtype, device, rounds, include_compile):
     bytes_rw = 2 * x.numel() * x.element_size()
     clone = statistics.median(times["x.clone()"])
     rows = []
+    copy = statistics.median(times["y.copy_(x), preallocated y"])
     for name, _, note in table:
         if name in errors:
-            rows.append(f"| {name} | - | - | - | {errors[name] if errors[name] != 'n/a' else note} |")
+            rows.append(f"| {name} | - | - | - | - | {errors[name] if errors[name] != 'n/a' else note} |")
             continue
         ms = statistics.median(times[name])
-        rows.append(f"| {name} | {ms:.1f} | {bytes_rw / ms / 1e6:.1f} | {ms / clone:.2f} | {note} |")
-    return rows
+        rows.append(f"| {name} | {ms:.1f} | {bytes_rw / ms / 1e6:.1f} | {ms / clone:.2f} | {ms / copy:.2f} | {note} |")
+    return rows, {name: statistics.median(v) for name, v in times.items() if v}
 
 
 def main(argv=None):
@@ -190,6 +202,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 9, --quick 3)")
     p.add_argument("--quick", action="store_true", help="3 rounds on the smallest default shape")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the naive chain (CPU)")
+    p.add_argument(
+        "--formats",
+        choices=["all", "classic", "mx"],
+        default="all",
+        help="all rows, the integer/E4M3 rows only, or the NVFP4/MX rows only (with the copy baselines)",
+    )
     p.add_argument(
         "--huge-pages",
         choices=["default", "on", "off"],
@@ -213,13 +231,22 @@ def main(argv=None):
         backend.set_backend("reference")
     print(f"Machine: {machine(args.device)}")
     print(f"Settings: {args.dtype}, median of {rounds} interleaved rounds, GB/s = (read + write bytes) / time\n")
-    print("| shape / case | median ms | GB/s | x clone | note |")
-    print("|---|---|---|---|---|")
+    print("| shape / case | median ms | GB/s | x clone | x copy_ | note |")
+    print("|---|---|---|---|---|---|")
+    summaries = []
     for shape in shapes:
-        print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | |")
-        for row in run_shape(shape, DTYPES[args.dtype], args.device, rounds, args.compile or args.device == "cuda"):
+        print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | | |")
+        compile_rows = args.compile or args.device == "cuda"
+        rows, med = run_shape(shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats)
+        for row in rows:
             print(row)
+        summaries.append(("x".join(map(str, shape)), med))
         sys.stdout.flush()
+    if args.formats != "classic":
+        print()
+        for shape, med in summaries:
+            for line in mx_summary(med):
+                print(f"{shape}: {line}")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,20 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parent / "modelopt_lite" / "csrc"
-SOURCES = [CSRC / "quant_cuda_binding.cpp", HERE / "cuda_host" / "emulated_kernels.cpp"]
-DEPS = SOURCES + [
-    CSRC / n
-    for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h")
+SOURCES = [
+    CSRC / "quant_cuda_binding.cpp",
+    HERE / "cuda_host" / "emulated_kernels.cpp",
+    CSRC / "mx_cuda_binding.cpp",
+    HERE / "cuda_host" / "emulated_mx_kernels.cpp",
 ]
+DEPS = (
+    SOURCES
+    + [
+        CSRC / n
+        for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h")
+    ]
+    + [CSRC / n for n in ("mx_kernels.cu", "mx_kernels_api.h", "mx_elem.h", "mx_checks.h")]
+)
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("MODELOPT_LITE_TEST_EMULATED") != "1",
@@ -106,3 +115,28 @@ def test_histograms_equal_calibrator_grid(emulated):
         m = float(a[0].max())
         want = grid.histogram_rows(a[:1], grid.needed_exp(torch.tensor([m]), cap), cap)[0]
         assert torch.equal(emulated.histogram(a[0], cap, m), want)
+
+
+def test_microscaling_ops_equal_reference(emulated):
+    """fake_nvfp4 / fake_mx / fake_e5m2 / fake_e2m1 of mx_cuda_binding.cpp (bodies: tests/test_native_mx_cuda_host.py)."""
+    from modelopt_lite.functional import microscaling as ms
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 83, generator=g) * 2.0 ** torch.randint(-12, 8, (6, 1), generator=g)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        xd = x.to(dtype)
+        gs = ms.nvfp4_global_scale(xd.float().abs().amax())
+        for block in (16, 32):
+            assert torch.equal(emulated.fake_nvfp4(xd, gs, block), ms.fake_nvfp4(xd, gs, block))
+        for elem in ("e4m3", "e5m2", "e2m1", "int8"):
+            for rounding in ("floor", "rceil"):
+                assert torch.equal(emulated.fake_mx(xd, elem, 32, rounding), ms.fake_mx(xd, elem, 32, rounding))
+        s = torch.rand(6, 1, generator=g) + 0.1
+        assert torch.equal(emulated.fake_e5m2(xd, s), (ms.e5m2_round(xd.float() / s) * s).to(dtype))
+        assert torch.equal(emulated.fake_e2m1(xd, s), (ms.e2m1_round(xd.float() / s) * s).to(dtype))
+    bad = x.clone()
+    bad[2, 5] = float("nan")
+    with pytest.raises(ValueError, match="NVFP4 input contains NaN or Inf"):
+        emulated.fake_nvfp4(bad, torch.tensor(0.01), 16)
+    with pytest.raises(ValueError, match="MX block size must be one of"):
+        emulated.fake_mx(x, "e4m3", 16, "floor")

@@ -30,8 +30,13 @@
 #include <string>
 #include <tuple>
 
+#include "mx_kernels.h"
 #include "quant_elem.h"
 #include "quant_kernels.h"
+
+namespace mol {
+void register_mx_ops(pybind11::module_& m);  // mx_cpu.cpp: the blocked 4-bit / microscaling ops
+}
 
 namespace {
 
@@ -272,6 +277,26 @@ at::Tensor fake_e4m3(const at::Tensor& x, const at::Tensor& scale) {
   return y;
 }
 
+// E4M3 / E5M2 / E2M1 (elem 0 / 1 / 2 of mx_elem.h): elem(clamp(x / s, -max, max)) * s in x's dtype.
+at::Tensor fake_minifloat(const at::Tensor& x, const at::Tensor& scale, int64_t elem) {
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  at::Tensor y = empty_out(at::infer_size_dimvector(x.sizes(), s.sizes()), x.options());
+  if (y.numel() == 0) return y;
+  auto iter = make_iter({y}, {x, s});
+  const mol::MxKernels* a = mol::mx_avx2_kernels();
+  const mol::MxKernels& M = (a != nullptr && kernels().name == std::string("avx2")) ? *a : mol::mx_scalar_kernels();
+  const int e = static_cast<int>(elem);
+  drive<3>(iter, {kOut, kIn, kBcast}, [&](const Kernels&, const auto& in, const auto& inc, const auto& out, int64_t n) {
+    M.minifloat_fwd(e, in[1], in[2], inc[2], out[0], n);
+  });
+  return y;
+}
+
+at::Tensor fake_e5m2(const at::Tensor& x, const at::Tensor& scale) { return fake_minifloat(x, scale, 1); }
+
+at::Tensor fake_e2m1(const at::Tensor& x, const at::Tensor& scale) { return fake_minifloat(x, scale, 2); }
+
 at::Tensor affine_forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point, int64_t qmin,
                           int64_t qmax, bool codes) {
   check_data(x, "x");
@@ -399,6 +424,10 @@ void set_kernel_impl(const std::string& name) {
 
 }  // namespace
 
+namespace mol {
+const Kernels& active_kernels() { return kernels(); }
+}  // namespace mol
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "modelopt_lite native CPU quantization kernels (bit-exact with functional/reference.py)";
@@ -428,6 +457,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "True/False: advise large fresh outputs as transparent huge pages or not; None: the default "
         "(MODELOPT_LITE_HUGEPAGES=1 turns it on; off otherwise)",
         py::arg("on"));
+  m.def("fake_e5m2", &fake_e5m2, "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
+        py::arg("scale"), rel());
+  m.def("fake_e2m1", &fake_e2m1, "e2m1_round(x / s) * s in x's dtype (FP4 E2M1 elements)", py::arg("x"),
+        py::arg("scale"), rel());
+  mol::register_mx_ops(m);
   m.def("set_kernel_impl", &set_kernel_impl, "force 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
         py::arg("name"));
 }

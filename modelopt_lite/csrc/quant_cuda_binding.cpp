@@ -22,6 +22,10 @@
 
 #include "quant_kernels_api.h"
 
+namespace mol {
+void register_mx_cuda_ops(pybind11::module_& m);  // mx_cuda_binding.cpp: NVFP4 / MX / E5M2 / E2M1
+}
+
 namespace {
 
 using at::Tensor;
@@ -297,4 +301,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "int64 counts of x_abs on the calibrator's grid for max: bin width 2**e, e = calib.grid.needed_exp(max, "
         "num_bins)",
         py::arg("x_abs"), py::arg("num_bins"), py::arg("max"));
+  mol::register_mx_cuda_ops(m);
 }

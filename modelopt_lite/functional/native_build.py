@@ -31,13 +31,21 @@ _LOCK_WAIT_S = 1200.0  # give up waiting for another process's build after this 
 log = logging.getLogger(__name__)
 
 SOURCES = {
-    "cpu": ["quant_cpu.cpp", "quant_scalar.cpp", "quant_avx2.cpp"],
-    "cuda": ["quant_cuda_binding.cpp", "quant_kernels.cu"],
+    "cpu": ["quant_cpu.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "mx_cpu.cpp", "mx_scalar.cpp", "mx_avx2.cpp"],
+    "cuda": ["quant_cuda_binding.cpp", "quant_kernels.cu", "mx_cuda_binding.cpp", "mx_kernels.cu"],
 }
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
 HEADERS = {
-    "cpu": ["quant_kernels.h", "quant_elem.h"],
-    "cuda": ["quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h"],
+    "cpu": ["quant_kernels.h", "quant_elem.h", "mx_kernels.h", "mx_elem.h", "mx_checks.h"],
+    "cuda": [
+        "quant_kernels.cuh",
+        "quant_index.cuh",
+        "quant_math.cuh",
+        "quant_kernels_api.h",
+        "mx_kernels_api.h",
+        "mx_elem.h",
+        "mx_checks.h",
+    ],
 }
 # Strict IEEE float math: no fast-math, no FMA contraction (results must be bit-exact with the reference).
 CFLAGS = ["-O3", "-fopenmp", "-fno-fast-math", "-ffp-contract=off"]  # the C++ standard: torch's default

@@ -1,0 +1,173 @@
+// Torch binding of the CUDA kernels of the 4-bit and microscaling formats (mx_kernels.cu): fake_nvfp4, fake_mx
+// (the functions of functional/microscaling.py, same signatures, errors and results), fake_e5m2 and fake_e2m1
+// (as fake_e4m3 of quant_cuda_binding.cpp). Registered into that module by register_mx_cuda_ops.
+//
+// Host side only: validates arguments (the reference's messages, mx_checks.h), makes x contiguous, launches on x's
+// device and current stream, and reads back the kernels' non-finite flag (one int; the reference raises
+// ValueError for NaN/Inf inputs, and so do these). With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it takes CPU
+// tensors and the launchers run the kernel bodies on the host.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#ifndef MODELOPT_LITE_EMULATE_ON_HOST
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "mx_checks.h"
+#include "mx_kernels_api.h"
+
+namespace {
+
+using at::Tensor;
+
+void check_device(const Tensor& t, const std::string& what) {
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels: ", what,
+                    " must be a CPU tensor in the host-emulated build, got ", t.device());
+#else
+  TORCH_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels: ", what, " must be a CUDA tensor, got ", t.device());
+#endif
+}
+
+mlq_dtype code(const Tensor& t) {
+  return t.scalar_type() == at::kFloat ? MLQ_FLOAT32 : t.scalar_type() == at::kHalf ? MLQ_FLOAT16 : MLQ_BFLOAT16;
+}
+
+void check_status(cudaError_t st, const char* fn) {
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  TORCH_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", fn, ": launcher failed with status ",
+              static_cast<int>(st));
+#else
+  TORCH_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", fn, ": kernel launch failed: ", cudaGetErrorString(st));
+#endif
+}
+
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+struct Scope {
+  explicit Scope(const Tensor&) {}
+  cudaStream_t stream() const { return nullptr; }
+};
+#else
+struct Scope {
+  c10::cuda::CUDAGuard guard;
+  explicit Scope(const Tensor& x) : guard(x.device()) {}
+  cudaStream_t stream() const { return c10::cuda::getCurrentCUDAStream(guard.current_device().index()).stream(); }
+};
+#endif
+
+struct Blocked {
+  Tensor x, y, flag;
+  int64_t rows, cols;
+};
+
+Blocked prepare(const Tensor& x_in, const std::string& what) {
+  mol::mxchk::check_x(x_in, what);
+  check_device(x_in, what);
+  Blocked b;
+  b.x = x_in.contiguous();
+  b.y = at::empty(b.x.sizes(), b.x.options());
+  b.cols = b.x.size(-1);
+  b.rows = b.cols == 0 ? 0 : b.x.numel() / b.cols;
+  b.flag = at::zeros({1}, b.x.options().dtype(at::kInt));
+  return b;
+}
+
+void finish(const Blocked& b, const std::string& what) {
+  if (b.flag.item<int>() != 0) mol::mxchk::raise_nonfinite(b.x, what);
+}
+
+Tensor fake_nvfp4(const Tensor& x, const Tensor& global_scale, int64_t block) {
+  const std::string what = "NVFP4 input";
+  mol::mxchk::check_x(x, what);
+  mol::mxchk::check_block(block, {16, 32}, "NVFP4");
+  const float gs = mol::mxchk::global_scale_value(global_scale);
+  Blocked b = prepare(x, what);
+  if (b.x.numel() == 0) return b.y;
+  Scope scope(b.x);
+  check_status(mlq_fake_nvfp4(code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+                              static_cast<int>(block), gs, b.flag.data_ptr<int>(), scope.stream()),
+               "fake_nvfp4");
+  finish(b, what);
+  return b.y;
+}
+
+Tensor fake_mx(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
+  const int e = mol::mxchk::elem_index(elem);
+  const bool rceil = mol::mxchk::rounding_rceil(rounding);
+  const std::string what = "MX (" + elem + ") input";
+  mol::mxchk::check_x(x, what);
+  mol::mxchk::check_block(block, {32}, "MX");
+  Blocked b = prepare(x, what);
+  if (b.x.numel() == 0) return b.y;
+  Scope scope(b.x);
+  check_status(mlq_fake_mx(code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+                           static_cast<int>(block), b.flag.data_ptr<int>(), scope.stream()),
+               "fake_mx");
+  finish(b, what);
+  return b.y;
+}
+
+// elem(x / s) * s with s broadcast against x: per tensor, one channel dim, or expanded to one scale per element.
+Tensor fake_minifloat(const Tensor& x_in, const Tensor& scale, int elem, const char* fn) {
+  check_device(x_in, "x");
+  const auto dt = x_in.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, "modelopt_lite CUDA kernels, ", fn,
+                   ": x must be float32, float16 or bfloat16, got ", dt);
+  const Tensor x = x_in.contiguous();
+  TORCH_CHECK_VALUE(scale.dim() <= x.dim(), "modelopt_lite CUDA kernels, ", fn, ": scale of shape ", scale.sizes(),
+                    " does not broadcast to x of shape ", x.sizes());
+  Tensor s = scale.to(x.device(), at::kFloat);
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim() - s.dim()), 1);
+  shape.insert(shape.end(), s.sizes().begin(), s.sizes().end());
+  int64_t channels = 1, inner = 1, live = 0, dim = -1;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    const int64_t n = shape[static_cast<size_t>(d)];
+    TORCH_CHECK_VALUE(n == 1 || n == x.size(d), "modelopt_lite CUDA kernels, ", fn, ": scale of shape ",
+                      scale.sizes(), " does not broadcast to x of shape ", x.sizes());
+    if (n != 1) {
+      ++live;
+      dim = d;
+    }
+  }
+  if (live == 1) {
+    channels = x.size(dim);
+    for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
+    s = s.reshape({-1}).contiguous();
+  } else if (live > 1) {
+    s = s.reshape(shape).expand(x.sizes()).contiguous();
+    channels = x.numel();
+  } else {
+    s = s.reshape({1}).contiguous();
+  }
+  Tensor y = at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return y;
+  Scope scope(x);
+  check_status(mlq_fake_minifloat(code(x), elem, x.data_ptr(), y.data_ptr(), s.data_ptr<float>(), x.numel(),
+                                  channels, inner, scope.stream()),
+               fn);
+  return y;
+}
+
+Tensor fake_e5m2(const Tensor& x, const Tensor& scale) { return fake_minifloat(x, scale, 1, "fake_e5m2"); }
+
+Tensor fake_e2m1(const Tensor& x, const Tensor& scale) { return fake_minifloat(x, scale, 2, "fake_e2m1"); }
+
+}  // namespace
+
+namespace mol {
+
+void register_mx_cuda_ops(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("fake_nvfp4", &fake_nvfp4, "NVFP4 fake quant along the last axis (microscaling.fake_nvfp4)", py::arg("x"),
+        py::arg("global_scale"), py::arg("block") = 16);
+  m.def("fake_mx", &fake_mx, "OCP MX fake quant along the last axis (microscaling.fake_mx)", py::arg("x"),
+        py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
+  m.def("fake_e5m2", &fake_e5m2, "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
+        py::arg("scale"));
+  m.def("fake_e2m1", &fake_e2m1, "e2m1_round(x / s) * s in x's dtype", py::arg("x"), py::arg("scale"));
+}
+
+}  // namespace mol

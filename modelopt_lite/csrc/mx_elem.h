@@ -1,0 +1,198 @@
+// Element math of the 4-bit and microscaling formats (E5M2, E2M1, NVFP4, OCP MX), shared by the CPU kernels
+// (mx_scalar.cpp, mx_avx2.cpp) and the CUDA kernels (mx_kernels.cu): no torch headers, host and device alike.
+//
+// The native definitions of functional/microscaling.py, one element / one block at a time, all in float32:
+//   minifloat(c)  = round to nearest even onto the grid of a float format with M mantissa bits and smallest normal
+//                   exponent EMIN (subnormals included), after clamping to [-max, max] (NaN passes, torch.clamp order)
+//                   E4M3: M=3, EMIN=-6, max 448; E5M2: M=2, EMIN=-14, max 57344; E2M1: M=1, EMIN=0, max 6
+//   int8 element  = clamp(rint(v * 64), -127, 127) / 64 (1.6 fixed point; see MxElem::kInt8)
+//   NVFP4 block   = s = e4m3(min(block_amax / (6 * gs), 448)); y = e2m1(x / (s * gs)) * (s * gs); s == 0: +0.0
+// NaN/Inf inputs are rejected before the kernels (as the reference does); the kernels still give NaN blocks for
+// them rather than anything undefined.
+//   MX block      = X = 2**clamp(k, -127, 127), k = floor(log2(block_amax)) - emax (floor), plus one (rceil) when
+//                   the significand of block_amax exceeds the element maximum's; y = elem(x / X) * X
+//                   (block_amax == 0: k = -127)
+// Every operation is one IEEE float32 operation rounded to nearest even (no FMA contraction, no fast math): the
+// device side spells them with the __f*_rn intrinsics.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define MXE_HD __host__ __device__ __forceinline__
+#else
+#define MXE_HD static inline
+#endif
+
+namespace mxe {
+
+MXE_HD uint32_t fbits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+MXE_HD float ffrom(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+MXE_HD float fadd(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+MXE_HD float fsub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+MXE_HD float fmul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+MXE_HD float fdiv(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// torch.clamp(v, lo, hi): min(max(v, lo), hi) with a NaN v passing through.
+MXE_HD float clampn(float v, float lo, float hi) {
+  const float t = (lo > v) ? lo : v;
+  return (hi < t) ? hi : t;
+}
+
+// NaN or +-Inf.
+MXE_HD bool nonfinite(float v) { return (fbits(v) & 0x7FFFFFFFu) >= 0x7F800000u; }
+
+// |v| (the sign bit cleared; NaN stays NaN).
+MXE_HD float fabs_bits(float v) { return ffrom(fbits(v) & 0x7FFFFFFFu); }
+
+// max(a, |v|) where a NaN v wins (a NaN in a block makes its amax NaN, as torch.amax does).
+MXE_HD float amax_step(float a, float v) {
+  const float m = fabs_bits(v);
+  return (m > a || m != m) ? m : a;
+}
+
+// Round to nearest even onto a float grid with M explicit mantissa bits whose smallest normal is 2**EMIN; c is
+// already clamped to the format's range (or NaN, which stays NaN). Normals keep M mantissa bits (a carry rounds
+// into the exponent); below 2**EMIN the grid step is 2**(EMIN - M), and (|c| + C) - C with C = 2**(EMIN - M + 23)
+// (whose float32 ulp is that step) rounds there exactly. The sign is restored afterwards (-0.0 stays -0.0).
+template <int M, int EMIN>
+MXE_HD float minifloat_round(float c) {
+  if (c != c) return c;
+  const uint32_t b = fbits(c);
+  const uint32_t sign = b & 0x80000000u;
+  const uint32_t a = b ^ sign;
+  uint32_t r;
+  if (a < static_cast<uint32_t>(127 + EMIN) << 23) {
+    const float big = ffrom(static_cast<uint32_t>(127 + EMIN - M + 23) << 23);
+    r = fbits(fsub(fadd(ffrom(a), big), big));
+  } else {
+    constexpr int kShift = 23 - M;
+    r = (a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) & ~((1u << kShift) - 1u);
+  }
+  return ffrom(r | sign);
+}
+
+// Element formats of the blocked kernels (values of the `elem` argument everywhere).
+enum MxElem : int { kE4M3 = 0, kE5M2 = 1, kE2M1 = 2, kInt8 = 3 };
+
+constexpr float kE4M3Max = 448.0f;
+constexpr float kE5M2Max = 57344.0f;
+constexpr float kE2M1Max = 6.0f;
+constexpr float kInt8Max = 127.0f / 64.0f;  // the largest 1.6 fixed-point value
+
+MXE_HD float e4m3(float v) { return minifloat_round<3, -6>(clampn(v, -kE4M3Max, kE4M3Max)); }
+MXE_HD float e5m2(float v) { return minifloat_round<2, -14>(clampn(v, -kE5M2Max, kE5M2Max)); }
+// E2M1 has no -0.0 input rule of its own: the reference gives the result the sign of (v < 0), so -0.0 maps to +0.0
+// while a negative value that rounds to 0 keeps -0.0.
+MXE_HD float e2m1(float v) { return v == 0.0f ? 0.0f : minifloat_round<1, 0>(clampn(v, -kE2M1Max, kE2M1Max)); }
+
+// rint(t) for |t| <= 2**22 (round half to even), keeping the sign of a zero result: (t + 1.5 * 2**23) - 1.5 * 2**23
+// is exact there, and or-ing t's sign bit back gives -0.0 for a negative t that rounds to 0 (as torch.round does).
+MXE_HD float rint_small(float t) {
+  const float magic = 12582912.0f;
+  return ffrom(fbits(fsub(fadd(t, magic), magic)) | (fbits(t) & 0x80000000u));
+}
+
+// MX INT8 element: v read as a 1.6 fixed-point number, clamp(rint(v * 64), -127, 127) / 64 (NaN stays NaN).
+MXE_HD float int8_fixed(float v) {
+  const float t = clampn(fmul(v, 64.0f), -127.0f, 127.0f);
+  if (t != t) return t;
+  return fmul(rint_small(t), 0.015625f);
+}
+
+template <int ELEM>
+MXE_HD float elem_round(float v) {
+  if (ELEM == kE4M3) return e4m3(v);
+  if (ELEM == kE5M2) return e5m2(v);
+  if (ELEM == kE2M1) return e2m1(v);
+  return int8_fixed(v);
+}
+
+// emax of the element format (the exponent of its largest power of two) and the mantissa bits of its largest
+// value's significand (1.75, 1.75, 1.5, 127/64 for e4m3, e5m2, e2m1, int8).
+MXE_HD int elem_emax(int elem) { return elem == kE4M3 ? 8 : elem == kE5M2 ? 15 : elem == kE2M1 ? 2 : 0; }
+MXE_HD uint32_t elem_max_mantissa(int elem) {
+  return elem == kE2M1 ? 0x400000u : elem == kInt8 ? 0x7E0000u : 0x600000u;
+}
+
+// floor(log2(a)) of a finite a > 0 and the 23 fraction bits of its significand a / 2**floor(log2(a)), exactly
+// (subnormals included).
+MXE_HD int floor_log2(float a, uint32_t* frac) {
+  const uint32_t u = fbits(a) & 0x7FFFFFFFu;
+  const int e = static_cast<int>(u >> 23);
+  if (e > 0) {
+    *frac = u & 0x7FFFFFu;
+    return e - 127;
+  }
+  int k = 22;  // subnormal: a = m * 2**-149 with m < 2**23
+  while (((u >> k) & 1u) == 0u) --k;
+  *frac = (u << (23 - k)) & 0x7FFFFFu;
+  return k - 149;
+}
+
+// 2**e as float32 for e in [-127, 127] (2**-127 is a float32 subnormal).
+MXE_HD float pow2f(int e) {
+  return e >= -126 ? ffrom(static_cast<uint32_t>(e + 127) << 23) : ffrom(0x00400000u >> (-127 - e));
+}
+
+// The E8M0 exponent k of an MX block with amax a (finite, >= 0): floor (OCP MX v1.0): floor(log2(a)) - emax;
+// rceil (the smallest k with a / 2**k <= the element maximum): one more when a's significand exceeds the element
+// maximum's. Clamped to [-127, 127]; a == 0 gives -127.
+MXE_HD int mx_exponent(float a, int elem, bool rceil) {
+  if (a == 0.0f) return -127;
+  uint32_t frac;
+  int e = floor_log2(a, &frac) - elem_emax(elem);
+  if (rceil && frac > elem_max_mantissa(elem)) ++e;
+  return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+// NVFP4 block scale (float32 value of the E4M3 code) for block amax a and global scale scale_2 > 0.
+MXE_HD float nvfp4_block_scale(float a, float scale_2) { return e4m3(fdiv(a, fmul(6.0f, scale_2))); }
+
+}  // namespace mxe

@@ -1,0 +1,40 @@
+/* modelopt_lite CUDA kernels of the 4-bit and microscaling formats: the plain C launcher API (see mx_kernels.cu).
+ *
+ * x is dense, contiguous, row-major: `rows` rows of `cols` elements for the blocked ops, blocks of `block` along
+ * each row (the last one may be partial). Every launcher validates its arguments (cudaErrorInvalidValue), does
+ * nothing for 0 elements, launches asynchronously on `stream` and returns the launch status. `nonfinite` (device
+ * memory, zeroed by the caller, may be NULL) is set to 1 when a block amax is NaN or Inf: the caller rejects the
+ * input (the reference raises ValueError). Element math: mx_elem.h (shared with the CPU kernels).
+ */
+#ifndef MODELOPT_LITE_MX_KERNELS_API_H_
+#define MODELOPT_LITE_MX_KERNELS_API_H_
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "quant_kernels_api.h" /* mlq_dtype */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* NVFP4 fake quant: per block s = e4m3(min(amax / (6 gs), 448)), y = e2m1(x / (s gs)) * (s gs); gs == 0 or s == 0:
+ * +0. block 16 or 32. scales (float32, rows x ceil(cols / block)) receives s when not NULL. */
+cudaError_t mlq_fake_nvfp4(mlq_dtype dtype, const void* x, void* y, float* scales, int64_t rows, int64_t cols,
+                           int block, float global_scale, int* nonfinite, cudaStream_t stream);
+
+/* OCP MX fake quant: per block X = 2**k (k from the block amax, floor or rceil, clamped to [-127, 127]),
+ * y = elem(x / X) * X; elem 0..3 = e4m3, e5m2, e2m1, int8; block 32. exps (float32 k) when not NULL. */
+cudaError_t mlq_fake_mx(mlq_dtype dtype, int elem, int rceil, const void* x, void* y, float* exps, int64_t rows,
+                        int64_t cols, int block, int* nonfinite, cudaStream_t stream);
+
+/* Elementwise E4M3 / E5M2 / E2M1 (elem 0 / 1 / 2): y = elem(x / s) * s, 0 where s == 0. Element i uses
+ * scale[(i / inner) % channels] (channels = 1: per tensor; channels = n, inner = 1: one scale per element). */
+cudaError_t mlq_fake_minifloat(mlq_dtype dtype, int elem, const void* x, void* y, const float* scale, int64_t n,
+                               int64_t channels, int64_t inner, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MODELOPT_LITE_MX_KERNELS_API_H_ */
