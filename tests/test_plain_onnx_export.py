@@ -120,6 +120,17 @@ def test_plain_export_16_bit_grid_is_a_clear_error(tmp_path):
         _export(model, _x(), tmp_path / "m.onnx", False, 13)
 
 
+def test_plain_dynamo_export_16_bit_grid_warns_with_the_reason(tmp_path):
+    """torch's dynamo exporter retries other capture strategies and reports its own error: our reason is a warning."""
+    model = _quantizer(torch.tensor(2.0), num_bits=16)
+    with (
+        pytest.warns(UserWarning, match=r"grid \[-32768, 32767\] needs a 16-bit QuantizeLinear.*export_onnx"),
+        pytest.raises(Exception, match="modelopt_lite"),
+    ):
+        torch.onnx.export(model, (_x(),), str(tmp_path / "m.onnx"), opset_version=18)
+    assert not (tmp_path / "m.onnx").exists()
+
+
 @pytest.mark.parametrize("dynamo", EXPORTERS)
 def test_plain_export_half_input_casts_around_the_pair(tmp_path, dynamo):
     model = _quantizer(torch.tensor(2.5), num_bits=8)
@@ -180,3 +191,15 @@ def test_plain_export_of_a_quantized_model_matches_torch(tmp_path):
     step = float(m[3].input_quantizer.amax.max()) / 127
     bound = 4 * step * float(m[3].weight.abs().max())
     np.testing.assert_allclose(plain.numpy(), ref.numpy(), rtol=0, atol=bound)
+
+
+def test_plain_dynamo_export_of_a_dead_scale_runs_to_zeros_in_ort(tmp_path):
+    """Under dynamo the scale's value is unknown at trace time: the file holds scale 0, and ORT's Q/DQ gives zeros
+    (the torch output) for every input, Inf and NaN included (TensorRT rejects such a scale: use export_onnx)."""
+    model = _quantizer(torch.tensor(0.0), num_bits=8)
+    x = torch.tensor([[0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), 1e-30]])
+    with torch.no_grad():
+        ref = model(x)
+    _export(model, x, tmp_path / "m.onnx", True, 18)
+    out = _run(tmp_path / "m.onnx", x)
+    assert torch.equal(ref, torch.zeros_like(x)) and torch.equal(out, ref)  # -0.0 == 0.0

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
+from typing import NoReturn
 
 import torch
 from torch import Tensor
@@ -90,6 +92,14 @@ def _pair(x: Tensor, s: Tensor, zp: Tensor, axis) -> Tensor:
     return torch.onnx.ops.symbolic("::DequantizeLinear", (q, s, zp), attrs, dtype=torch.float32, shape=x.shape)
 
 
+def _fail(message: str) -> NoReturn:
+    """Raise ValueError; under the dynamo exporter also warn, because torch retries the capture with other
+    strategies and reports only its own last error ("No ONNX function found for modelopt_lite.fake_quant_int")."""
+    if not torch.jit.is_tracing():
+        warnings.warn(message, UserWarning, stacklevel=3)
+    raise ValueError(message)
+
+
 def _layout(x: Tensor, scale: Tensor):
     """``(x view, 1-D or scalar scale, axis or None, restore)`` for a scale broadcast against ``x``."""
     s = scale.to(torch.float32)
@@ -104,7 +114,7 @@ def _layout(x: Tensor, scale: Tensor):
     if dims == list(range(k)) and list(x.shape[:k]) == shape[:k]:
         xs = x.shape
         return x.reshape(s.numel(), -1), s.reshape(-1), 0, lambda y: y.reshape(xs)
-    raise ValueError(
+    _fail(
         f"ONNX export: a scale of shape {tuple(scale.shape)} for a tensor of shape {tuple(x.shape)} varies along "
         f"dims {dims}; QuantizeLinear takes one axis (use modelopt_lite.export_onnx for this quantizer)"
     )
@@ -112,7 +122,7 @@ def _layout(x: Tensor, scale: Tensor):
 
 def _check_live(scale: Tensor) -> None:
     if torch.jit.is_tracing() and bool((scale <= 0).any()):
-        raise ValueError(
+        _fail(
             "ONNX export: a quantizer has a dead scale (amax <= 2**-24), which a plain QuantizeLinear cannot "
             "express exactly; export with modelopt_lite.export_onnx (it writes a Where that zeroes those values)"
         )
@@ -124,7 +134,7 @@ def _int_qdq(x: Tensor, scale: Tensor, zero_point, qmin: int, qmax: int) -> Tens
     elif 0 <= qmin and qmax <= 255:
         code, lo, hi = torch.uint8, 0, 255
     else:
-        raise ValueError(
+        _fail(
             f"ONNX export: the grid [{qmin}, {qmax}] needs a 16-bit QuantizeLinear (opset >= 21), which a plain "
             "torch.onnx.export does not write; use modelopt_lite.export_onnx"
         )

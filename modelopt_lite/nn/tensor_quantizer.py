@@ -69,6 +69,10 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     quantizer) and follows ``.to(device)``.
     """
 
+    #: pytorch-quantization's switch for exporting through torch's fake-quant ops: accepted, not needed (every
+    #: ``torch.onnx.export`` writes standard Q/DQ, see :mod:`modelopt_lite.functional.onnx_qdq`)
+    use_fb_fake_quant = False
+
     def __init__(
         self,
         quant_desc=QUANT_DESC_8BIT_PER_TENSOR,
