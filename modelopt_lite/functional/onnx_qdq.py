@@ -49,7 +49,10 @@ def raw_ops():
 
 
 def active() -> bool:
-    """True while a plain ``torch.onnx.export`` traces (and :func:`raw_ops` is not active)."""
+    """True while a plain ``torch.onnx.export`` traces (and :func:`raw_ops` is not active). The cheap tracing checks
+    come first, so an eager call pays two C calls (``torch.onnx.is_in_onnx_export`` imports on every call)."""
+    if not (torch.jit.is_tracing() or torch.compiler.is_exporting()):
+        return False
     return torch.onnx.is_in_onnx_export() and not getattr(_state, "raw", False)
 
 
