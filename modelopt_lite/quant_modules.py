@@ -155,10 +155,13 @@ def enable(float_module_list=None, custom_quant_modules=None):
 def enable_onnx_export():
     """pytorch-quantization's ``with enable_onnx_export():`` block, kept so its export scripts run unchanged.
 
-    modelopt_lite needs no global switch to export: :func:`modelopt_lite.export_onnx` registers what it needs
-    for the duration of one export and writes standard QuantizeLinear/DequantizeLinear. So this context changes
-    nothing (no flag on ``TensorQuantizer``, nothing to restore) and nests freely; exceptions propagate. Inside it,
-    call ``modelopt_lite.export_onnx(model, args, path)``: a plain ``torch.onnx.export`` of a model with
-    modelopt_lite quantizers fails (its fake-quant ops have no standard ONNX symbolic outside ``export_onnx``).
+    No global switch is needed: while any ``torch.onnx.export`` traces a model (TorchScript or dynamo), the
+    modelopt_lite fake-quant ops write standard ``QuantizeLinear -> DequantizeLinear`` pairs
+    (:mod:`modelopt_lite.functional.onnx_qdq`), bit-exact in ONNX Runtime for int8/uint8 grids (narrow range and
+    sub-8-bit grids with a Max/Min clamp before Q), per-channel scales (opset >= 13) and FP8 E4M3 (opset >= 19).
+    So this context changes nothing (no flag on ``TensorQuantizer``, nothing to restore) and nests freely;
+    exceptions propagate. :func:`modelopt_lite.export_onnx` writes a smaller graph (weights folded to int8/int4/FP8
+    initializers, scales as constants) and handles what a plain export cannot (16-bit grids, dead scales, INT4
+    blocks at opset 21, the ORT integer layout).
     """
     yield

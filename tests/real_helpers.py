@@ -46,11 +46,11 @@ def fake_model(kind: str = "cnn", cfg_name: str = "INT8_DEFAULT_CFG"):
 
 
 def layer_inputs(model, x, names=None):
-    """``{module name: input tensor}`` of the named modules (default: those owning quantizers), via pre-hooks."""
+    """``{module name: input tensor}`` of the named modules (default: those owning enabled quantizers), via pre-hooks."""
     from modelopt_lite.conversion.utils import named_quantizers
 
     if names is None:
-        names = {n.rpartition(".")[0] for n, _ in named_quantizers(model)}
+        names = {n.rpartition(".")[0] for n, q in named_quantizers(model) if q.is_enabled}
     seen, hooks = {}, []
     for n, m in model.named_modules():
         if n in names:

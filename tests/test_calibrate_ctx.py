@@ -126,6 +126,8 @@ def test_quantizer_without_data_keeps_state_and_is_named_in_a_warning():
     # an uncalibrated quantizer quantizes with the tensor's own max (as in pytorch-quantization/ModelOpt), storing nothing
     wq = model.unused.weight_quantizer
     w = model.unused.weight.detach()
+    assert torch.equal(wq.amax, w.abs().amax(1, keepdim=True))  # quantize() without a loop calibrated the weights
+    wq.reset_amax()
     assert torch.equal(wq(w), mtq.fake_tensor_quant(w, w.abs().amax(1, keepdim=True), 8, False, False))
     assert not wq.has_amax and wq.amax is None
 

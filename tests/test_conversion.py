@@ -172,9 +172,9 @@ def test_default_registry_map():
     for name in qnn.__all__:
         cls = getattr(qnn, name)
         if name.startswith("Quant") and isinstance(cls, type) and hasattr(cls, "_float_cls"):
-            assert reg.get(cls._float_cls) is (None if "BatchNorm" in name else cls), name
+            assert reg[cls._float_cls] is cls, name
     assert reg[nn.Linear] is qnn.QuantLinear and reg[qnn.MatMul] is qnn.QuantMatMul
-    assert len(reg) == len(qnn.QUANT_MODULE_CLASSES) - 3 == 29
+    assert len(reg) == len(qnn.QUANT_MODULE_CLASSES) == 32
 
 
 def test_unregister_default_then_register_back():
@@ -223,7 +223,7 @@ def test_quantize_converts_instances_only_and_names_quantizers():
     assert out is model
     assert torch.nn.Linear is nn.modules.linear.Linear and torch.nn.Conv2d is nn.modules.conv.Conv2d  # no patching
     assert type(model.conv) is qnn.QuantConv2d and type(model.fc) is qnn.QuantLinear
-    assert type(model.pool) is qnn.QuantMaxPool2d and type(model.bn) is nn.BatchNorm2d  # BatchNorm: opt-in
+    assert type(model.pool) is qnn.QuantMaxPool2d and type(model.bn) is qnn.QuantBatchNorm2d  # as ModelOpt
     assert isinstance(nn.Linear(2, 2), nn.Linear) and type(nn.Linear(2, 2)) is nn.Linear
     for k, v in float_weights.items():  # exact weight copy
         assert torch.equal(model.state_dict()[k], v), k
@@ -236,6 +236,7 @@ def test_quantize_converts_instances_only_and_names_quantizers():
     assert not flags["fc.output_quantizer"][0]  # "default": disabled
     assert not flags["lm_head.input_quantizer"][0] and not flags["lm_head.weight_quantizer"][0]  # lm_head disabled
     assert flags["pool.input_quantizer"][0]
+    assert not flags["bn.input_quantizer"][0]  # the presets' default-disabled "nn.BatchNorm2d" entry
 
 
 def test_presets_are_never_mutated():

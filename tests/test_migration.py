@@ -135,10 +135,37 @@ def test_pytorch_quantization_script(tmp_path):
         ref = F.linear(_fq(h, head.input_quantizer.amax), _fq(head.weight, head.weight_quantizer.amax), head.bias)
         assert torch.equal(model(b), ref)
 
-    path = tmp_path / "quant_net.onnx"
-    mtq.export_onnx(model, b, path)  # pytorch-quantization: torch.onnx.export inside enable_onnx_export()
+    # pytorch-quantization's export lines, unchanged
+    quant_nn.TensorQuantizer.use_fb_fake_quant = True
+    try:
+        with warnings.catch_warnings(), quant_modules.enable_onnx_export():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, b, str(tmp_path / "quant_net.onnx"), dynamo=False, opset_version=13)
+    finally:
+        quant_nn.TensorQuantizer.use_fb_fake_quant = False
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "quant_net.onnx")).graph.node]
+    assert (ops.count("QuantizeLinear"), ops.count("DequantizeLinear")) == (6, 6) and "Conv" in ops
+    _assert_ort_close(tmp_path / "quant_net.onnx", model, b)
+
+    path = tmp_path / "quant_net_lite.onnx"
+    mtq.export_onnx(model, b, path)  # ours: weights folded to int8 initializers
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert (ops.count("QuantizeLinear"), ops.count("DequantizeLinear")) == (3, 6) and "Conv" in ops  # weights: DQ only
+
+
+def _assert_ort_close(path, model, x):
+    """ORT runs the plain export to the torch output; Conv/GEMM run in float between the quantizers, so a
+    re-quantized value may land one step away: bounded by a few steps of the last input quantizer times |W|."""
+    from modelopt_lite.onnx_export.ort_runner import ort_session
+
+    sess = ort_session(str(path))
+    out = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    last = [m for m in model.modules() if hasattr(m, "input_quantizer") and hasattr(m, "weight")][-1]
+    step = float(last.input_quantizer.amax.max()) / 127
+    with torch.no_grad():
+        ref = model(x)
+    assert out.shape == tuple(ref.shape)
+    assert float(abs(torch.from_numpy(out) - ref).max()) <= 4 * step * float(last.weight.abs().max())
 
 
 # --- ModelOpt: the documented PTQ flow, unmodified ---------------------------------------------------------------------
@@ -190,8 +217,25 @@ def test_modelopt_script(tmp_path, capsys):
         assert torch.equal(restored(b), model(b))
 
     path = tmp_path / "model.onnx"
-    mtq.export_onnx(model, b, path)  # ModelOpt: torch.onnx.export(model, b, path)
-    assert path.exists() and "QuantizeLinear" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, b, str(path))  # ModelOpt's export line, unchanged (dynamo, torch's default)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert (ops.count("QuantizeLinear"), ops.count("DequantizeLinear")) == (4, 4)
+    assert {o.domain for o in onnx.load(str(path)).opset_import} <= {"", "ai.onnx"}
+    _assert_ort_close(path, model, b)
+
+
+def test_modelopt_weight_only_script():
+    """ModelOpt's weight-only PTQ: no forward loop; weights calibrated from the weights, activations dynamic."""
+    model = _get_model()
+    config = mtq.INT8_DEFAULT_CFG
+    model = mtq.quantize(model, config)  # forward_loop=None: weight-only calibration
+    w = model[3].weight.detach()
+    assert torch.equal(model[3].weight_quantizer.amax, w.abs().amax(1, keepdim=True))
+    assert not model[0].input_quantizer.has_amax
+    model = mtq.calibrate(model, algorithm="max")
+    assert torch.equal(model[3].weight_quantizer.amax, w.abs().amax(1, keepdim=True))
 
 
 def test_modelopt_custom_config_script():
@@ -257,9 +301,10 @@ def test_pytorch_quantization_script_with_class_defaults_and_torch_onnx_export(t
     path = tmp_path / "quant_net.onnx"
     with warnings.catch_warnings(), _ONNX_CTX():
         warnings.simplefilter("ignore")
-        # the one line that changes: enable_onnx_export() is accepted, and mtq.export_onnx replaces torch.onnx.export
-        mtq.export_onnx(model, (data[0],), str(path), opset=13)
-    assert "QuantizeLinear" in {n.op_type for n in onnx.load(str(path)).graph.node}
+        torch.onnx.export(model, (data[0],), str(path), dynamo=False, opset_version=13)  # unchanged
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert (ops.count("QuantizeLinear"), ops.count("DequantizeLinear")) == (6, 6)
+    _assert_ort_close(path, model, data[0])
 
 
 _HAS_MTQ_SWITCHES = all(hasattr(mtq, n) for n in ("disable_quantizer", "enable_quantizer", "set_quantizer_attribute"))

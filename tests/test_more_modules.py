@@ -54,7 +54,7 @@ def test_norm_is_float_norm_of_quantized_input(cls, float_cls, shape):
     with torch.no_grad():
         f.weight.uniform_(0.5, 1.5)
         f.bias.uniform_(-1, 1)
-    m = cls.from_float(f)
+    m = mtq.QuantModuleRegistry.convert(f)
     assert type(m) is cls and not hasattr(m, "weight_quantizer") and not m.output_quantizer.is_enabled
     x = _x(*shape) * 3
     m.eval()
@@ -84,12 +84,7 @@ def test_leaky_relu_quantizes_input_and_leaves_caller_tensor():
 
 def test_presets_disable_batchnorm_and_leaky_relu_quantizers():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.LeakyReLU())
-    assert nn.BatchNorm2d not in mtq.QuantModuleRegistry  # opt-in
-    mtq.register(nn.BatchNorm2d, quant_nn.QuantBatchNorm2d)
-    try:
-        mtq.quantize(model, mtq.INT8_DEFAULT_CFG)
-    finally:
-        mtq.unregister(nn.BatchNorm2d)
+    mtq.quantize(model, mtq.INT8_DEFAULT_CFG)
     assert type(model[1]) is quant_nn.QuantBatchNorm2d and type(model[2]) is quant_nn.QuantLeakyReLU
     assert not model[1].input_quantizer.is_enabled and not model[2].input_quantizer.is_enabled
     assert model[0].input_quantizer.is_enabled

@@ -55,6 +55,7 @@ from torch import nn
 
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
+from ..nn._quantizer_config import PEER_DEFAULTS, translate_peer
 from ..nn.modules._integer_requant import REQUANT_MODES
 from .algorithm_registry import ALGORITHMS
 from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS  # noqa: F401  (re-exported: the presets' ConvTranspose axis)
@@ -72,7 +73,7 @@ from .presets import (  # noqa: F401  (re-exported: the presets used to live her
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
-ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps"}
+ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps"} | frozenset(PEER_DEFAULTS)
 #: ModelOpt attribute names, translated on normalization: ``type`` -> ``dynamic``, ``calibrator`` -> ``calib_method``
 MODELOPT_KEYS = frozenset({"type", "calibrator"})
 #: the calibrators a config may name (``"calibrator": "max"`` or ``"calibrator": MaxCalibrator``)
@@ -178,6 +179,10 @@ def _modelopt_calibrator(label: str, attrs: dict) -> None:
 def _check_attr_dict(label: str, attrs: Any) -> dict:
     if not isinstance(attrs, dict):
         raise QuantConfigError(f"quant_cfg[{label}]: attributes must be a dict, got {type(attrs).__name__} {attrs!r}")
+    try:
+        attrs = translate_peer(attrs, f"quant_cfg[{label}]")  # ModelOpt's extra keys (rotate, constant_amax, ...)
+    except (TypeError, ValueError) as e:
+        raise QuantConfigError(str(e)) from e
     for k in attrs:
         if k not in ATTR_KEYS and k not in MODELOPT_KEYS:
             raise QuantConfigError(

@@ -178,8 +178,10 @@ def quantize(
             e.g. ``modelopt_lite.INT8_DEFAULT_CFG``. Deep-copied, never mutated. As in ModelOpt, an entry that does
             not say ``"enable"`` turns the quantizers it selects on.
         forward_loop: ``forward_loop(model)`` runs calibration data through the model (see :func:`calibrate_loop`);
-            a ``forward_loop()`` that takes no argument is called without one (ModelOpt accepts both). None leaves
-            the quantizers uncalibrated (call :func:`calibrate` yourself).
+            a ``forward_loop()`` that takes no argument is called without one (ModelOpt accepts both). None: as in
+            ModelOpt, with the ``"max"`` algorithm the weight quantizers are calibrated on the weights alone
+            (:func:`calibrate_weights`) and activation quantizers stay uncalibrated (dynamic: amax from each
+            input); other algorithms leave every quantizer uncalibrated (call :func:`calibrate` yourself).
         registry: the float -> quant class map (default: the global one, see :func:`modelopt_lite.register`).
 
     Raises:
@@ -204,7 +206,9 @@ def quantize(
         if cfg.requant is not None:
             modes = {m: m.requant for m in model.modules() if hasattr(m, "requant")}
             set_requant(model, cfg.requant)
-        if forward_loop is not None:
+        if forward_loop is None and cfg.algorithm is not None and cfg.algorithm[0] == "max":
+            calibrate_weights(model)  # ModelOpt: weight-only calibration; activations stay dynamic
+        elif forward_loop is not None:
             if cfg.algorithm is None:
                 warnings.warn(
                     "quantize: config algorithm is None, so forward_loop was not run (no calibration)", stacklevel=2
@@ -323,6 +327,7 @@ def calibrate(
                 model(x)
 
         mtq.calibrate(model, algorithm="max", forward_loop=loop)   # ModelOpt's form: runs loop now, returns model
+        mtq.calibrate(model, algorithm="max")      # ModelOpt's weight-only form (no loop): weights now, returns model
 
     Every enabled, static quantizer without a fixed ``amax`` switches to collect mode (quantization off) for the
     block; on exit it computes and loads amax and turns quantization back on (calibration off). If the block (or the
@@ -356,6 +361,9 @@ def calibrate(
         method, params = normalize_algorithm(method)
         compute_amax_kwargs = {**params, **compute_amax_kwargs}
     if forward_loop is None:
+        if algorithm is not _UNSET:  # ModelOpt's calibrate(model, algorithm=...): weight-only, at once
+            calibrate_weights(model, method, **compute_amax_kwargs)
+            return model
         return _calibration(model, method, compute_amax_kwargs)
     if not callable(forward_loop):
         raise TypeError(f"forward_loop must be callable, got {type(forward_loop).__name__}")
@@ -364,13 +372,44 @@ def calibrate(
     return model
 
 
+def _weight_sites(model: nn.Module) -> list[tuple[nn.Module, torch.Tensor]]:
+    """``(weight_quantizer, weight)`` of every module quantizing its own ``weight`` (Linear, Conv, Embedding...)."""
+    out = []
+    for m in model.modules():
+        wq, w = getattr(m, "weight_quantizer", None), getattr(m, "weight", None)
+        if isinstance(wq, nn.Module) and isinstance(w, torch.Tensor):
+            out.append((wq, w))
+    return out
+
+
+def calibrate_weights(model: nn.Module, method: str | None = "max", **compute_amax_kwargs) -> nn.Module:
+    """ModelOpt's weight-only calibration (``calibrate``/``quantize`` without a forward loop): every enabled static
+    weight quantizer collects its module's ``weight`` and loads amax; activation quantizers are left untouched
+    (uncalibrated ones quantize dynamically). Quantizers applied to weights inside ``forward`` only (the RNN
+    families) are not reached and stay dynamic. The model's mode flags are restored."""
+    sites = _weight_sites(model)
+    chosen = {id(q) for wq, _ in sites for q in wq.modules()}
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad(), _calibration(model, method, compute_amax_kwargs, only=chosen):
+            for wq, w in sites:
+                wq(w)
+    finally:
+        for m, training in flags:
+            m.training = training
+    return model
+
+
 @contextlib.contextmanager
-def _calibration(model: nn.Module, method, compute_amax_kwargs: dict):
-    """The calibration block of :func:`calibrate`."""
+def _calibration(model: nn.Module, method, compute_amax_kwargs: dict, only=None):
+    """The calibration block of :func:`calibrate` (``only``: ids of the quantizers to calibrate, default all)."""
     check_method(method, compute_amax_kwargs)
     snaps = [(n, q, snapshot_quantizers([q])) for n, q in named_quantizers(model)]
     targets = [
-        (n, q, snap) for n, q, snap in snaps if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None
+        (n, q, snap)
+        for n, q, snap in snaps
+        if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None and (only is None or id(q) in only)
     ]
     missing: list[str] = []
     try:

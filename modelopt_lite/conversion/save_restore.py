@@ -16,6 +16,9 @@ import torch
 from torch import nn
 
 from ..descriptor import ScaledQuantDescriptor
+from ..nn import SequentialQuantizer, TensorQuantizer
+from ..nn._quantizer_config import PEER_DEFAULTS
+from ..nn.modules._base import module_device
 from .config import DESCRIPTOR_KEYS
 from .model_quant import _Replacements, set_quantizer_names
 from .registry import REGISTRY
@@ -63,6 +66,7 @@ def _quantizer_record(q) -> dict:
         "quant": bool(q.is_quant_enabled),
         "calib": bool(q.is_calib_enabled),
         "num_steps": int(getattr(q, "num_steps", 1) or 1),
+        "peer": {k: getattr(q, k) for k in PEER_DEFAULTS},  # ModelOpt's trt_high_precision_dtype, pass_through_bwd...
         "tensors": sorted(q.state_dict().keys()),
     }
 
@@ -187,6 +191,7 @@ def _apply_record(name: str, site, rec: dict, tensors: dict, json_path, path) ->
         if attrs.get("amax") is not None:
             attrs["amax"] = attrs["amax"].tolist()
         attrs["num_steps"] = rec["num_steps"]
+        attrs.update(rec.get("peer", {}))  # absent in files written before these settings existed
         q.set_from_attribute_config(attrs)
     except (TypeError, ValueError, KeyError) as e:
         if str(e).startswith("restore: "):
@@ -229,6 +234,28 @@ def _load_weights(model: nn.Module, tensors: dict, quantizer_keys: set, path) ->
     model.load_state_dict(saved, strict=True)
 
 
+#: the most quantizers a saved SequentialQuantizer may chain (a bound on what an untrusted file can make us build)
+MAX_SEQUENTIAL = 8
+
+
+def _rebuild_sequential(model: nn.Module, saved: dict, undo: _Replacements) -> None:
+    """A quantizer saved as a :class:`SequentialQuantizer` (entries ``name.0``, ``name.1``... instead of ``name``)
+    becomes one of that length again (fresh ``TensorQuantizer``s, configured by their records next)."""
+    for site in quantizer_sites(model):
+        if site.name in saved or not isinstance(site.quantizer, TensorQuantizer) or site.owner is None:
+            continue
+        n = 0
+        while f"{site.name}.{n}" in saved and n <= MAX_SEQUENTIAL:
+            n += 1
+        if n == 0:
+            continue
+        if n > MAX_SEQUENTIAL:
+            raise ValueError(f"restore: quantizer {site.name!r} chains more than {MAX_SEQUENTIAL} quantizers")
+        seq = SequentialQuantizer(*(TensorQuantizer() for _ in range(n))).to(module_device(site.owner))
+        undo.done.append((site.owner, site.local, site.quantizer))
+        setattr(site.owner, site.local, seq)
+
+
 def restore(model: nn.Module, path) -> nn.Module:
     """Re-create the saved quantization state on ``model`` (float, or already converted the same way); returns it.
 
@@ -252,9 +279,10 @@ def restore(model: nn.Module, path) -> nn.Module:
     undo = _Replacements()
     try:
         model = _convert_recorded(model, doc["modules"], undo, json_path)
+        saved = doc["quantizers"]
+        _rebuild_sequential(model, saved, undo)
         set_quantizer_names(model)
         present = {s.name: s for s in quantizer_sites(model)}
-        saved = doc["quantizers"]
         for name in present:
             if name not in saved:
                 raise ValueError(f"restore: the model has quantizer {name!r}, which the saved state does not")

@@ -16,6 +16,7 @@ import torch
 
 from ..functional import blocks
 from ..functional.checks import check_axes
+from ..nn._quantizer_config import PEER_DEFAULTS, check_peer_extra
 from .requant import check_mode
 
 FORMAT = "modelopt_lite.quant_state"
@@ -136,6 +137,14 @@ def check_doc(doc: dict, path) -> None:
         n = rec.get("num_steps")
         if not _is_int(n) or n < 1:
             raise bad(path, f"{entry}.num_steps", f"must be an int >= 1, got {n!r}")
+        peer = rec.get("peer", {})
+        if not isinstance(peer, dict) or any(k not in PEER_DEFAULTS for k in peer):
+            raise bad(path, f"{entry}.peer", f"must be an object with keys from {sorted(PEER_DEFAULTS)}, got {peer!r}")
+        for k, v in peer.items():
+            try:
+                check_peer_extra(k, v, f"{entry}.peer")
+            except (TypeError, ValueError) as e:
+                raise bad(path, f"{entry}.peer.{k}", str(e)) from None
         ts = rec.get("tensors")
         if not isinstance(ts, list) or len(set(map(str, ts))) != len(ts) or any(t not in QUANTIZER_TENSORS for t in ts):
             raise bad(

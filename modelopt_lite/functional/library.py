@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import onnx_qdq
 from .backend import kernels_for
 
 _EMPTY = ()
@@ -172,3 +173,9 @@ quantize_int.register_autograd(_quantize_int_bwd, setup_context=_setup_int)
 fake_e4m3.register_autograd(_e4m3_bwd, setup_context=_setup_e4m3)
 fake_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
 quantize_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
+
+
+# --- plain torch.onnx.export: standard Q/DQ instead of the opaque ops (see .onnx_qdq) --------------------------------
+fake_quant_int = onnx_qdq.export_aware(fake_quant_int, onnx_qdq.fake_quant_int)
+fake_e4m3 = onnx_qdq.export_aware(fake_e4m3, onnx_qdq.fake_e4m3)
+fake_affine = onnx_qdq.export_aware(fake_affine, onnx_qdq.fake_affine)

@@ -10,7 +10,73 @@ from ..descriptor import _DEFAULTS, ScaledQuantDescriptor
 from ..formats import element_format, is_float_format
 
 #: keys besides the descriptor fields (``enable`` is one) that ``set_from_attribute_config`` accepts
-EXTRA_KEYS = ("num_steps",)
+EXTRA_KEYS = ("num_steps", "trt_high_precision_dtype", "pass_through_bwd", "effective_bits")
+#: defaults of the settings a quantizer keeps besides its descriptor (ModelOpt's names and defaults, except
+#: ``pass_through_bwd``: ours is False, the clipped straight-through estimator of pytorch-quantization)
+PEER_DEFAULTS = {"trt_high_precision_dtype": "Float", "pass_through_bwd": False, "effective_bits": None}
+_TRT_DTYPES = ("Float", "Half", "BFloat16")
+#: ModelOpt QuantizerAttributeConfig keys accepted only at the value that changes nothing (what else they ask for,
+#: modelopt_lite does not do)
+_ONLY_DEFAULT = {
+    "rotate": (False, "input rotation (QuaRot/SpinQuant) is not provided"),
+    "bias": (None, "affine bias quantizers are not provided (use modelopt_lite.quantize(..., zero_point) APIs)"),
+    "backend": (None, "custom quantization backends are not provided"),
+    "backend_extra_args": (None, "custom quantization backends are not provided"),
+}
+#: ModelOpt keys translated to descriptor fields: the amax pinned to a constant (calibration skips the quantizer)
+_PINNED = ("use_constant_amax", "constant_amax")
+#: every ModelOpt-only key ``split_patch`` understands
+PEER_KEYS = frozenset(_ONLY_DEFAULT) | frozenset(_PINNED) | frozenset(PEER_DEFAULTS)
+
+
+def check_peer_extra(key: str, value, label: str):
+    """Validate one of :data:`PEER_DEFAULTS`' settings; returns the value to store."""
+    if key == "trt_high_precision_dtype" and value not in _TRT_DTYPES:
+        raise ValueError(f"{label}: trt_high_precision_dtype must be one of {_TRT_DTYPES}, got {value!r}")
+    if key == "pass_through_bwd" and not isinstance(value, bool):
+        raise TypeError(f"{label}: pass_through_bwd must be a bool, got {value!r}")
+    if key == "effective_bits" and value is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 16:
+            raise ValueError(f"{label}: effective_bits must be None or a number in (0, 16], got {value!r}")
+        value = float(value)
+    return value
+
+
+def translate_peer(attrs: Mapping, label: str) -> dict:
+    """ModelOpt's extra QuantizerAttributeConfig keys -> ours: ``use_constant_amax=True`` is ``amax=448.0`` (the
+    FP8 E4M3 range, as ModelOpt pins it), ``constant_amax=v`` is ``amax=v``; ``rotate``/``bias``/``backend``/
+    ``backend_extra_args`` must be at their no-op value; ``block_size`` (a functional argument, not a quantizer
+    attribute) is rejected with a hint. Other keys pass unchanged."""
+    out = dict(attrs)
+    if "block_size" in out:
+        raise TypeError(
+            f"{label}: 'block_size' is not a quantizer attribute (ModelOpt's fake_tensor_quant takes it for export "
+            "only); give block quantization as block_sizes={-1: N}"
+        )
+    for key, (default, why) in _ONLY_DEFAULT.items():
+        if key in out:
+            value = out.pop(key)
+            off = value is default or value == default or (key == "bias" and value == {"enable": False})
+            if not off:
+                raise ValueError(f"{label}: {key}={value!r} cannot be honoured: {why}")
+    pinned = None
+    if out.pop("use_constant_amax", False):
+        pinned = 448.0
+    if out.get("constant_amax") is not None:
+        v = out["constant_amax"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{label}: constant_amax must be a positive number, got {v!r}")
+        if pinned is not None and float(v) != pinned:
+            raise ValueError(f"{label}: use_constant_amax=True (448) contradicts constant_amax={v!r}")
+        pinned = float(v)
+    out.pop("constant_amax", None)
+    if pinned is not None:
+        if out.get("amax") is not None and out["amax"] != pinned:
+            raise ValueError(f"{label}: a constant amax {pinned} contradicts amax={out['amax']!r}")
+        out["amax"] = pinned
+    return out
+
+
 #: descriptor fields whose change invalidates a calibrated amax (and the calibrators)
 FORMAT_KEYS = ("num_bits", "axis", "block_sizes", "unsigned", "calib_method", "dynamic")
 
@@ -37,6 +103,7 @@ def split_patch(attrs, label: str) -> tuple[dict, dict]:
         raise TypeError(
             f"{label}: the attribute config must be a dict or a ScaledQuantDescriptor, got {type(attrs).__name__}"
         )
+    attrs = translate_peer(attrs, label)
     unknown = [k for k in attrs if k not in _DEFAULTS and k not in EXTRA_KEYS]
     if unknown:
         raise TypeError(
@@ -45,6 +112,9 @@ def split_patch(attrs, label: str) -> tuple[dict, dict]:
         )
     changes = {k: v for k, v in attrs.items() if k in _DEFAULTS}
     extra = {k: v for k, v in attrs.items() if k in EXTRA_KEYS}
+    for k in PEER_DEFAULTS:
+        if k in extra:
+            extra[k] = check_peer_extra(k, extra[k], label)
     return changes, extra
 
 

@@ -71,6 +71,10 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     quantizer) and follows ``.to(device)``.
     """
 
+    #: pytorch-quantization's switch for exporting through torch's fake-quant ops: accepted, not needed (every
+    #: ``torch.onnx.export`` writes standard Q/DQ, see :mod:`modelopt_lite.functional.onnx_qdq`)
+    use_fb_fake_quant = False
+
     def __init__(
         self,
         quant_desc=QUANT_DESC_8BIT_PER_TENSOR,
@@ -92,6 +96,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         self._num_steps = self._check_num_steps(num_steps)
         self._step = 0
         self._calibrators: list | None = None
+        self._peer = dict(cfg.PEER_DEFAULTS)  # ModelOpt's trt_high_precision_dtype / pass_through_bwd / effective_bits
         self._last_rank: int | None = None
         self._device = torch.device("cpu")
         self.register_buffer("_amax", None)
@@ -141,6 +146,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         changes, extra = cfg.split_patch(attrs, self._label())
         new = cfg.patched_descriptor(self._desc, changes, self._label()) if changes else self._desc
         steps = self._check_num_steps(extra.get("num_steps", self._num_steps))
+        self._peer.update({k: v for k, v in extra.items() if k in cfg.PEER_DEFAULTS})
         enable = new.enable if "enable" in changes else None
         reset = cfg.format_changed(self._desc, new) or steps != self._num_steps
         self._desc, self._num_steps = new, steps
@@ -353,7 +359,22 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             self._collect(x)
         if not self._if_quant or x.numel() == 0:
             return x
+        if self._peer["pass_through_bwd"] and x.requires_grad and torch.is_grad_enabled():
+            xd = x.detach()  # ModelOpt's pass_through_bwd=True: the gradient of x passes through unclipped
+            return self._quantize(xd) + (x - xd)
         return self._quantize(x)
+
+    trt_high_precision_dtype = property(
+        lambda self: self._peer["trt_high_precision_dtype"],
+        doc="ModelOpt's TensorRT export dtype of scales (recorded: our Q/DQ scales are float32).",
+    )
+    pass_through_bwd = property(
+        lambda self: self._peer["pass_through_bwd"],
+        doc="True: plain straight-through gradient for x (ModelOpt); False (default): zero outside the range.",
+    )
+    effective_bits = property(
+        lambda self: self._peer["effective_bits"], doc="ModelOpt's auto-quantize cost (recorded)."
+    )
 
     def _collect(self, x: torch.Tensor) -> None:
         try:

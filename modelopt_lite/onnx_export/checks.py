@@ -45,7 +45,10 @@ def quantizers(model: nn.Module):
 
 
 def _is_weight(name: str) -> bool:
-    return name.rsplit(".", 1)[-1].startswith("weight_quantizer")
+    parts = name.split(".")
+    if len(parts) > 1 and parts[-1].isdigit():  # a member of a SequentialQuantizer (``weight_quantizer.0``)
+        parts = parts[:-1]
+    return parts[-1].startswith("weight_quantizer")
 
 
 def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:

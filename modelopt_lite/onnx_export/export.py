@@ -24,6 +24,7 @@ import torch
 from onnx import helper
 from torch import nn
 
+from ..functional import onnx_qdq
 from . import checks, ort_layout, postprocess
 from .graph import OpsetTooLow
 from .inspect import InspectReport, inspect_onnx
@@ -93,7 +94,7 @@ def _eval_mode(model: nn.Module):
 
 
 def _torch_export(model, args, path, *, opset, dynamo, input_names, output_names, dynamic_axes):
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), onnx_qdq.raw_ops():  # markers, not the plain-export Q/DQ
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -31,29 +31,37 @@ from ..formats import int_range
 from ..functional import blocks, library
 from ..functional.checks import check_axes
 from ..functional.scales import scale_from_amax
-from ..nn.modules.quant_conv import QuantConv2d
-from ..nn.modules.quant_linear import QuantLinear
-from ..nn.modules.quant_pooling import QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
+from ..nn.modules._registry import QuantModuleRegistry
 from . import microscaling
 from .checkpoint import save_real
 from .int8_gemm import check_backend
 from .packing import dequantize_weight, pack_int4
 from .pooling import pool_args
-from .real_types import REAL_CLASSES, WEIGHTED_TYPES, build_real_module, real_modules
+from .real_types import FLOAT_CLASSES, REAL_CLASSES, WEIGHTED_TYPES, build_real_module, real_modules
 from .seed_api import finish_calibration, has_pending_calibration
 
 __all__ = ["REAL_CLASSES", "build_real_module", "compress", "fake2real", "real_modules", "revert_to_float"]
 
 log = logging.getLogger(__name__)
 
-#: fake-quant class (exact type) -> the real module type it converts to
-CONVERTIBLE: dict[type, str] = {
-    QuantLinear: "QuantizedLinear",
-    QuantConv2d: "QuantizedConv2d",
-    QuantMaxPool1d: "QuantizedMaxPool1d",
-    QuantMaxPool2d: "QuantizedMaxPool2d",
-    QuantMaxPool3d: "QuantizedMaxPool3d",
-}
+#: float class -> the real module type replacing it (each real type names its float class in ``real_types``)
+_REAL_OF_FLOAT: dict[type, str] = {f: kind for kind, f in FLOAT_CLASSES.items()}
+
+
+def real_kind(module: nn.Module, registry=QuantModuleRegistry) -> str | None:
+    """The real type a quantized module converts to, decided by the registry: ``type(module)`` must be the class
+    registered for a float class (``nn.Linear`` -> ``QuantLinear``) that has a real counterpart
+    (``QuantizedLinear``); None otherwise (a class registered by the user for ``nn.Linear`` converts too, and the
+    conversion still checks it reproduces the fake-quant module bit for bit)."""
+    float_cls = registry.float_class_of(type(module))
+    if float_cls is None or registry.get(float_cls) is not type(module):
+        return None
+    return _REAL_OF_FLOAT.get(float_cls)
+
+
+def convertible_classes(registry=QuantModuleRegistry) -> list[type]:
+    """The quantized classes :func:`fake2real` converts now (the registry's classes for the real types' floats)."""
+    return [q for f in _REAL_OF_FLOAT for q in [registry.get(f)] if q is not None]
 
 
 def _quantizers(module: nn.Module) -> dict:
@@ -280,14 +288,15 @@ def _targets(model: nn.Module, strict: bool):
     for name, m in model.named_modules():
         if not _quantizers(m) or name == "":
             continue
-        if type(m) in CONVERTIBLE:
-            yield name, m, "float" if _all_disabled(m) else CONVERTIBLE[type(m)]
+        kind = real_kind(m)
+        if kind is not None:
+            yield name, m, "float" if _all_disabled(m) else kind
         elif _all_disabled(m) and hasattr(m, "_float_cls"):
             yield name, m, "float"
         elif any(q.is_enabled for q in _quantizers(m).values()):
             msg = (
                 f"fake2real: module {name!r} ({type(m).__name__}) has enabled quantizers but no real INT8 "
-                f"implementation (only {', '.join(c.__name__ for c in CONVERTIBLE)} convert); disable them or "
+                f"implementation (only {', '.join(c.__name__ for c in convertible_classes())} convert); disable them or "
                 "pass strict=False to keep it fake-quantized"
             )
             if strict:

@@ -1,11 +1,9 @@
 """Quantized normalization layers: ``output_quantizer(norm(input_quantizer(x)))`` (the affine parameters and the
 running statistics stay float, as in ModelOpt and pytorch-quantization).
 
-``QuantBatchNorm1d/2d/3d`` (ModelOpt) and ``QuantInstanceNorm1d/2d/3d`` (pytorch-quantization). The BatchNorm
-classes are NOT in the registry by default: ModelOpt converts every BatchNorm and then disables its quantizers in
-its presets; here ``quantize`` keeps the float BatchNorm (a Conv-BN export graph and its ORT agreement stay as
-they were). Opt in with ``modelopt_lite.register(nn.BatchNorm2d, QuantBatchNorm2d)``; the presets still carry
-ModelOpt's ``"nn.BatchNorm2d": {"*": {"enable": False}}`` entries.
+``QuantBatchNorm1d/2d/3d`` (ModelOpt) and ``QuantInstanceNorm1d/2d/3d`` (pytorch-quantization). The presets
+disable the BatchNorm quantizers (``"nn.BatchNorm2d": {"*": {"enable": False}}``), as ModelOpt's do: a BatchNorm
+usually folds into the convolution before it.
 """
 
 from __future__ import annotations
@@ -14,9 +12,9 @@ from torch import nn
 
 from ._input_only import make_input_only
 
-QuantBatchNorm1d = make_input_only(nn.BatchNorm1d, __name__, register=False)
-QuantBatchNorm2d = make_input_only(nn.BatchNorm2d, __name__, register=False)
-QuantBatchNorm3d = make_input_only(nn.BatchNorm3d, __name__, register=False)
+QuantBatchNorm1d = make_input_only(nn.BatchNorm1d, __name__)
+QuantBatchNorm2d = make_input_only(nn.BatchNorm2d, __name__)
+QuantBatchNorm3d = make_input_only(nn.BatchNorm3d, __name__)
 QuantInstanceNorm1d = make_input_only(nn.InstanceNorm1d, __name__)
 QuantInstanceNorm2d = make_input_only(nn.InstanceNorm2d, __name__)
 QuantInstanceNorm3d = make_input_only(nn.InstanceNorm3d, __name__)
