@@ -135,7 +135,7 @@ def quantized_sdpa(
             scores = scores + attn_mask
     probs = torch.softmax(scores, dim=-1)
     if masked:  # a row that attends to nothing: 0, not NaN (torch's SDPA does the same)
-        empty = torch.isneginf(scores.amax(dim=-1, keepdim=True))
+        empty = scores.amax(dim=-1, keepdim=True) == float("-inf")
         probs = torch.where(empty, torch.zeros((), dtype=probs.dtype, device=probs.device), probs)
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p, training=True)

@@ -24,6 +24,15 @@ def _pad_key(mask: torch.Tensor | None) -> torch.Tensor | None:
     return None if mask is None else F.pad(mask, (0, 1))
 
 
+def _same_map(fn, query, key, value):
+    """``fn`` on each of query/key/value, keeping which of them are the same tensor (self-attention projects the
+    packed weight once, as ``nn.MultiheadAttention`` does)."""
+    q = fn(query)
+    k = q if key is query else fn(key)
+    v = k if value is key else (q if value is query else fn(value))
+    return q, k, v
+
+
 @QuantModuleRegistry.register({nn.MultiheadAttention: "nn.MultiheadAttention"})
 class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
     """``nn.MultiheadAttention`` with ``q_bmm``/``k_bmm``/``v_bmm``/``softmax`` quantizers (disabled by default)."""
@@ -72,9 +81,9 @@ class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
             check_other=False,
         )  # fmt: skip
         if self.batch_first and batched:
-            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+            query, key, value = _same_map(lambda x: x.transpose(1, 0), query, key, value)
         if not batched:
-            query, key, value = (x.unsqueeze(1) for x in (query, key, value))
+            query, key, value = _same_map(lambda x: x.unsqueeze(1), query, key, value)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         out, probs = self._attention(query, key, value, key_padding_mask, attn_mask, is_causal)
