@@ -24,6 +24,11 @@ from .presets import (
     PRESETS,
     W4A8_CFG,
 )
+from .presets_attention import (
+    FP8_ATTENTION_CFG,
+    INT8_ATTENTION_CFG,
+    INT8_SMOOTHQUANT_ATTENTION_CFG,
+)
 from .presets_mx import (
     MXFP4_DEFAULT_CFG,
     MXFP8_DEFAULT_CFG,
@@ -58,6 +63,9 @@ __all__ = [
     "MXFP8_DEFAULT_CFG",
     "MXFP4_DEFAULT_CFG",
     "MXINT8_DEFAULT_CFG",
+    "INT8_ATTENTION_CFG",
+    "INT8_SMOOTHQUANT_ATTENTION_CFG",
+    "FP8_ATTENTION_CFG",
     "QuantConfigError",
     "QuantModuleRegistry",
     "calibrate",

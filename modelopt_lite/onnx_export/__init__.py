@@ -7,11 +7,15 @@
   where ONNX Runtime and torch start to disagree.
 """
 
+from .attention_check import AttentionMatMul, attention_matmuls, float_rounding_only
 from .export import ExportReport, export_onnx
 from .inspect import InspectReport, inspect_onnx
 from .ort_divergence import DivergenceReport, QuantizerDiff, compare_with_onnxruntime
 
 __all__ = [
+    "AttentionMatMul",
+    "attention_matmuls",
+    "float_rounding_only",
     "DivergenceReport",
     "ExportReport",
     "InspectReport",
