@@ -5,6 +5,7 @@ from ._input_only import QuantInputOnlyMixin
 from ._registry import QuantModuleRegistry, QuantModuleRegistryCls
 from .clip import Clip
 from .quant_activations import LeakyReLU, QuantLeakyReLU
+from .quant_add import QuantResidualAdd, ResidualAdd
 from .quant_conv import Conv1d, Conv2d, Conv3d, QuantConv1d, QuantConv2d, QuantConv3d
 from .quant_conv_transpose import (
     ConvTranspose1d,
@@ -96,6 +97,7 @@ QUANT_MODULE_CLASSES = (
     QuantRNNCell,
     QuantMatMul,
     QuantAdd,
+    QuantResidualAdd,
 )
 
 __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
@@ -107,6 +109,7 @@ __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "Clip",
     "MatMul",
     "Add",
+    "ResidualAdd",
     "GemmQuantizers",
     "CellQuantizers",
     "Linear",
