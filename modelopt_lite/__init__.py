@@ -67,6 +67,10 @@ _LAZY = {
     "INT8_ORT_REDUCED_RANGE_CFG": "modelopt_lite.conversion.config",
     "INT8_SMOOTHQUANT_CFG": "modelopt_lite.conversion.config",
     "smooth_quant": "modelopt_lite.conversion.smoothquant",
+    "INT8_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
+    "INT8_SMOOTHQUANT_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
+    "FP8_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
+    "register_attention_module": "modelopt_lite.nn.modules.quant_attention_hf",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",

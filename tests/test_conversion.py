@@ -174,7 +174,7 @@ def test_default_registry_map():
         if name.startswith("Quant") and isinstance(cls, type) and hasattr(cls, "_float_cls"):
             assert reg.get(cls._float_cls) is (None if "BatchNorm" in name else cls), name
     assert reg[nn.Linear] is qnn.QuantLinear and reg[qnn.MatMul] is qnn.QuantMatMul
-    assert len(reg) == len(qnn.QUANT_MODULE_CLASSES) - 3 == 30
+    assert len(reg) == len(qnn.QUANT_MODULE_CLASSES) - 3 == 31  # 29 + nn.MultiheadAttention + ResidualAdd
 
 
 def test_unregister_default_then_register_back():

@@ -24,6 +24,11 @@ from .presets import (
     PRESETS,
     W4A8_CFG,
 )
+from .presets_attention import (
+    FP8_ATTENTION_CFG,
+    INT8_ATTENTION_CFG,
+    INT8_SMOOTHQUANT_ATTENTION_CFG,
+)
 from .quant_steps import quant_step, set_quant_step
 from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
@@ -44,6 +49,9 @@ __all__ = [
     "INT8_ORT_CFG",
     "INT8_SMOOTHQUANT_CFG",
     "W4A8_CFG",
+    "INT8_ATTENTION_CFG",
+    "INT8_SMOOTHQUANT_ATTENTION_CFG",
+    "FP8_ATTENTION_CFG",
     "QuantConfigError",
     "QuantModuleRegistry",
     "calibrate",

@@ -65,8 +65,7 @@ def _convert_tree(model: nn.Module, registry: QuantModuleRegistryCls, record: _R
         return new
 
     root = convert(model)
-    if root is not None:
-        return root
+    model = model if root is None else root
     visited = {id(model)}
     stack = [model]
     while stack:
@@ -78,7 +77,8 @@ def _convert_tree(model: nn.Module, registry: QuantModuleRegistryCls, record: _R
             if new is not None:
                 record.done.append((module, attr, child))
                 setattr(module, attr, new)
-            elif id(child) not in visited:
+                child = new  # a converted module's children are converted too (an attention module's Linears)
+            if id(child) not in visited:
                 visited.add(id(child))
                 stack.append(child)
     return model

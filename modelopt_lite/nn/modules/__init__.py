@@ -6,6 +6,8 @@ from ._registry import QuantModuleRegistry, QuantModuleRegistryCls
 from .clip import Clip
 from .quant_activations import LeakyReLU, QuantLeakyReLU
 from .quant_add import QuantResidualAdd, ResidualAdd
+from .quant_attention import ATTENTION_QUANTIZERS, AttentionQuantMode, QuantAttentionModule, quantized_sdpa
+from .quant_attention_hf import register_attention_module
 from .quant_conv import Conv1d, Conv2d, Conv3d, QuantConv1d, QuantConv2d, QuantConv3d
 from .quant_conv_transpose import (
     ConvTranspose1d,
@@ -18,6 +20,7 @@ from .quant_conv_transpose import (
 from .quant_embedding import Embedding, QuantEmbedding
 from .quant_functional import Add, MatMul, QuantAdd, QuantMatMul
 from .quant_linear import Linear, QuantLinear
+from .quant_mha import QuantMultiheadAttention
 from .quant_norm import (
     BatchNorm1d,
     BatchNorm2d,
@@ -98,6 +101,7 @@ QUANT_MODULE_CLASSES = (
     QuantMatMul,
     QuantAdd,
     QuantResidualAdd,
+    QuantMultiheadAttention,
 )
 
 __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
@@ -106,6 +110,11 @@ __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "QuantInputOnlyMixin",
     "QuantModuleRegistry",
     "QuantModuleRegistryCls",
+    "ATTENTION_QUANTIZERS",
+    "AttentionQuantMode",
+    "QuantAttentionModule",
+    "quantized_sdpa",
+    "register_attention_module",
     "Clip",
     "MatMul",
     "Add",

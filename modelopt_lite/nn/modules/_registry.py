@@ -65,6 +65,35 @@ class QuantModuleRegistryCls:
     def __init__(self) -> None:
         self._map: dict[type, tuple[type, str]] = {}
         self._lock = threading.RLock()
+        self._finders: list[Callable[[type], type | None]] = []
+        self._asked: set[type] = set()  # classes the finders were asked about (each is asked once)
+        self._removed: set[type] = set()  # unregistered classes: never brought back by a finder
+
+    # --- finders: classes registered on first sight ----------------------------------------------------------------
+    def add_finder(self, finder: Callable[[type], type | None]) -> None:
+        """Ask ``finder(float_cls) -> quantized class or None`` about each unregistered class looked up (once per
+        class); a class it answers for is registered (key: the class name). Used for families of third-party
+        classes, e.g. Hugging Face attention modules (see ``quant_attention_hf``)."""
+        if not callable(finder):
+            raise TypeError(f"add_finder: expected a callable, got {finder!r}")
+        with self._lock:
+            self._finders.append(finder)
+            self._asked = set(self._removed)
+
+    def _entry(self, float_cls) -> tuple[type, str] | None:
+        entry = self._map.get(float_cls)
+        if entry is not None or not self._finders or not isinstance(float_cls, type):
+            return entry
+        with self._lock:
+            if float_cls in self._asked:
+                return self._map.get(float_cls)
+            self._asked.add(float_cls)
+            for finder in self._finders:
+                quant_cls = finder(float_cls)
+                if quant_cls is not None:
+                    self.add(float_cls, quant_cls, float_cls.__name__)
+                    break
+            return self._map.get(float_cls)
 
     # --- registration ------------------------------------------------------------------------------------------
     def register(self, cls_to_key: Mapping[type, str]) -> Callable[[type], type]:
@@ -93,6 +122,7 @@ class QuantModuleRegistryCls:
             key = f"nn.{float_cls.__name__}" if float_cls.__module__.startswith("torch.") else _name(float_cls)
         with self._lock:
             self._map[float_cls] = (quant_cls, key)
+            self._removed.discard(float_cls)
         return quant_cls
 
     def unregister(self, float_cls: type) -> type:
@@ -104,23 +134,25 @@ class QuantModuleRegistryCls:
         with self._lock:
             if float_cls not in self._map:
                 raise ValueError(f"unregister: {_name(float_cls)} is not registered for quantization")
+            self._asked.add(float_cls)  # a finder does not bring it back
+            self._removed.add(float_cls)
             return self._map.pop(float_cls)[0]
 
     # --- lookup --------------------------------------------------------------------------------------------------
     def get(self, float_cls: type, default: type | None = None) -> type | None:
         """The quantized class registered for exactly ``float_cls`` (subclasses do not match), or ``default``."""
-        entry = self._map.get(float_cls)
+        entry = self._entry(float_cls)
         return default if entry is None else entry[0]
 
     def __getitem__(self, float_cls: type) -> type:
-        entry = self._map.get(float_cls)
+        entry = self._entry(float_cls)
         if entry is None:
             raise KeyError(f"{_name(float_cls)} is not registered for quantization")
         return entry[0]
 
     def get_key(self, float_cls: type) -> str | None:
         """The key (``"nn.Linear"``) ``float_cls`` was registered with, or None."""
-        entry = self._map.get(float_cls)
+        entry = self._entry(float_cls)
         return None if entry is None else entry[1]
 
     def float_class_of(self, quant_cls: type) -> type | None:
@@ -143,7 +175,7 @@ class QuantModuleRegistryCls:
     def __contains__(self, cls_or_module) -> bool:
         """``nn.Linear in registry`` or ``module in registry`` (exact type)."""
         cls = cls_or_module if isinstance(cls_or_module, type) else type(cls_or_module)
-        return cls in self._map
+        return self._entry(cls) is not None
 
     def __len__(self) -> int:
         return len(self._map)
