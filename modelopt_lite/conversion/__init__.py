@@ -29,6 +29,7 @@ from .presets_attention import (
     INT8_ATTENTION_CFG,
     INT8_SMOOTHQUANT_ATTENTION_CFG,
 )
+from .presets_kv import FP8_KV_CFG, INT8_KV_CFG, with_kv_cache
 from .quant_steps import quant_step, set_quant_step
 from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
@@ -52,6 +53,9 @@ __all__ = [
     "INT8_ATTENTION_CFG",
     "INT8_SMOOTHQUANT_ATTENTION_CFG",
     "FP8_ATTENTION_CFG",
+    "FP8_KV_CFG",
+    "INT8_KV_CFG",
+    "with_kv_cache",
     "QuantConfigError",
     "QuantModuleRegistry",
     "calibrate",

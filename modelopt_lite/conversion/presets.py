@@ -11,6 +11,7 @@ import copy
 
 from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS, CT_KEYS, INT8_A, INT8_W, int8_ct_weights, preset
 from .presets_attention import ATTENTION_PRESETS
+from .presets_kv import KV_PRESETS
 
 #: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
 #: max calibration.
@@ -97,4 +98,5 @@ PRESETS = {
     "INT8_ORT_REDUCED_RANGE_CFG": INT8_ORT_REDUCED_RANGE_CFG,
     "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
     **ATTENTION_PRESETS,
+    **KV_PRESETS,
 }

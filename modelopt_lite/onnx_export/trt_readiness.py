@@ -160,6 +160,15 @@ class _View:
                 return self.layer_output(b, depth + 1)
         return None
 
+    def derives_from(self, name: str, target: str, depth: int = 0) -> bool:
+        """``name`` is computed from ``target`` within a few ops (e.g. ``x + 0.044715 * x**3`` inside a GELU)."""
+        if name == target:
+            return True
+        node = self.producers.get(name)
+        if node is None or depth > 4:
+            return False
+        return any(self.derives_from(i, target, depth + 1) for i in node.input if i)
+
     def feeds_softmax(self, name: str, depth: int = 0) -> bool:
         for c in self.consumers.get(name, []):
             if c.op_type == "Softmax":
@@ -233,6 +242,9 @@ def _check_add(view: _View, n: onnx.NodeProto) -> PatternCheck | None:
     layers = [None if dq[i] else view.layer_output(x) for i, x in enumerate(n.input)]
     if not any(dq) and not any(layers):
         return None
+    for i, layer in enumerate(layers):  # an element-wise function of one layer output (GELU's x + c * x**3)
+        if layer is not None and view.derives_from(n.input[1 - i], n.input[i]):
+            return None
     if all(dq):
         srcs = [view.source(view.source(i)[1].input[0]) for i in n.input]  # type: ignore[union-attr]
         requant = [view.layer_output(q.input[0]) for _, q in srcs if q is not None and q.op_type in Q_OPS]
