@@ -222,3 +222,24 @@ def test_exported_blocks_with_and_without_residual_add_module(tmp_path, capsys):
     assert "  residual Add: 0 of 1 in place (1 missing)" in out
     assert "  float ops left: Add 1, Relu 1" in out
     assert "TensorRT readiness" not in mtq.inspect_onnx(paths[True]).format(tensorrt=False)
+
+
+def test_an_elementwise_function_of_one_layer_output_is_not_a_residual_add():
+    """GELU (tanh form) adds ``x`` and ``c * x**3`` of the same GEMM output: no residual, and a real residual Add
+    after it is still found."""
+    inits, wdq = _wdq("w", [4, 4], axis=1)
+    inits += _common() + [_init("c", np.float32(0.044715)), _init("three", np.float32(3.0))]
+    nodes = [
+        *_qdq("x", "x"),
+        wdq,
+        helper.make_node("MatMul", ["x_dq", "w_w"], ["h"], name="fc"),
+        helper.make_node("Pow", ["h", "three"], ["h3"], name="pow"),
+        helper.make_node("Mul", ["h3", "c"], ["ch3"], name="mul"),
+        helper.make_node("Add", ["h", "ch3"], ["inner"], name="gelu_add"),
+        helper.make_node("Tanh", ["inner"], ["t"], name="tanh"),
+        helper.make_node("MatMul", ["t", "w_w"], ["h2"], name="fc2"),
+        helper.make_node("Add", ["h2", "x"], ["out"], name="residual"),
+    ]
+    rep = check_readiness(_model(nodes, [("x", [2, 4])], ["out"], inits))
+    assert [c.node for c in rep.by_pattern("residual Add")] == ["Add 'residual'"]
+    assert rep.float_ops == {"Add": 2, "Mul": 1, "Pow": 1, "Tanh": 1}
