@@ -76,6 +76,9 @@ _LAZY = {
     "INT8_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
     "INT8_SMOOTHQUANT_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
     "FP8_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
+    "FP8_KV_CFG": "modelopt_lite.conversion.presets_kv",
+    "INT8_KV_CFG": "modelopt_lite.conversion.presets_kv",
+    "with_kv_cache": "modelopt_lite.conversion.presets_kv",
     "register_attention_module": "modelopt_lite.nn.modules.quant_attention_hf",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",

@@ -29,6 +29,7 @@ from .presets_attention import (
     INT8_ATTENTION_CFG,
     INT8_SMOOTHQUANT_ATTENTION_CFG,
 )
+from .presets_kv import FP8_KV_CFG, INT8_KV_CFG, with_kv_cache
 from .presets_mx import (
     MXFP4_DEFAULT_CFG,
     MXFP8_DEFAULT_CFG,
@@ -66,6 +67,9 @@ __all__ = [
     "INT8_ATTENTION_CFG",
     "INT8_SMOOTHQUANT_ATTENTION_CFG",
     "FP8_ATTENTION_CFG",
+    "FP8_KV_CFG",
+    "INT8_KV_CFG",
+    "with_kv_cache",
     "QuantConfigError",
     "QuantModuleRegistry",
     "calibrate",

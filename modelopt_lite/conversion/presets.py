@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 
 from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS, CT_KEYS, INT8_A, INT8_W, int8_ct_weights, preset
-from .presets_mx import MX_PRESETS
 from .presets_attention import ATTENTION_PRESETS
+from .presets_kv import KV_PRESETS
+from .presets_mx import MX_PRESETS
 
 #: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
 #: max calibration.
@@ -99,4 +100,5 @@ PRESETS = {
     "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
     **MX_PRESETS,
     **ATTENTION_PRESETS,
+    **KV_PRESETS,
 }

@@ -3,7 +3,8 @@
 Quantized modules: ``QuantLinear``, ``QuantConv1d/2d/3d``, ``QuantConvTranspose1d/2d/3d``, ``QuantMaxPool1/2/3d``,
 ``QuantAvgPool1/2/3d``, ``QuantAdaptiveAvgPool1/2/3d``, ``QuantBatchNorm1/2/3d``, ``QuantInstanceNorm1/2/3d``,
 ``QuantLeakyReLU``, ``QuantEmbedding``, ``QuantLSTM``/``QuantGRU``/``QuantRNN`` and their cells, ``QuantMatMul`` and
-``QuantAdd`` (with the float helper modules ``MatMul`` and ``Add``); ``Clip`` and :mod:`.functional` (``clip``) as in
+``QuantAdd`` (with the float helper modules ``MatMul`` and ``Add``), ``QuantResidualAdd`` (``ResidualAdd``: the
+skip branch quantized, as TensorRT fuses residual adds); ``Clip`` and :mod:`.functional` (``clip``) as in
 pytorch-quantization. The short aliases ``Linear``, ``Conv2d``, ... name the quantized classes, as in
 pytorch-quantization's ``quant_nn``. ``QuantModuleRegistry`` maps each float class to its quantized class.
 """

@@ -4,7 +4,12 @@ For every QuantizeLinear / DequantizeLinear (standard or TensorRT's ``trt::TRT_F
 dtype and the granularity (per tensor, per channel = ``axis`` with a 1-D scale, block = ``block_size``). For every
 compute op (Conv, ConvTranspose, MatMul, Gemm, and the element-wise Add/Sub/Mul/Div between activations) it checks
 whether its data inputs come from a DequantizeLinear (looking through shape-only ops TensorRT propagates Q/DQ
-through); those that do not are listed as running in float.
+through); those that do not are listed as running in float. A residual Add whose one input is a Conv/GEMM output
+and whose other input is dequantized is fused into that layer by TensorRT and counts as quantized.
+
+The report also carries a TensorRT-readiness section (:mod:`.trt_readiness`): per fusion pattern (attention
+MatMuls, GEMM/MatMul with weights, Conv, residual Add) whether Q/DQ sits where TensorRT needs it, and the float
+ops left by op type.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import onnx
 from onnx import TensorProto
 
 from .graph import attr
+from .trt_readiness import TrtReadiness, check_readiness
 
 #: ops with weights: every data input must be dequantized (inputs 0 and 1; bias excluded)
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -39,6 +45,7 @@ class InspectReport:
     unquantized: list[str] = field(default_factory=list)  # "Gemm '/fc/Gemm' input 0 (x)"
     compute_ops: int = 0
     quantized_ops: int = 0
+    tensorrt: TrtReadiness | None = None
 
     @property
     def num_quantize(self) -> int:
@@ -51,8 +58,8 @@ class InspectReport:
     def __str__(self) -> str:
         return self.format()
 
-    def format(self) -> str:
-        """A printable multi-line summary."""
+    def format(self, tensorrt: bool = True) -> str:
+        """A printable multi-line summary (with the TensorRT-readiness section unless ``tensorrt=False``)."""
         lines = [
             f"{self.path}: opset {self.opset}, {self.file_size / 1024:.1f} KiB",
             "nodes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.node_counts.items())),
@@ -63,6 +70,8 @@ class InspectReport:
         if self.unquantized:
             lines.append("inputs left in float (TensorRT would run these in higher precision):")
             lines += [f"  {u}" for u in self.unquantized]
+        if tensorrt and self.tensorrt is not None:
+            lines += self.tensorrt.format()
         return "\n".join(lines)
 
 
@@ -99,8 +108,10 @@ def _dequantized(name, producers, inits, depth=0) -> bool:
     return False
 
 
-def _is_constant(name, producers, inits) -> bool:
+def _is_constant(name, producers, inits, depth=0) -> bool:
     node = producers.get(name)
+    if node is not None and node.op_type in _PASS_THROUGH and depth < 8:  # e.g. an Identity of a shared bias
+        return _is_constant(node.input[0], producers, inits, depth + 1)
     return name in inits or (node is not None and node.op_type == "Constant")
 
 
@@ -115,6 +126,8 @@ def inspect_onnx(path_or_model) -> InspectReport:
     inits = {t.name: t for t in g.initializer}
     producers = {o: n for n in g.node for o in n.output}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    readiness = check_readiness(model)
+    fused = {c.node for c in readiness.checks if c.status == "fused"}
     qdq: Counter = Counter()
     unquantized = []
     compute = quantized = 0
@@ -128,6 +141,10 @@ def inspect_onnx(path_or_model) -> InspectReport:
                 data = [(i, x) for i, x in enumerate(n.input) if not _is_constant(x, producers, inits)]
                 if len(data) < 2:  # x + constant (a bias add): TensorRT fuses it into the producer
                     continue
+                if f"{n.op_type} {n.name or n.output[0]!r}" in fused:  # residual Add fused into its Conv/GEMM
+                    compute += 1
+                    quantized += 1
+                    continue
             compute += 1
             missing = [(i, x) for i, x in data if x and not _dequantized(x, producers, inits)]
             if missing:
@@ -135,4 +152,4 @@ def inspect_onnx(path_or_model) -> InspectReport:
             else:
                 quantized += 1
     counts = Counter(n.op_type for n in g.node)
-    return InspectReport(path, opset, size, dict(counts), dict(qdq), unquantized, compute, quantized)
+    return InspectReport(path, opset, size, dict(counts), dict(qdq), unquantized, compute, quantized, readiness)

@@ -5,6 +5,7 @@ from ._input_only import QuantInputOnlyMixin
 from ._registry import QuantModuleRegistry, QuantModuleRegistryCls
 from .clip import Clip
 from .quant_activations import LeakyReLU, QuantLeakyReLU
+from .quant_add import QuantResidualAdd, ResidualAdd
 from .quant_attention import ATTENTION_QUANTIZERS, AttentionQuantMode, QuantAttentionModule, quantized_sdpa
 from .quant_attention_hf import register_attention_module
 from .quant_conv import Conv1d, Conv2d, Conv3d, QuantConv1d, QuantConv2d, QuantConv3d
@@ -99,6 +100,7 @@ QUANT_MODULE_CLASSES = (
     QuantRNNCell,
     QuantMatMul,
     QuantAdd,
+    QuantResidualAdd,
     QuantMultiheadAttention,
 )
 
@@ -116,6 +118,7 @@ __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "Clip",
     "MatMul",
     "Add",
+    "ResidualAdd",
     "GemmQuantizers",
     "CellQuantizers",
     "Linear",

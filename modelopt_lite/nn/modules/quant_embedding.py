@@ -3,6 +3,13 @@
 The input is indices, so there is no input quantizer. Default weight quantization: 8-bit per row (axis 0, one amax
 per embedding vector). ``max_norm`` renormalizes the float table in place first, as ``nn.Embedding`` does; the
 quantized rows are then looked up. ``output_quantizer`` (disabled by default) applies to the looked-up vectors.
+Any weight format works: per-row INT8/INT4 (``axis=0``), FP8 E4M3 per row or per tensor, INT4 blocks along the row.
+
+ONNX export: the table is stored quantized (INT8/INT4/FLOAT8E4M3FN initializer) and dequantized *before* the
+lookup, ``codes -> DequantizeLinear(axis 0) -> Gather(indices)``. Gathering after dequantization copies exact
+values, so ONNX Runtime reproduces torch bit for bit; it is also the layout ModelOpt's ONNX INT4 pass writes for
+Gather weights, which TensorRT parses as a weight DequantizeLinear feeding Gather. (The other order, ``Gather`` of
+the codes then ``DequantizeLinear``, would need per-index scales, which standard DequantizeLinear cannot take.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""KV-cache presets: quantize the keys and values that enter a decoder's attention matmuls.
+
+The ``k_bmm_quantizer`` / ``v_bmm_quantizer`` of a quantized attention module (Hugging Face GPT-2, Llama, ...:
+:mod:`modelopt_lite.nn.modules.quant_attention`) see K and V as attention uses them: with a KV cache, the cached
+keys/values of earlier steps concatenated with the new ones. A per-tensor static scale makes that the same as
+storing the cache quantized (fake quantization is element-wise and idempotent for a fixed scale), which is what
+TensorRT-LLM's FP8/INT8 KV cache computes.
+
+- :data:`FP8_KV_CFG`: ModelOpt's preset of that name: ``"*[kv]_bmm_quantizer"`` FP8 E4M3 per tensor;
+- :data:`INT8_KV_CFG`: the same with INT8 per tensor.
+
+ModelOpt's ``FP8_AFFINE_KV_CFG`` (a static per-head, per-channel bias subtracted before the FP8 cast) needs an
+affine ``bias`` on the quantizer, which :class:`~modelopt_lite.nn.TensorQuantizer` does not have: it is not
+provided here.
+
+As in ModelOpt, a KV preset is meant to be combined with a model preset: :func:`with_kv_cache` adds its KV entries
+to another config (``with_kv_cache(FP8_DEFAULT_CFG, FP8_KV_CFG)``). Used alone, it quantizes the KV cache only
+(everything else off: presets start with ``"default": {"enable": False}``), max calibrated.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .preset_base import DEFAULT_DISABLED, preset
+
+#: the pattern ModelOpt's KV presets use: the key and value inputs of the attention matmuls
+KV_PATTERN = "*[kv]_bmm_quantizer"
+
+#: FP8 E4M3 per-tensor keys and values (ModelOpt's FP8_KV_CFG entry), max calibration
+FP8_KV_CFG = preset({KV_PATTERN: {"num_bits": (4, 3), "axis": None, "enable": True}}, "max")
+
+#: INT8 per-tensor keys and values, max calibration
+INT8_KV_CFG = preset({KV_PATTERN: {"num_bits": 8, "axis": None, "calib_method": "max", "enable": True}}, "max")
+
+#: the KV presets by name (merged into :data:`~.presets.PRESETS`)
+KV_PRESETS = {"FP8_KV_CFG": FP8_KV_CFG, "INT8_KV_CFG": INT8_KV_CFG}
+
+
+def with_kv_cache(config: dict, kv_config: dict) -> dict:
+    """A new config: ``config`` plus the KV-cache entries of ``kv_config`` (neither is modified).
+
+    The KV entries are inserted before ``config``'s trailing default-disabled entries, so those still win; the
+    algorithm and the other settings are ``config``'s.
+
+    Raises:
+        TypeError: either config is not a dict with a ``"quant_cfg"`` dict.
+    """
+    for what, c in (("config", config), ("kv_config", kv_config)):
+        if not isinstance(c, dict) or not isinstance(c.get("quant_cfg"), dict):
+            raise TypeError(f"with_kv_cache: {what} must be a dict with a 'quant_cfg' dict, got {c!r:.80}")
+    kv = {k: v for k, v in kv_config["quant_cfg"].items() if k != "default" and k not in DEFAULT_DISABLED}
+    if not kv:
+        raise ValueError("with_kv_cache: kv_config has no KV-cache entries (e.g. '*[kv]_bmm_quantizer')")
+    out = copy.deepcopy(config)
+    base = out["quant_cfg"]
+    head = {k: v for k, v in base.items() if k not in DEFAULT_DISABLED and k not in kv}
+    tail = {k: v for k, v in base.items() if k in DEFAULT_DISABLED and k not in kv}
+    out["quant_cfg"] = {**head, **copy.deepcopy(kv), **tail}
+    return out
