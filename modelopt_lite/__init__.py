@@ -67,6 +67,9 @@ _LAZY = {
     "INT8_ORT_REDUCED_RANGE_CFG": "modelopt_lite.conversion.config",
     "INT8_SMOOTHQUANT_CFG": "modelopt_lite.conversion.config",
     "smooth_quant": "modelopt_lite.conversion.smoothquant",
+    "INT4_AWQ_CFG": "modelopt_lite.conversion.presets_awq",
+    "W4A8_AWQ_BETA_CFG": "modelopt_lite.conversion.presets_awq",
+    "awq": "modelopt_lite.conversion.awq",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",

@@ -4,6 +4,7 @@ The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quan
 """
 
 from .algorithm_registry import ALGORITHMS, register_algorithm
+from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .config import QuantConfigError, normalize_config
 from .model_quant import (
     calibrate,
@@ -24,6 +25,7 @@ from .presets import (
     PRESETS,
     W4A8_CFG,
 )
+from .presets_awq import INT4_AWQ_CFG, W4A8_AWQ_BETA_CFG
 from .quant_steps import quant_step, set_quant_step
 from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
@@ -36,13 +38,16 @@ from .utils import named_quantizers
 
 __all__ = [
     "ALGORITHMS",
+    "awq",
     "PRESETS",
     "FP8_DEFAULT_CFG",
+    "INT4_AWQ_CFG",
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
     "INT8_DEFAULT_CFG",
     "INT8_HISTOGRAM_CFG",
     "INT8_ORT_CFG",
     "INT8_SMOOTHQUANT_CFG",
+    "W4A8_AWQ_BETA_CFG",
     "W4A8_CFG",
     "QuantConfigError",
     "QuantModuleRegistry",

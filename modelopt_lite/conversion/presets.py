@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 
 from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS, CT_KEYS, INT8_A, INT8_W, int8_ct_weights, preset
+from .presets_awq import AWQ_PRESETS
 
 #: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
 #: max calibration.
@@ -95,4 +96,5 @@ PRESETS = {
     "INT8_ORT_CFG": INT8_ORT_CFG,
     "INT8_ORT_REDUCED_RANGE_CFG": INT8_ORT_REDUCED_RANGE_CFG,
     "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
+    **AWQ_PRESETS,
 }
