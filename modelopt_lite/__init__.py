@@ -80,6 +80,9 @@ _LAZY = {
     "INT8_KV_CFG": "modelopt_lite.conversion.presets_kv",
     "with_kv_cache": "modelopt_lite.conversion.presets_kv",
     "register_attention_module": "modelopt_lite.nn.modules.quant_attention_hf",
+    "INT4_AWQ_CFG": "modelopt_lite.conversion.presets_awq",
+    "W4A8_AWQ_BETA_CFG": "modelopt_lite.conversion.presets_awq",
+    "awq": "modelopt_lite.conversion.awq",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",

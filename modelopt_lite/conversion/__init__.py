@@ -4,6 +4,7 @@ The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quan
 """
 
 from .algorithm_registry import ALGORITHMS, register_algorithm
+from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .config import QuantConfigError, normalize_config
 from .model_quant import (
     calibrate,
@@ -29,6 +30,7 @@ from .presets_attention import (
     INT8_ATTENTION_CFG,
     INT8_SMOOTHQUANT_ATTENTION_CFG,
 )
+from .presets_awq import INT4_AWQ_CFG, W4A8_AWQ_BETA_CFG
 from .presets_kv import FP8_KV_CFG, INT8_KV_CFG, with_kv_cache
 from .presets_mx import (
     MXFP4_DEFAULT_CFG,
@@ -50,13 +52,16 @@ from .utils import named_quantizers
 
 __all__ = [
     "ALGORITHMS",
+    "awq",
     "PRESETS",
     "FP8_DEFAULT_CFG",
+    "INT4_AWQ_CFG",
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
     "INT8_DEFAULT_CFG",
     "INT8_HISTOGRAM_CFG",
     "INT8_ORT_CFG",
     "INT8_SMOOTHQUANT_CFG",
+    "W4A8_AWQ_BETA_CFG",
     "W4A8_CFG",
     "NVFP4_DEFAULT_CFG",
     "W4A16_NVFP4_CFG",

@@ -11,6 +11,7 @@ import copy
 
 from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS, CT_KEYS, INT8_A, INT8_W, int8_ct_weights, preset
 from .presets_attention import ATTENTION_PRESETS
+from .presets_awq import AWQ_PRESETS
 from .presets_kv import KV_PRESETS
 from .presets_mx import MX_PRESETS
 
@@ -101,4 +102,5 @@ PRESETS = {
     **MX_PRESETS,
     **ATTENTION_PRESETS,
     **KV_PRESETS,
+    **AWQ_PRESETS,
 }
