@@ -5,6 +5,7 @@ The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quan
 
 from .algorithm_registry import ALGORITHMS, register_algorithm
 from .config import QuantConfigError, normalize_config
+from .gptq import run_gptq  # registers the "gptq" algorithm
 from .model_quant import (
     calibrate,
     calibrate_loop,
@@ -58,6 +59,7 @@ __all__ = [
     "quant_step",
     "quantize",
     "register_algorithm",
+    "run_gptq",
     "register",
     "registered",
     "replace_quant_module",
