@@ -118,6 +118,7 @@ def test_minilm_demo_targets_torch_side(tmp_path):
         ("INT8 W8A8", ""),
         ("INT8 W8A8", "W8A8"),
         ("FP8 E4M3", "FP8"),
+        ("INT4 blk128 GPTQ", ""),
     ]
     assert r.rows[0].cos_mean == pytest.approx(1.0) and r.rows[0].top1_acc == 100.0  # unambiguous pairs in FP32
     assert [c for c, ok in r.target_checks() if not ok] == []

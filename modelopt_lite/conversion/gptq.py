@@ -15,7 +15,8 @@ Flow of ``quantize(model, cfg, forward_loop)`` with this algorithm:
    (after the layer's input quantizer, as the layer computes) in float64; the layers before it already carry their
    GPTQ weights, so the inputs reflect their quantization. With ``torch.distributed`` initialized, the Hessian and
    the token count are summed over the ranks (each rank runs its own share of the data), so every rank solves the
-   same problem;
+   same problem as one process with all the data (the float64 sum is only added up in another order: the tests
+   find the same weights and amaxes, bit for bit);
 3. :func:`~.gptq_solver.gptq_quantize` solves each layer of the group (one inverse-Hessian factor per group; layers
    with the same per-row grid are stacked into one matrix) and writes the quantized weight into the layer and the
    scales as the weight quantizer's static amax, so ``weight_quantizer(weight)`` equals the stored weight exactly.

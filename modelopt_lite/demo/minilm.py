@@ -257,6 +257,14 @@ def run(
         ("INT8 W8A8", "max, all 36 Linear", mtq.INT8_DEFAULT_CFG, "", "int8_all"),
         ("INT8 W8A8", "SmoothQuant 0.8, all 36", mtq.INT8_SMOOTHQUANT_CFG, "W8A8", "int8"),
         ("FP8 E4M3", "max, all 36 Linear", mtq.FP8_DEFAULT_CFG, "FP8", "fp8"),
+        # weight-only: {"method": "gptq"} on the INT4 block-128 config (ModelOpt 0.47 has no GPTQ preset)
+        (
+            "INT4 blk128 GPTQ",
+            "weight-only, all 36",
+            {**mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": "gptq"},
+            "",
+            "int4_gptq",
+        ),
     ]
     rows = []
     findings = {}
