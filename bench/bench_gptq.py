@@ -3,11 +3,13 @@
 Setup as the MiniLM demo (``modelopt_lite/demo/minilm.py``): 256 built-in calibration sentences in batches of 32
 (max 64 tokens), metric = mean cosine similarity of the mean-pooled embeddings to FP32 on the held-out retrieval
 set (96 sentences). Reported: the CPU, the load average before and after, round-to-nearest (max calibration), our
-GPTQ (``{"method": "gptq"}``, default ``perc_damp=0.01, block_size=128``; ``--desc-act`` adds act-order) and, in
+GPTQ (``{"method": "gptq"}``, default ``perc_damp=0.01, block_size=128``; ``--desc-act`` and ``--clip-search``
+add those variants) and, in
 the same run when ``modelopt`` is importable, ModelOpt's GPTQ (``INT4_BLOCKWISE_WEIGHT_ONLY_CFG`` with
 ``"algorithm": {"method": "gptq"}``). Times are wall-clock seconds of ``quantize`` (calibration passes included).
 
-Run: ``PYTHONPATH=$PWD HF_HUB_OFFLINE=1 python bench/bench_gptq.py [--threads N] [--desc-act] [--no-peer]``.
+Run: ``PYTHONPATH=$PWD HF_HUB_OFFLINE=1 python bench/bench_gptq.py [--threads N] [--desc-act] [--clip-search]
+[--calib N] [--no-peer]``.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def _load() -> str:
         return "?"
 
 
-def _data(tok):
-    calib = calibration_sentences(256)
+def _data(tok, n_calib):
+    calib = calibration_sentences(n_calib)
     enc = dict(return_tensors="pt", padding=True, truncation=True, max_length=MAX_LENGTH, return_token_type_ids=False)
     batches = [dict(tok(calib[i : i + 32], **enc)) for i in range(0, len(calib), 32)]
     pairs = retrieval_pairs()
@@ -67,15 +69,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--desc-act", action="store_true", help="also run ours with act-order")
+    ap.add_argument("--clip-search", action="store_true", help="also run ours with clip_search")
+    ap.add_argument("--calib", type=int, default=256, help="calibration sentences (default 256, as the demo)")
     ap.add_argument("--no-peer", action="store_true", help="skip nvidia-modelopt")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     tok, model = load_minilm()
-    batches, feed = _data(tok)
+    batches, feed = _data(tok, args.calib)
     with torch.no_grad():
         ref = model(**feed)
-    print(f"CPU: {_cpu()}, torch threads {torch.get_num_threads()}, load average before: {_load()}")
+    print(f"CPU: {_cpu()}, torch threads {torch.get_num_threads()}, load average before: {_load()}", flush=True)
     loop = make_forward_loop(batches)
     rows = []
 
@@ -85,11 +89,16 @@ def main() -> None:
         t = time.perf_counter()
         mtq.quantize(q, cfg, loop)
         rows.append((name, time.perf_counter() - t, _cos(q, feed, ref)))
+        print(f"  {name}: {rows[-1][1]:.1f} s, cosine {rows[-1][2]:.4f}", flush=True)
 
     ours("modelopt_lite RTN (max)", "max")
     ours("modelopt_lite GPTQ", {"method": "gptq"})
     if args.desc_act:
         ours("modelopt_lite GPTQ desc_act", {"method": "gptq", "desc_act": True})
+    if args.clip_search:
+        ours("modelopt_lite GPTQ clip_search", {"method": "gptq", "clip_search": True})
+    if args.clip_search and args.desc_act:
+        ours("modelopt_lite GPTQ desc_act clip_search", {"method": "gptq", "desc_act": True, "clip_search": True})
     if not args.no_peer:
         try:
             import modelopt.torch.quantization as mtq_peer

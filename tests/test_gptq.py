@@ -16,7 +16,7 @@ from modelopt_lite.functional.scales import scale_from_amax
 
 
 # --- the reference: one column at a time, inverse-Hessian downdates (the OBS form, no Cholesky, no lazy blocks) ----
-def reference_gptq(w, h, *, bits, col_group, per_row, perc_damp, desc_act):
+def reference_gptq(w, h, *, bits, col_group, per_row, perc_damp, desc_act, clip_search=False):
     """Codes and per-(row, column) scales of GPTQ on ``w`` with Hessian ``h`` (float64 throughout; a column's values
     are rounded to float32 only to be quantized). ``col_group``: columns sharing a scale (None: all columns, the
     scale from the original weight); ``per_row``: one scale per row (else one for all rows)."""
@@ -31,6 +31,7 @@ def reference_gptq(w, h, *, bits, col_group, per_row, perc_damp, desc_act):
     H[dead, dead] = 1
     W[:, dead] = 0
     order = torch.argsort(H.diagonal(), descending=True, stable=True).tolist() if desc_act else list(range(n))
+    d = H.diagonal().clone()
     H += perc_damp * H.diagonal().mean() * torch.eye(n, dtype=torch.float64)
     Hinv = torch.linalg.inv(H)
     codes = torch.zeros_like(W)
@@ -41,14 +42,33 @@ def reference_gptq(w, h, *, bits, col_group, per_row, perc_damp, desc_act):
         a = vals.abs().amax(1) if per_row else vals.abs().amax().expand(vals.shape[0])
         return a.float()
 
+    def scale_of(vals, cols):
+        amax = amax_of(vals)
+        if not clip_search:
+            return scale_from_amax(amax, bound)
+        best, best_err = None, None
+        for k in range(17):  # shrink the range by 2.5 % steps; keep the first of equal errors
+            cand = amax * (1.0 - 0.025 * k) if k else amax
+            s = scale_from_amax(cand, bound)
+            safe = torch.where(s == 0, torch.ones_like(s), s)
+            qv = torch.clamp(torch.round(vals.float() / safe[:, None]), qmin, qmax) * s[:, None]
+            e = (((vals - qv.double()) ** 2) * d[cols]).sum(1)
+            e = e if per_row else e.sum().expand(vals.shape[0])
+            if best is None:
+                best, best_err = s, e
+            else:
+                better = e < best_err
+                best, best_err = torch.where(better, s, best), torch.where(better, e, best_err)
+        return best
+
     if col_group is None:
-        group_scale[0] = scale_from_amax(amax_of(w0), bound)
+        group_scale[0] = scale_of(w0, list(range(n)))
     remaining = list(order)
     for c in order:
         g = 0 if col_group is None else c // col_group
         if g not in group_scale:
             cols = [k for k in range(g * col_group, min((g + 1) * col_group, n))]
-            group_scale[g] = scale_from_amax(amax_of(W[:, cols]), bound)
+            group_scale[g] = scale_of(W[:, cols], cols)
         s = group_scale[g]
         safe = torch.where(s == 0, torch.ones_like(s), s)
         q = torch.clamp(torch.round(W[:, c].float() / safe), qmin, qmax)
@@ -79,17 +99,27 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("clip_search", [False, True])
 @pytest.mark.parametrize("desc_act", [False, True])
 @pytest.mark.parametrize("block_size", [16, 3])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_solver_equals_column_by_column_reference(case, block_size, desc_act):
+def test_solver_equals_column_by_column_reference(case, block_size, desc_act, clip_search):
     desc, col_group, per_row = CASES[case]
     w, h = _problem(seed=case)
     grid = grid_for(desc, tuple(w.shape), "layer")
-    q, amax = gptq_quantize(w, h, grid, block_size=block_size, perc_damp=0.05, desc_act=desc_act)
+    q, amax = gptq_quantize(
+        w, h, grid, block_size=block_size, perc_damp=0.05, desc_act=desc_act, clip_search=clip_search
+    )
     assert q.dtype == torch.float32 and q.shape == w.shape and amax.dtype == torch.float32
     codes, scales = reference_gptq(
-        w, h, bits=desc.num_bits, col_group=col_group, per_row=per_row, perc_damp=0.05, desc_act=desc_act
+        w,
+        h,
+        bits=desc.num_bits,
+        col_group=col_group,
+        per_row=per_row,
+        perc_damp=0.05,
+        desc_act=desc_act,
+        clip_search=clip_search,
     )
     assert torch.equal(q, (codes * scales.double()).float())
     assert torch.equal(torch.round(q / scales), codes.float())
@@ -102,7 +132,7 @@ def test_solver_equals_column_by_column_reference(case, block_size, desc_act):
 def test_act_order_processes_the_most_active_inputs_first():
     w, h = _problem(seed=7)
     grid = grid_for(Desc(num_bits=4, block_sizes={-1: 4}), tuple(w.shape), "layer")
-    _, perm, _ = hessian_factor(h, 0.01, True)
+    _, perm, _, _ = hessian_factor(h, 0.01, True)
     assert perm.tolist() == torch.argsort(h.diagonal(), descending=True, stable=True).tolist()
     assert perm.tolist() != list(range(16))
     q_plain, _ = gptq_quantize(w, h, grid, perc_damp=0.01)
@@ -273,6 +303,7 @@ def test_failure_restores_weights_and_quantizers():
         ({"block_size": 0}, QuantConfigError, r"block_size must be a positive int, got 0"),
         ({"block_size": 2.5}, QuantConfigError, r"block_size must be a positive int, got 2\.5"),
         ({"desc_act": "yes"}, QuantConfigError, r"desc_act must be a bool, got 'yes'"),
+        ({"clip_search": 1}, QuantConfigError, r"clip_search must be a bool, got 1"),
         ({"act_order": True}, QuantConfigError, r"unknown parameter\(s\) \['act_order'\]"),
     ],
 )
@@ -290,3 +321,31 @@ def test_dynamic_weight_quantizer_is_refused_before_any_pass():
     with pytest.raises(ValueError, match=r"gptq: q: the weight quantizer is dynamic"):
         mtq.quantize(_model(), cfg, _loop(_batches(1), calls))
     assert calls == []
+
+
+class Stack(nn.Module):
+    """Two Attn blocks, in an nn.ModuleList (GPTQ replays a block from its recorded inputs) or an nn.Sequential (no
+    replay: every group runs the whole model)."""
+
+    def __init__(self, replay: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        blocks = [Attn(), Attn()]
+        self.blocks = nn.ModuleList(blocks) if replay else nn.Sequential(*blocks)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_block_replay_gives_the_whole_model_result_with_fewer_passes():
+    batches = _batches()
+    calls_replay: list = []
+    calls_plain: list = []
+    a = mtq.quantize(Stack(True).eval(), _cfg(desc_act=True), _loop(batches, calls_replay))
+    b = mtq.quantize(Stack(False).eval(), _cfg(desc_act=True), _loop(batches, calls_plain))
+    assert len(calls_plain) == 1 + 8 and len(calls_replay) == 1 + 2  # one loop pass per block, not per group
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(a.blocks[1].down.weight, Stack(True).blocks[1].down.weight)

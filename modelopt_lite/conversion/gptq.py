@@ -21,7 +21,11 @@ Flow of ``quantize(model, cfg, forward_loop)`` with this algorithm:
    with the same per-row grid are stacked into one matrix) and writes the quantized weight into the layer and the
    scales as the weight quantizer's static amax, so ``weight_quantizer(weight)`` equals the stored weight exactly.
 
-Only one group's Hessian exists at a time. The loop's batches must run the model (``model(...)``) without using its
+Passes stay short: a pass stops inside the model once the group's input is seen, and a group inside a block that
+an earlier group already reached (an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that
+block on its recorded inputs (:class:`BlockCache`), so the loop runs once per block, not once per group.
+``clip_search=True`` (not in ModelOpt) picks each scale among shrunk ranges by the Hessian-weighted rounding error
+(:func:`~.gptq_solver.search_amax`). Only one group's Hessian exists at a time. The loop's batches must run the model (``model(...)``) without using its
 output: a stopped pass returns None to the loop. If anything raises, ``quantize`` puts the weights and quantizers
 back exactly.
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import numbers
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -42,7 +47,7 @@ from .gptq_solver import Grid, gptq_quantize, grid_for, hessian_factor
 
 log = logging.getLogger(__name__)
 
-PARAMS = ("perc_damp", "block_size", "desc_act")
+PARAMS = ("perc_damp", "block_size", "desc_act", "clip_search")
 
 
 def check_params(params: dict) -> None:
@@ -55,8 +60,9 @@ def check_params(params: dict) -> None:
         b = params["block_size"]
         if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1:
             raise ValueError(f"gptq block_size must be a positive int, got {b!r}")
-    if "desc_act" in params and not isinstance(params["desc_act"], bool):
-        raise TypeError(f"gptq desc_act must be a bool, got {params['desc_act']!r}")
+    for flag in ("desc_act", "clip_search"):
+        if flag in params and not isinstance(params[flag], bool):
+            raise TypeError(f"gptq {flag} must be a bool, got {params[flag]!r}")
 
 
 class _Stop(Exception):
@@ -64,8 +70,9 @@ class _Stop(Exception):
 
 
 @contextlib.contextmanager
-def _stoppable(model: nn.Module):
-    """Let a pass of ``model`` end early: a :class:`_Stop` raised inside its forward returns None to the caller.
+def _stoppable(model: nn.Module, on_start=None):
+    """Let a pass of ``model`` end early: a :class:`_Stop` raised inside its forward returns None to the caller
+    (``on_start()`` is called as each pass starts).
 
     The wrapper is an attribute of this model instance only, removed afterwards (the class is never touched)."""
     had = "forward" in vars(model)
@@ -73,6 +80,8 @@ def _stoppable(model: nn.Module):
     inner = model.forward
 
     def forward(*args, **kwargs):
+        if on_start is not None:
+            on_start()
         try:
             return inner(*args, **kwargs)
         except _Stop:
@@ -168,9 +177,71 @@ def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return buf.to(t.device)
 
 
-def collect_hessian(model: nn.Module, group: list[nn.Module], forward_loop, label: str) -> tuple[torch.Tensor, int]:
+def blocks_of(model: nn.Module, mods: dict[nn.Module, str]) -> dict[nn.Module, nn.Module | None]:
+    """For each layer, the innermost element of an ``nn.ModuleList`` that contains it (a transformer block), or
+    None."""
+    blocks = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList):
+            blocks += [(f"{name}.{k}" if name else k, child) for k, child in m.named_children()]
+    out: dict[nn.Module, nn.Module | None] = {}
+    for m, name in mods.items():
+        inside = [(len(bn), b) for bn, b in blocks if name.startswith(bn + ".")]
+        out[m] = max(inside, key=lambda t: t[0])[1] if inside else None
+    return out
+
+
+@dataclass
+class BlockCache:
+    """The inputs of one block, recorded during the pass that reached it: later groups inside the same block replay
+    the block alone on them (its inputs do not depend on its own weights) instead of the whole model."""
+
+    block: nn.Module | None = None
+    calls: list = field(default_factory=list)  #: per pass: [(args, kwargs), ...] of each call of the block
+    modes: list = field(default_factory=list)  #: (module, training) of the block's modules during the pass
+
+
+def _copied(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, tuple):
+        return tuple(_copied(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _copied(x) for k, x in v.items()}
+    return v
+
+
+def _replay(cache: BlockCache) -> None:
+    """Run the cached block calls, pass by pass, each pass until a :class:`_Stop`."""
+    assert cache.block is not None
+    saved = [(m, m.training) for m in cache.block.modules()]
+    try:
+        for m, training in cache.modes:
+            m.training = training
+        for calls in cache.calls:
+            for args, kwargs in calls:
+                try:
+                    cache.block(*args, **kwargs)
+                except _Stop:
+                    break
+    finally:
+        for m, training in saved:
+            m.training = training
+
+
+def collect_hessian(
+    model: nn.Module,
+    group: list[nn.Module],
+    forward_loop,
+    label: str,
+    block: nn.Module | None = None,
+    cache: BlockCache | None = None,
+) -> tuple[torch.Tensor, int]:
     """``(X^T X summed over every token, token count)`` of the group's input, in float64, over ``forward_loop``
-    (each pass stopped right after the group's first layer is reached), summed over the distributed ranks."""
+    (each pass stopped right after the group's first layer is reached), summed over the distributed ranks.
+
+    With a ``block`` (see :func:`blocks_of`) and a ``cache``: if the cache holds that block's inputs, only the block
+    is replayed on them; else the loop runs and the block's inputs are recorded into the cache."""
     n_in = group[0].weight.shape[1]
     acc = {"h": torch.zeros(n_in, n_in, dtype=torch.float64), "n": 0}
     first = group[0]
@@ -187,10 +258,25 @@ def collect_hessian(model: nn.Module, group: list[nn.Module], forward_loop, labe
         acc["n"] += x.shape[0]
         raise _Stop
 
-    handles = [m.register_forward_pre_hook(hook) for m in group if m is first]
+    handles = [first.register_forward_pre_hook(hook)]
     try:
-        with _stoppable(model), torch.no_grad():
-            forward_loop(model)
+        with torch.no_grad():
+            if cache is not None and block is not None and cache.block is block:
+                _replay(cache)
+            else:
+                rec = BlockCache(block)
+
+                def block_pre(_m, args, kwargs):
+                    if not rec.modes:
+                        rec.modes = [(m, m.training) for m in rec.block.modules()]
+                    rec.calls[-1].append((_copied(args), _copied(kwargs)))
+
+                if block is not None and cache is not None:
+                    handles.append(block.register_forward_pre_hook(block_pre, with_kwargs=True))
+                with _stoppable(model, on_start=lambda: rec.calls.append([])):
+                    forward_loop(model)
+                if cache is not None:
+                    cache.block, cache.calls, cache.modes = rec.block, rec.calls, rec.modes
     finally:
         for h in handles:
             h.remove()
@@ -206,7 +292,7 @@ def _stack_key(m: nn.Module, grid: Grid):
     return (grid.e4m3, grid.qmin, grid.qmax, grid.bound, grid.col_group)
 
 
-def solve_group(group, names, h, n, *, perc_damp, block_size, desc_act) -> None:
+def solve_group(group, names, h, n, *, perc_damp, block_size, desc_act, clip_search=False) -> None:
     """GPTQ every layer of ``group`` with the Hessian ``h / n`` and write weights and amaxes back."""
     label = ", ".join(names[m] for m in group)
     if n == 0:
@@ -225,7 +311,15 @@ def solve_group(group, names, h, n, *, perc_damp, block_size, desc_act) -> None:
             n_cg = grid.n_groups(w.shape[0], w.shape[1])[1]
             grid = Grid(grid.e4m3, grid.qmin, grid.qmax, grid.bound, 1, grid.col_group, (w.shape[0], n_cg))
         q, amax = gptq_quantize(
-            w, h, grid, block_size=block_size, perc_damp=perc_damp, desc_act=desc_act, label=label, factor=factor
+            w,
+            h,
+            grid,
+            block_size=block_size,
+            perc_damp=perc_damp,
+            desc_act=desc_act,
+            clip_search=clip_search,
+            label=label,
+            factor=factor,
         )
         parts = amax.split(rows, 0) if len(mods) > 1 else [amax]
         for m, qm, am in zip(mods, q.split(rows, 0), parts):
@@ -248,25 +342,38 @@ def run_gptq(
     perc_damp: float = 0.01,
     block_size: int = 128,
     desc_act: bool = False,
+    clip_search: bool = False,
 ) -> None:
     """The config algorithm (see the module docstring)."""
-    check_params({"perc_damp": perc_damp, "block_size": block_size, "desc_act": desc_act})
+    check_params({"perc_damp": perc_damp, "block_size": block_size, "desc_act": desc_act, "clip_search": clip_search})
     mods = candidates(model)
     for m, name in mods.items():  # fail before any pass for a grid GPTQ cannot honour
         grid_for(m.weight_quantizer.quant_desc, tuple(m.weight.shape), name)
     groups = _record_groups(model, mods, calibrate)
+    block_of = blocks_of(model, mods)
+    cache = BlockCache()
     bar = _progress(len(groups))
     try:
         for group in groups:
             label = ", ".join(mods[m] for m in group)
             if bar is not None:
                 bar.set_postfix_str(label[-60:], refresh=False)
-            h, n = collect_hessian(model, group, forward_loop, label)
-            solve_group(group, mods, h, n, perc_damp=float(perc_damp), block_size=int(block_size), desc_act=desc_act)
+            h, n = collect_hessian(model, group, forward_loop, label, block_of[group[0]], cache)
+            solve_group(
+                group,
+                mods,
+                h,
+                n,
+                perc_damp=float(perc_damp),
+                block_size=int(block_size),
+                desc_act=desc_act,
+                clip_search=clip_search,
+            )
             del h
             if bar is not None:
                 bar.update(1)
     finally:
+        cache.calls.clear()
         if bar is not None:
             bar.close()
     log.info("gptq: %d layer(s) in %d group(s) quantized", sum(map(len, groups)), len(groups))

@@ -108,6 +108,49 @@ def _row_amax(vals: torch.Tensor, row_group: int | None, n_rg: int) -> torch.Ten
     return a.reshape(n_rg, row_group).amax(1).float()
 
 
+def _row_sum(v: torch.Tensor, row_group: int | None, n_rg: int) -> torch.Tensor:
+    """``v`` (out,) summed over every row group: (n_rg,)."""
+    if row_group is None:
+        return v.sum().reshape(1)
+    pad = n_rg * row_group - v.shape[0]
+    if pad:
+        v = torch.cat([v, v.new_zeros(pad)])
+    return v.reshape(n_rg, row_group).sum(1)
+
+
+def _expand_rows(s: torch.Tensor, row_group: int | None, out: int) -> torch.Tensor:
+    """Per-row-group values (n_rg,) as one value per row (out,)."""
+    if row_group is None:
+        return s.expand(out).contiguous()
+    return s.repeat_interleave(row_group)[:out].contiguous()
+
+
+#: the amax shrink factors ``clip_search`` tries (1 first: a tie keeps the unclipped range)
+CLIP_RATIOS = tuple(1.0 - 0.025 * k for k in range(17))
+
+
+def search_amax(vals: torch.Tensor, weights: torch.Tensor, grid: Grid, n_rg: int) -> torch.Tensor:
+    """The amax per row group (float32, (n_rg,)) among ``r * max|vals|`` for r in :data:`CLIP_RATIOS` that
+    minimizes ``sum_j weights_j * (vals_ij - fake(vals_ij))^2`` over the group (``weights``: the Hessian diagonal
+    of the columns, i.e. how much each input matters)."""
+    amax = _row_amax(vals, grid.row_group, n_rg)
+    out = vals.shape[0]
+    v32 = vals.float()
+    best, best_err = amax, None
+    for r in CLIP_RATIOS:
+        cand = amax * r if r != 1.0 else amax
+        s = _expand_rows(scale_from_amax(cand, grid.bound), grid.row_group, out)
+        q = grid.fake(v32, s[:, None].expand_as(v32).contiguous())
+        err = _row_sum(((vals - q.double()) ** 2 * weights).sum(1), grid.row_group, n_rg)
+        if best_err is None:
+            best_err = err
+            continue
+        better = err < best_err
+        best = torch.where(better, cand, best)
+        best_err = torch.where(better, err, best_err)
+    return best
+
+
 def inverse_hessian_factor(h: torch.Tensor, perc_damp: float, label: str = "weight") -> torch.Tensor:
     """The upper Cholesky factor of ``(H + perc_damp * mean(diag H) * I)^-1`` (float64); ``h`` must already have
     its dead columns fixed. ValueError naming ``label`` when it is not positive definite."""
@@ -150,13 +193,17 @@ def gptq_quantize(
     block_size: int = 128,
     perc_damp: float = 0.01,
     desc_act: bool = False,
+    clip_search: bool = False,
     label: str = "weight",
-    factor: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    factor: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ-quantize ``weight`` (out, in): returns ``(Q, amax)``, ``Q`` float32 fake-quantized values of the
     weight's shape and ``amax`` float32 in ``grid.amax_shape``, with ``grid.fake(Q, scale(amax)) == Q``.
 
-    ``factor``: ``(U, perm, dead)`` from :func:`hessian_factor` when several weights share one Hessian (computed
+    ``clip_search``: every scale is chosen by :func:`search_amax` (a shrunk range where that lowers the
+    Hessian-weighted rounding error of its group) instead of the plain max.
+
+    ``factor``: ``(U, perm, dead, diag)`` from :func:`hessian_factor` when several weights share one Hessian (computed
     once); else it is computed from ``hessian``.
     """
     if weight.dim() != 2:
@@ -164,7 +211,7 @@ def gptq_quantize(
     if not bool(torch.isfinite(weight).all()):
         raise ValueError(f"gptq: {label}: the weight contains NaN or Inf")
     out, n = weight.shape
-    u, perm, dead = factor if factor is not None else hessian_factor(hessian, perc_damp, desc_act, label)
+    u, perm, dead, diag = factor if factor is not None else hessian_factor(hessian, perc_damp, desc_act, label)
     if u.shape != (n, n):
         raise ValueError(f"gptq: {label}: Hessian of shape {tuple(u.shape)} does not match the weight {(out, n)}")
     n_rg, n_cg = grid.n_groups(out, n)
@@ -172,11 +219,15 @@ def gptq_quantize(
     known_l = [False] * n_cg
     w0 = weight.detach().double()
     if grid.col_group is None:  # one scale over all columns: from the original weight
-        amax[:, 0] = _row_amax(w0, grid.row_group, n_rg)
+        if clip_search:
+            amax[:, 0] = search_amax(w0, diag, grid, n_rg)
+        else:
+            amax[:, 0] = _row_amax(w0, grid.row_group, n_rg)
         known_l = [True] * n_cg
     w = w0.clone()
     w[:, dead] = 0
     w = w[:, perm]
+    diag_perm = diag[perm]
     group = (perm // grid.col_group) if grid.col_group is not None else torch.zeros(n, dtype=torch.long)
     group_l = group.tolist()
     members: dict[int, list[int]] = {}
@@ -187,12 +238,7 @@ def gptq_quantize(
     def scale_of(g: int) -> torch.Tensor:
         s = scales.get(g)
         if s is None:
-            s = scale_from_amax(amax[:, g], grid.bound)
-            if grid.row_group is not None:
-                s = s.repeat_interleave(grid.row_group)[:out]
-            else:
-                s = s.expand(out)
-            scales[g] = s = s.contiguous()
+            scales[g] = s = _expand_rows(scale_from_amax(amax[:, g], grid.bound), grid.row_group, out)
         return s
 
     # columns as rows (contiguous): wt[j] is column j of the permuted weight
@@ -212,7 +258,11 @@ def gptq_quantize(
                 vals = [w1[inside - i1]]
                 if len(later):
                     vals.append(wt[later] - u[i1:j, later].t() @ err1[:i])
-                amax[:, g] = _row_amax(torch.cat(vals, 0).t(), grid.row_group, n_rg)
+                cur = torch.cat(vals, 0).t()
+                if clip_search:
+                    amax[:, g] = search_amax(cur, diag_perm[torch.cat([inside, later])], grid, n_rg)
+                else:
+                    amax[:, g] = _row_amax(cur, grid.row_group, n_rg)
                 known_l[g] = True
             col = w1[i]
             qc = grid.fake(col.float(), scale_of(g))
@@ -232,14 +282,15 @@ def gptq_quantize(
 def hessian_factor(
     hessian: torch.Tensor, perc_damp: float, desc_act: bool, label: str = "weight"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(U, perm, dead)`` for :func:`gptq_quantize`: the upper Cholesky factor of the damped inverse Hessian in
-    processing order, the processing order (decreasing ``H_jj`` with ``desc_act``, else the identity; a stable sort)
-    and the dead-column mask (original order)."""
+    """``(U, perm, dead, diag)`` for :func:`gptq_quantize`: the upper Cholesky factor of the damped inverse Hessian
+    in processing order, the processing order (decreasing ``H_jj`` with ``desc_act``, else the identity; a stable
+    sort), the dead-column mask and the Hessian diagonal (original order, dead columns 1)."""
     h, dead = prepare_hessian(hessian, label)
+    diag = h.diagonal().clone()
     n = h.shape[0]
     if desc_act:
         perm = torch.argsort(h.diagonal(), descending=True, stable=True)
         h = h[perm][:, perm]
     else:
         perm = torch.arange(n)
-    return inverse_hessian_factor(h, perc_damp, label), perm, dead
+    return inverse_hessian_factor(h, perc_damp, label), perm, dead, diag
