@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--clip-search", action="store_true", help="also run ours with clip_search")
     ap.add_argument("--calib", type=int, default=256, help="calibration sentences (default 256, as the demo)")
     ap.add_argument("--no-peer", action="store_true", help="skip nvidia-modelopt")
+    ap.add_argument("--peer-only", action="store_true", help="only nvidia-modelopt (and no RTN row)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,13 +92,14 @@ def main() -> None:
         rows.append((name, time.perf_counter() - t, _cos(q, feed, ref)))
         print(f"  {name}: {rows[-1][1]:.1f} s, cosine {rows[-1][2]:.4f}", flush=True)
 
-    ours("modelopt_lite RTN (max)", "max")
-    ours("modelopt_lite GPTQ", {"method": "gptq"})
-    if args.desc_act:
+    if not args.peer_only:
+        ours("modelopt_lite RTN (max)", "max")
+        ours("modelopt_lite GPTQ", {"method": "gptq"})
+    if args.desc_act and not args.peer_only:
         ours("modelopt_lite GPTQ desc_act", {"method": "gptq", "desc_act": True})
-    if args.clip_search:
+    if args.clip_search and not args.peer_only:
         ours("modelopt_lite GPTQ clip_search", {"method": "gptq", "clip_search": True})
-    if args.clip_search and args.desc_act:
+    if args.clip_search and args.desc_act and not args.peer_only:
         ours("modelopt_lite GPTQ desc_act clip_search", {"method": "gptq", "desc_act": True, "clip_search": True})
     if not args.no_peer:
         try:
@@ -116,6 +118,7 @@ def main() -> None:
             t = time.perf_counter()
             mtq_peer.quantize(q, cfg, peer_loop)
             rows.append(("ModelOpt 0.47 GPTQ", time.perf_counter() - t, _cos(q, feed, ref)))
+            print(f"  ModelOpt 0.47 GPTQ: {rows[-1][1]:.1f} s, cosine {rows[-1][2]:.4f}", flush=True)
     print(f"load average after: {_load()}")
     print("| method | quantize s | mean cosine to FP32 |")
     print("|:--|--:|--:|")

@@ -349,3 +349,18 @@ def test_block_replay_gives_the_whole_model_result_with_fewer_passes():
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not torch.equal(a.blocks[1].down.weight, Stack(True).blocks[1].down.weight)
+
+
+def test_clip_search_shrinks_ranges_where_that_lowers_the_weighted_error():
+    w, h = _problem(seed=2, out=8, n=32, tokens=200)
+    w[:, 3] *= 8.0  # an outlier column with a tiny Hessian weight: clipping it costs little
+    h[3, :] *= 1e-4
+    h[:, 3] *= 1e-4
+    grid = grid_for(Desc(num_bits=4, block_sizes={-1: 8}), tuple(w.shape), "layer")
+    _, plain = gptq_quantize(w, h, grid)
+    q, searched = gptq_quantize(w, h, grid, clip_search=True)
+    # the first block's scales come from the same (original) values in both runs; later ones from compensated values
+    assert bool((searched[:, 0] <= plain[:, 0]).all()) and bool((searched[:, 0] < plain[:, 0]).any())
+    tq = mtq.TensorQuantizer(Desc(num_bits=4, block_sizes={-1: 8}))
+    tq.amax = searched
+    assert torch.equal(tq(q), q)
