@@ -122,6 +122,7 @@ def test_minilm_demo_targets_torch_side(tmp_path):
         ("MXFP8 W8A8", "MXFP8"),
         ("MXFP4 W4A4", ""),
         ("NVFP4 W4A4", ""),
+        ("INT4 blk128 GPTQ", ""),
     ]
     assert r.rows[0].cos_mean == pytest.approx(1.0) and r.rows[0].top1_acc == 100.0  # unambiguous pairs in FP32
     assert [c for c, ok in r.target_checks() if not ok] == []

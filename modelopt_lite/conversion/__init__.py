@@ -6,6 +6,7 @@ The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quan
 from .algorithm_registry import ALGORITHMS, register_algorithm
 from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .config import QuantConfigError, normalize_config
+from .gptq import run_gptq  # registers the "gptq" algorithm
 from .model_quant import (
     calibrate,
     calibrate_loop,
@@ -89,6 +90,7 @@ __all__ = [
     "quant_step",
     "quantize",
     "register_algorithm",
+    "run_gptq",
     "register",
     "registered",
     "replace_quant_module",

@@ -269,6 +269,14 @@ def run(
         ("MXFP8 W8A8", "dynamic, all 36 Linear", mtq.MXFP8_DEFAULT_CFG, "MXFP8", None),
         ("MXFP4 W4A4", "dynamic, all 36 Linear", mtq.MXFP4_DEFAULT_CFG, "", None),
         ("NVFP4 W4A4", "max, all 36 Linear", mtq.NVFP4_DEFAULT_CFG, "", None),
+        # weight-only: {"method": "gptq"} on the INT4 block-128 config (ModelOpt 0.47 has no GPTQ preset)
+        (
+            "INT4 blk128 GPTQ",
+            "weight-only, all 36",
+            {**mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": "gptq"},
+            "",
+            "int4_gptq",
+        ),
     ]
     rows = []
     findings = {}

@@ -1,0 +1,388 @@
+"""GPTQ as a calibration algorithm: ``{"method": "gptq", "perc_damp": 0.01, "block_size": 128, "desc_act": False}``.
+
+ModelOpt 0.47 names the first two parameters the same (``perc_damp``, ``block_size``; it has no act-order);
+``desc_act`` (act-order: quantize the most active input channels first) is the name AutoGPTQ and Hugging Face use.
+There is no GPTQ preset in ModelOpt 0.47: combine a weight config with the algorithm, e.g.
+``{**INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": {"method": "gptq"}}`` (ModelOpt's way too).
+
+Flow of ``quantize(model, cfg, forward_loop)`` with this algorithm:
+
+1. a max calibration of every quantizer (one pass; activation ranges, and the weight ranges of layers GPTQ leaves
+   alone), during which the quantized Linears with an enabled static weight quantizer are recorded in call order
+   and grouped by the input tensor they read (the query/key/value projections of an attention block share one);
+2. then, group by group in call order (sequential, as the reference algorithm): one more pass of the loop, stopped
+   inside the model as soon as the group's input has been seen, accumulates the Hessian ``X^T X`` of that input
+   (after the layer's input quantizer, as the layer computes) in float64; the layers before it already carry their
+   GPTQ weights, so the inputs reflect their quantization. With ``torch.distributed`` initialized, the Hessian and
+   the token count are summed over the ranks (each rank runs its own share of the data), so every rank solves the
+   same problem as one process with all the data (the float64 sum is only added up in another order: the tests
+   find the same weights and amaxes, bit for bit);
+3. :func:`~.gptq_solver.gptq_quantize` solves each layer of the group (one inverse-Hessian factor per group; layers
+   with the same per-row grid are stacked into one matrix) and writes the quantized weight into the layer and the
+   scales as the weight quantizer's static amax, so ``weight_quantizer(weight)`` equals the stored weight exactly.
+
+Passes stay short: a pass stops inside the model once the group's input is seen, and a group inside a block that
+an earlier group already reached (an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that
+block on its recorded inputs (:class:`BlockCache`), so the loop runs once per block, not once per group.
+``clip_search=True`` (not in ModelOpt) picks each scale among shrunk ranges by the Hessian-weighted rounding error
+(:func:`~.gptq_solver.search_amax`). Only one group's Hessian exists at a time. The loop's batches must run the model (``model(...)``) without using its
+output: a stopped pass returns None to the loop. If anything raises, ``quantize`` puts the weights and quantizers
+back exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import numbers
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..calib.distributed import is_active
+from .algorithm_registry import register_algorithm
+from .gptq_solver import Grid, gptq_quantize, grid_for, hessian_factor
+
+log = logging.getLogger(__name__)
+
+PARAMS = ("perc_damp", "block_size", "desc_act", "clip_search")
+
+
+def check_params(params: dict) -> None:
+    """ValueError/TypeError naming the bad value of a GPTQ parameter."""
+    if "perc_damp" in params:
+        p = params["perc_damp"]
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < float(p) <= 1.0:
+            raise ValueError(f"gptq perc_damp must be a number in (0, 1], got {p!r}")
+    if "block_size" in params:
+        b = params["block_size"]
+        if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1:
+            raise ValueError(f"gptq block_size must be a positive int, got {b!r}")
+    for flag in ("desc_act", "clip_search"):
+        if flag in params and not isinstance(params[flag], bool):
+            raise TypeError(f"gptq {flag} must be a bool, got {params[flag]!r}")
+
+
+class _Stop(Exception):
+    """Raised inside the model to end a pass once the inputs it was run for have been seen."""
+
+
+@contextlib.contextmanager
+def _stoppable(model: nn.Module, on_start=None):
+    """Let a pass of ``model`` end early: a :class:`_Stop` raised inside its forward returns None to the caller
+    (``on_start()`` is called as each pass starts).
+
+    The wrapper is an attribute of this model instance only, removed afterwards (the class is never touched)."""
+    had = "forward" in vars(model)
+    saved = vars(model).get("forward")
+    inner = model.forward
+
+    def forward(*args, **kwargs):
+        if on_start is not None:
+            on_start()
+        try:
+            return inner(*args, **kwargs)
+        except _Stop:
+            return None
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = saved
+        else:
+            del model.forward
+
+
+def candidates(model: nn.Module) -> dict[nn.Module, str]:
+    """The quantized Linears GPTQ handles: an enabled weight quantizer and a 2-D weight (a grid GPTQ cannot honour,
+    such as a dynamic one, is refused by :func:`~.gptq_solver.grid_for` before any pass)."""
+    out = {}
+    for name, m in model.named_modules():
+        wq, w = getattr(m, "weight_quantizer", None), getattr(m, "weight", None)
+        if not isinstance(m, nn.Linear) or wq is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
+            continue
+        if wq.is_enabled:
+            out[m] = name
+    return out
+
+
+def _input_signature(m: nn.Module):
+    """What the layer does to its input before the matmul (its input quantizer's state): layers that read one
+    tensor share a Hessian only if this is equal."""
+    iq = getattr(m, "input_quantizer", None)
+    if iq is None:
+        return None
+    state = tuple((k, tuple(v.shape), v.detach().cpu().numpy().tobytes()) for k, v in iq.state_dict().items())
+    return (iq.is_enabled, iq.quant_desc, state)
+
+
+def _record_groups(model: nn.Module, mods: dict[nn.Module, str], calibrate) -> list[list[nn.Module]]:
+    """Run ``calibrate()`` (max calibration) while recording, on its first batch, which candidate layers read the
+    same input tensor, in call order. Layers never called are left out."""
+    order: list[nn.Module] = []
+    by_input: dict[int, list[nn.Module]] = {}
+    alive: list[torch.Tensor] = []  # keeps the ids unique during the first pass
+    state = {"passes": 0}
+
+    def root_pre(_m, _inp):
+        state["passes"] += 1
+
+    def pre(m):
+        def hook(_m, inp):
+            if state["passes"] != 1 or m in order or not inp or not isinstance(inp[0], torch.Tensor):
+                return
+            order.append(m)
+            by_input.setdefault(id(inp[0]), []).append(m)
+            alive.append(inp[0])
+
+        return hook
+
+    handles = [model.register_forward_pre_hook(root_pre)]
+    handles += [m.register_forward_pre_hook(pre(m)) for m in mods]
+    try:
+        calibrate()
+    finally:
+        for h in handles:
+            h.remove()
+        alive.clear()
+    groups: list[list[nn.Module]] = []
+    seen: set = set()
+    for m in order:
+        if m in seen:
+            continue
+        same = next(g for g in by_input.values() if m in g)
+        for sig in dict.fromkeys(_input_signature(x) for x in same):  # split by input quantizer state
+            g = [x for x in same if _input_signature(x) == sig]
+            groups.append(g)
+            seen.update(g)
+    missed = [mods[m] for m in mods if m not in seen]
+    if missed:
+        log.warning(
+            "gptq: %d layer(s) never called by the calibration loop keep max calibration: %s", len(missed), missed
+        )
+    return groups
+
+
+def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the ranks of the default group (a copy), or ``t`` itself without torch.distributed."""
+    if not is_active():
+        return t
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    buf = t.to(dev, copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return buf.to(t.device)
+
+
+def blocks_of(model: nn.Module, mods: dict[nn.Module, str]) -> dict[nn.Module, nn.Module | None]:
+    """For each layer, the innermost element of an ``nn.ModuleList`` that contains it (a transformer block), or
+    None."""
+    blocks = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList):
+            blocks += [(f"{name}.{k}" if name else k, child) for k, child in m.named_children()]
+    out: dict[nn.Module, nn.Module | None] = {}
+    for m, name in mods.items():
+        inside = [(len(bn), b) for bn, b in blocks if name.startswith(bn + ".")]
+        out[m] = max(inside, key=lambda t: t[0])[1] if inside else None
+    return out
+
+
+@dataclass
+class BlockCache:
+    """The inputs of one block, recorded during the pass that reached it: later groups inside the same block replay
+    the block alone on them (its inputs do not depend on its own weights) instead of the whole model."""
+
+    block: nn.Module | None = None
+    calls: list = field(default_factory=list)  #: per pass: [(args, kwargs), ...] of each call of the block
+    modes: list = field(default_factory=list)  #: (module, training) of the block's modules during the pass
+
+
+def _copied(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, tuple):
+        return tuple(_copied(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _copied(x) for k, x in v.items()}
+    return v
+
+
+def _replay(cache: BlockCache) -> None:
+    """Run the cached block calls, pass by pass, each pass until a :class:`_Stop`."""
+    assert cache.block is not None
+    saved = [(m, m.training) for m in cache.block.modules()]
+    try:
+        for m, training in cache.modes:
+            m.training = training
+        for calls in cache.calls:
+            for args, kwargs in calls:
+                try:
+                    cache.block(*args, **kwargs)
+                except _Stop:
+                    break
+    finally:
+        for m, training in saved:
+            m.training = training
+
+
+def collect_hessian(
+    model: nn.Module,
+    group: list[nn.Module],
+    forward_loop,
+    label: str,
+    block: nn.Module | None = None,
+    cache: BlockCache | None = None,
+) -> tuple[torch.Tensor, int]:
+    """``(X^T X summed over every token, token count)`` of the group's input, in float64, over ``forward_loop``
+    (each pass stopped right after the group's first layer is reached), summed over the distributed ranks.
+
+    With a ``block`` (see :func:`blocks_of`) and a ``cache``: if the cache holds that block's inputs, only the block
+    is replayed on them; else the loop runs and the block's inputs are recorded into the cache."""
+    n_in = group[0].weight.shape[1]
+    acc = {"h": torch.zeros(n_in, n_in, dtype=torch.float64), "n": 0}
+    first = group[0]
+
+    def hook(m, inp):
+        x = inp[0]
+        iq = getattr(m, "input_quantizer", None)
+        if iq is not None:
+            x = iq(x)
+        x = x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"gptq: the input of {label} contains NaN or Inf")
+        acc["h"].addmm_(x.t(), x)
+        acc["n"] += x.shape[0]
+        raise _Stop
+
+    handles = [first.register_forward_pre_hook(hook)]
+    try:
+        with torch.no_grad():
+            if cache is not None and block is not None and cache.block is block:
+                _replay(cache)
+            else:
+                rec = BlockCache(block)
+
+                def block_pre(_m, args, kwargs):
+                    if not rec.modes:
+                        rec.modes = [(m, m.training) for m in rec.block.modules()]
+                    rec.calls[-1].append((_copied(args), _copied(kwargs)))
+
+                if block is not None and cache is not None:
+                    handles.append(block.register_forward_pre_hook(block_pre, with_kwargs=True))
+                with _stoppable(model, on_start=lambda: rec.calls.append([])):
+                    forward_loop(model)
+                if cache is not None:
+                    cache.block, cache.calls, cache.modes = rec.block, rec.calls, rec.modes
+    finally:
+        for h in handles:
+            h.remove()
+    h = _sum_over_ranks(acc["h"])
+    n = int(_sum_over_ranks(torch.tensor([acc["n"]], dtype=torch.float64)).item())
+    return h, n
+
+
+def _stack_key(m: nn.Module, grid: Grid):
+    """Layers of one group with equal keys are solved as one stacked matrix (same per-row grid)."""
+    if grid.row_group != 1:
+        return id(m)
+    return (grid.e4m3, grid.qmin, grid.qmax, grid.bound, grid.col_group)
+
+
+def solve_group(group, names, h, n, *, perc_damp, block_size, desc_act, clip_search=False) -> None:
+    """GPTQ every layer of ``group`` with the Hessian ``h / n`` and write weights and amaxes back."""
+    label = ", ".join(names[m] for m in group)
+    if n == 0:
+        log.warning("gptq: %s saw no calibration tokens; keeping max calibration", label)
+        return
+    factor = hessian_factor(h / n, perc_damp, desc_act, label)
+    grids = {m: grid_for(m.weight_quantizer.quant_desc, tuple(m.weight.shape), names[m]) for m in group}
+    stacks: dict = {}
+    for m in group:
+        stacks.setdefault(_stack_key(m, grids[m]), []).append(m)
+    for mods in stacks.values():
+        w = torch.cat([m.weight.detach().to("cpu", torch.float32) for m in mods], 0)
+        rows = [m.weight.shape[0] for m in mods]
+        grid = grids[mods[0]]
+        if len(mods) > 1:  # one scale per row: the stacked amax is (rows, column groups)
+            n_cg = grid.n_groups(w.shape[0], w.shape[1])[1]
+            grid = Grid(grid.e4m3, grid.qmin, grid.qmax, grid.bound, 1, grid.col_group, (w.shape[0], n_cg))
+        q, amax = gptq_quantize(
+            w,
+            h,
+            grid,
+            block_size=block_size,
+            perc_damp=perc_damp,
+            desc_act=desc_act,
+            clip_search=clip_search,
+            label=label,
+            factor=factor,
+        )
+        parts = amax.split(rows, 0) if len(mods) > 1 else [amax]
+        for m, qm, am in zip(mods, q.split(rows, 0), parts):
+            with torch.no_grad():
+                m.weight.copy_(qm.to(m.weight.device, m.weight.dtype))
+            m.weight_quantizer.amax = am.reshape(grids[m].amax_shape).to(m.weight.device)
+
+
+@register_algorithm(
+    "gptq",
+    params=PARAMS,
+    check=check_params,
+    hint=' ({"method": "gptq"} with a weight config such as INT4_BLOCKWISE_WEIGHT_ONLY_CFG)',
+)
+def run_gptq(
+    model: nn.Module,
+    forward_loop,
+    calibrate,
+    *,
+    perc_damp: float = 0.01,
+    block_size: int = 128,
+    desc_act: bool = False,
+    clip_search: bool = False,
+) -> None:
+    """The config algorithm (see the module docstring)."""
+    check_params({"perc_damp": perc_damp, "block_size": block_size, "desc_act": desc_act, "clip_search": clip_search})
+    mods = candidates(model)
+    for m, name in mods.items():  # fail before any pass for a grid GPTQ cannot honour
+        grid_for(m.weight_quantizer.quant_desc, tuple(m.weight.shape), name)
+    groups = _record_groups(model, mods, calibrate)
+    block_of = blocks_of(model, mods)
+    cache = BlockCache()
+    bar = _progress(len(groups))
+    try:
+        for group in groups:
+            label = ", ".join(mods[m] for m in group)
+            if bar is not None:
+                bar.set_postfix_str(label[-60:], refresh=False)
+            h, n = collect_hessian(model, group, forward_loop, label, block_of[group[0]], cache)
+            solve_group(
+                group,
+                mods,
+                h,
+                n,
+                perc_damp=float(perc_damp),
+                block_size=int(block_size),
+                desc_act=desc_act,
+                clip_search=clip_search,
+            )
+            del h
+            if bar is not None:
+                bar.update(1)
+    finally:
+        cache.calls.clear()
+        if bar is not None:
+            bar.close()
+    log.info("gptq: %d layer(s) in %d group(s) quantized", sum(map(len, groups)), len(groups))
+
+
+def _progress(total: int):
+    """A tqdm bar over the layer groups (None without tqdm; tqdm hides itself when not on a terminal)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc="gptq", leave=False, disable=None)

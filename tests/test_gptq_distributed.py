@@ -1,0 +1,80 @@
+"""GPTQ under torch.distributed: 2 gloo ranks, each with half the calibration batches, give the weights and amaxes
+one process gets with all of them (the Hessians and token counts are summed over the ranks)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_gptq import Attn, _batches, _cfg
+
+import modelopt_lite as mtq
+
+pytestmark = pytest.mark.slow  # spawns two gloo ranks (several seconds)
+
+WORLD = 2
+
+
+def _quantized(batches, desc_act):
+    torch.manual_seed(0)
+    model = Attn().eval()
+
+    def loop(m):
+        for b in batches:
+            m(b)
+
+    mtq.quantize(model, _cfg(desc_act=desc_act), loop)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _worker(rank, port, outdir):
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
+    try:
+        torch.set_num_threads(1)
+        shard = _batches(6)[rank::WORLD]
+        res = {flag: _quantized(shard, flag) for flag in (False, True)}
+        torch.save(res, f"{outdir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gptq_dist")
+    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + 300
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail("distributed GPTQ workers hung (timeout)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_two_ranks_equal_one_process(rank_results, desc_act):
+    want = _quantized(_batches(6), desc_act)
+    for res in rank_results:
+        got = res[desc_act]
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    # and it is not just the float model: the GPTQ weights differ from one rank's data alone
+    alone = _quantized(_batches(6)[0::2], desc_act)
+    assert not torch.equal(alone["up.weight"], want["up.weight"])
