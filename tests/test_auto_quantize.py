@@ -311,3 +311,23 @@ def test_verbose_logs_the_table(caplog):
 
 def test_lazy_export():
     assert mtq.auto_quantize is auto_quantize
+
+
+def test_layers_no_format_quantizes_are_not_searched_nor_counted():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(8)
+            self.emb = nn.Embedding(1000, 128)  # off in every preset: 128000 weights that must not enter the cost
+            self.fc = nn.Linear(128, 128)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids))
+
+    m = Net().eval()
+    data = [torch.randint(0, 1000, (4, 8), generator=torch.Generator().manual_seed(0))]
+    q, st = auto_quantize(m, {"effective_bits": 4}, [INT4, INT8], data, lambda mm, b: mm(b), method="layer_error")
+    assert list(st["candidate_stats"]) == ["fc"]
+    assert st["total_params"] == 128 * 128
+    assert st["best"]["recipe"] == {"fc": "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"}
+    assert not any(t.is_enabled for t in (q.emb.weight_quantizer,) if hasattr(q.emb, "weight_quantizer"))

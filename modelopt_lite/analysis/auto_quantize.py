@@ -14,9 +14,10 @@ Phases, as ModelOpt's:
    quantizers of its chosen format.
 
 Effective bits (ModelOpt's weight cost model): over the searched layers ``l`` (those with a ``weight`` and
-quantizers), ``sum_l numel(W_l) * bits_l / sum_l numel(W_l)`` with ``bits_l = 16`` for a float layer and, for a
-quantized one, the least of ``num_bits`` over its enabled quantizers (FP8 ``(E, M)`` counts ``E + M + 1``); block
-scales are not counted (INT4 blocks of 128 = 4 bits).
+quantizers that at least one format enables: Linear, Conv, ...; not Embeddings, off in every preset),
+``sum_l numel(W_l) * bits_l / sum_l numel(W_l)`` with ``bits_l = 16`` for a float layer and, for a quantized one,
+the least ``num_bits`` of its enabled quantizers (FP8 ``(E, M)`` counts ``E + M + 1``); block scales are not
+counted (INT4 blocks of 128 = 4 bits).
 
 Groups: layers that must share a format, from :data:`QUANT_GROUPING_RULES` (ModelOpt's rules: a regex whose first
 group is the key, or ``fn(name) -> key | None``); append to it to add a rule.
@@ -296,6 +297,8 @@ def _candidate_setup(ref, cands, disabled_layers):
         numel = {n: ref.get_submodule(n).weight.numel() for n in names}
         bits = {f: {n: layer_bits(c.get_submodule(n)) for n in names} for f, c in cands.items()}
         fmts = [f for f in cands if any(b < FLOAT_BITS for b in bits[f].values())]
+        if not fmts:  # no format quantizes it (e.g. an Embedding, off in every preset): not searched, not counted
+            continue
         fmts.sort(key=lambda f: (sum(numel[n] * bits[f][n] for n in names), f))
         gformats[g] = fmts
         stats[g] = {
@@ -306,9 +309,9 @@ def _candidate_setup(ref, cands, disabled_layers):
             "module_names": list(names),
             "params": sum(numel.values()),
         }
-    if not groups:
-        raise ValueError("auto_quantize: the model has no quantizable layer (Linear/Conv with quantizers) to search")
-    return {g: v for g, v in groups.items()}, gformats, stats
+    if not stats:
+        raise ValueError("auto_quantize: no layer of the model is quantized by any of the formats: nothing to search")
+    return {g: groups[g] for g in stats}, gformats, stats
 
 
 def _calibrate(q: nn.Module, cfg: dict, forward_step: Callable, batches: list) -> None:
