@@ -7,7 +7,8 @@ the embeddings to FP32's.
 
 Rows: FP32; uniform INT4 (``INT4_BLOCKWISE_WEIGHT_ONLY_CFG``, weight-only blocks of 128: 4 effective bits);
 uniform INT8 (``INT8_DEFAULT_CFG``, W8A8: 8 bits, over the budget); ``auto_quantize`` at ``--bits`` (default 6)
-with each score method; nvidia-modelopt's ``auto_quantize`` (same formats, data and loss) when importable.
+with each score method (``--methods``; ``sensitivity`` runs the model once per layer, format and batch: 288 runs
+here, long on a loaded machine); nvidia-modelopt's ``auto_quantize`` (same formats, data and loss) when importable.
 
 Losses: ``"sensitivity"`` uses the squared distance of the embeddings to FP32's. That loss has a zero gradient at
 the float model, so the gradient methods (ours and ModelOpt's) use it with the target sampled around the FP32
@@ -77,7 +78,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bits", type=float, default=6.0)
     p.add_argument("--calib", type=int, default=128, help="calibration/score sentences (batches of 32)")
-    p.add_argument("--methods", default="gradient,sensitivity,layer_error")
+    p.add_argument("--methods", default="gradient,layer_error", help="add sensitivity: 72 model runs per batch")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--table", action="store_true", help="print the per-layer table of each search")
     args = p.parse_args()
@@ -107,6 +108,7 @@ def main():
         t0 = time.perf_counter()
         q = mtq.quantize(copy.deepcopy(model), cfg, loop)
         rows.append((name, effective_bits(q), cosine(q, feed, ref), time.perf_counter() - t0))
+        print(f"done: {name}: cosine {rows[-1][2]:.5f}", flush=True)
     for method in [m for m in args.methods.split(",") if m]:
         t0 = time.perf_counter()
         q, st = mtq.auto_quantize(
@@ -128,10 +130,12 @@ def main():
         label = f"auto_quantize {method} ({counts['INT4_BLOCKWISE_WEIGHT_ONLY_CFG']} INT4 / "
         label += f"{counts['INT8_DEFAULT_CFG']} INT8 / {counts['NONE']} float)"
         rows.append((label, effective_bits(q), cosine(q, feed, ref), dt))
+        print(f"done: {rows[-1][0]}: cosine {rows[-1][2]:.5f}, {dt:.1f} s", flush=True)
         if args.table:
-            print(f"--- {method}\n{format_table(st)}")
+            print(f"--- {method}\n{format_table(st)}", flush=True)
     if not args.no_peer:
         rows.append(_peer(model, formats, batches, feed, ref, args.bits))
+        print(f"done: {rows[-1][0]}: cosine {rows[-1][2]:.5f}, {rows[-1][3]:.1f} s", flush=True)
     print(
         f"\nall-MiniLM-L6-v2, {len(sents)} calibration/score sentences, {len(pairs)} held-out pairs, budget {args.bits}"
     )
