@@ -94,6 +94,7 @@ _LAZY = {
     "fake_quant": "modelopt_lite.real.seed_api",
     # analysis
     "analysis": ("modelopt_lite.analysis", None),
+    "auto_quantize": "modelopt_lite.analysis.auto_quantize",
 }
 
 __all__ = [*sorted(_LAZY), "__version__"]  # noqa: PLE0604 (the lazy names are strings)

@@ -1,0 +1,48 @@
+"""auto_quantize against nvidia-modelopt 0.47's (optional: skipped where modelopt is not installed)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import modelopt_lite as mtq
+
+NAMES = ["INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "INT8_DEFAULT_CFG"]
+
+
+def test_gradient_scores_costs_and_recipe_match_modelopt():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtq_peer = pytest.importorskip("modelopt.torch.quantization")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(8, 256, generator=g) for _ in range(3)]
+    with torch.no_grad():
+        target = {id(x): model(x) + torch.randn(8, 16, generator=g) for x in data}
+
+    def loss(out, b):
+        return ((out - target[id(b)]) ** 2).sum()
+
+    args = ({"effective_bits": 6},)
+    kw = dict(data_loader=data, forward_step=lambda m, b: m(b), loss_func=loss, num_calib_steps=3, num_score_steps=3)
+    _, ours = mtq.auto_quantize(
+        copy.deepcopy(model), *args, quantization_formats=[getattr(mtq, n) for n in NAMES], **kw
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, peer = mtq_peer.auto_quantize(
+            copy.deepcopy(model), *args, quantization_formats=[getattr(mtq_peer, n) for n in NAMES], **kw
+        )
+    for name, st in ours["candidate_stats"].items():
+        ps = peer["candidate_stats"][f"{name}.quant_recipe"]
+        assert [str(f).split("(")[0] for f in ps["formats"]] == st["formats"]
+        assert st["scores"] == pytest.approx(ps["scores"], rel=1e-4)
+        assert [c / 16 for c in st["costs"]] == pytest.approx(ps["costs"])
+    peer_recipe = {k.split(".quant_recipe")[0]: str(v).split("(")[0] for k, v in peer["best"]["recipe"].items()}
+    assert ours["best"]["recipe"] == peer_recipe
+    assert ours["best"]["constraints"]["effective_bits"] == pytest.approx(peer["best"]["constraints"]["effective_bits"])
