@@ -3,7 +3,9 @@
 NVFP4 (``num_bits=(2, 1)``, E4M3 block scales, ``"scale_bits": (4, 3)``) calibrates a per-tensor global amax
 ("max"); the MX presets (``"scale_bits": (8, 0)``) are dynamic and need no calibration (algorithm None). ModelOpt's
 ``"effective_bits"`` entry (4.5 for NVFP4: informational) is left out. Numerics: :mod:`modelopt_lite.functional.
-microscaling`. These formats have no ONNX export yet.
+microscaling`. ``export_onnx`` writes them as standard ONNX (FLOAT4E2M1 / FP8 codes with E4M3 or E8M0 block scales,
+opset 23/24: see :mod:`modelopt_lite.onnx_export.microscaling`); ``fake2real`` packs them (:mod:`modelopt_lite.real.
+microscaling`).
 """
 
 from __future__ import annotations
