@@ -300,7 +300,8 @@ def test_difference_learnable_amax_gets_the_lsq_gradient():
 
 def test_summary_and_save_restore_of_an_uncalibrated_model(tmp_path):
     torch.manual_seed(0)
-    model = mtq.quantize(nn.Sequential(nn.Linear(4, 3)), mtq.INT8_DEFAULT_CFG)  # no forward_loop: nothing calibrated
+    cfg = {**mtq.INT8_DEFAULT_CFG, "algorithm": None}  # no algorithm, no forward_loop: nothing calibrated
+    model = mtq.quantize(nn.Sequential(nn.Linear(4, 3)), cfg)  # ("max" without a loop calibrates the weights)
     rows = {r["name"]: r for r in mtq.summary(model)}
     assert rows["0.input_quantizer"]["calibrated"] is False and rows["0.input_quantizer"]["amax_max"] is None
     assert rows["0.weight_quantizer"]["enabled"] is True and rows["0.weight_quantizer"]["calibrated"] is False
