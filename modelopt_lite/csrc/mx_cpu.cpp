@@ -27,6 +27,8 @@
 
 namespace mol {
 const Kernels& active_kernels();  // quant_cpu.cpp: the implementation in force (set_kernel_impl)
+// quant_cpu.cpp: a fresh output, huge-page advised as the other ops' outputs (set_huge_page_advice)
+at::Tensor empty_output(at::IntArrayRef shape, const at::TensorOptions& opts);
 }
 
 namespace {
@@ -77,7 +79,7 @@ BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, c
                       "modelopt_lite cpu kernels: out must be a contiguous CPU tensor of x's shape and dtype, "
                       "distinct from x");
   }
-  at::Tensor y = out.has_value() ? *out : at::empty(x.sizes(), x.options());
+  at::Tensor y = out.has_value() ? *out : mol::empty_output(x.sizes(), x.options());
   const int64_t K = x.size(-1);
   const int64_t nbr = (K + block - 1) / block;
   std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());

@@ -426,6 +426,7 @@ void set_kernel_impl(const std::string& name) {
 
 namespace mol {
 const Kernels& active_kernels() { return kernels(); }
+at::Tensor empty_output(at::IntArrayRef shape, const at::TensorOptions& opts) { return empty_out(shape, opts); }
 }  // namespace mol
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
