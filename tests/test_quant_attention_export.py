@@ -107,6 +107,7 @@ def test_mha_export(tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,impl", [("bert", "eager"), ("bert", "sdpa"), ("gpt2", "sdpa"), ("llama", "eager"), ("llama", "sdpa")]
 )
@@ -114,6 +115,7 @@ def test_hf_attention_export(tmp_path, kind, impl):
     _export_and_check(_hf(kind, impl), _inputs(kind), tmp_path / f"{kind}.onnx", mtq.INT8_ATTENTION_CFG, 2)
 
 
+@pytest.mark.slow
 def test_fp8_attention_export(tmp_path):
     _export_and_check(_hf("bert", "eager"), _inputs("bert"), tmp_path / "fp8.onnx", mtq.FP8_ATTENTION_CFG, 2)
 
