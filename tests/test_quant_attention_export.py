@@ -148,3 +148,16 @@ def test_float_rounding_only_rule():
     assert not float_rounding_only(drifted)[0]
     two_steps = DivergenceReport([row("b", 4000, 1e-6, 1, 2.0)])
     assert not float_rounding_only(two_steps)[0]
+
+
+@pytest.mark.slow
+def test_dynamo_export_of_the_scoped_mode(tmp_path):
+    """torch.export traces through the TorchFunctionMode entered in the attention forward too."""
+    args = _inputs("bert")
+    q = copy.deepcopy(_hf("bert", "eager")).eval()
+    mtq.quantize(q, mtq.INT8_ATTENTION_CFG, lambda m: m(*args))
+    export_onnx(q, args, tmp_path / "d.onnx", dynamo=True)
+    found = attention_matmuls(tmp_path / "d.onnx")
+    assert len(found) == 4 and all(m.both_quantized for m in found)
+    ok, why = float_rounding_only(compare_with_onnxruntime(q, tmp_path / "d.onnx", args))
+    assert ok, why
