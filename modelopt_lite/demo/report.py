@@ -182,7 +182,8 @@ def format_minilm(result) -> str:
     lines += [f"{r.fmt} {r.calib}: export/ORT failed: {r.error}" for r in result.rows if r.error]
     lines.append(
         "quantized: nn.Linear weights per output channel, inputs per tensor; LayerNorm, GELU, softmax and the "
-        f"attention matmuls stay float. Latency: ORT CPU, {2 * result.n_pairs} sentences per batch, median."
+        "attention matmuls stay float, except in the '+ attention' rows (Q, K, V and the softmax probabilities "
+        f"per tensor). Latency: ORT CPU, {2 * result.n_pairs} sentences per batch, median."
     )
     lines.append(f"output folder: {result.out_dir}  ({result.seconds:.0f} s)")
     return "\n".join(lines)
