@@ -96,7 +96,9 @@ def _build_parser() -> argparse.ArgumentParser:
     q.add_argument("--summary", action="store_true", help="print the per-quantizer summary")
     q.set_defaults(func=_cmd_quantize)
 
-    i = sub.add_parser("inspect", help="print a report on an ONNX file (Q/DQ nodes, formats, scales, checks)")
+    i = sub.add_parser(
+        "inspect", help="print a report on an ONNX file (Q/DQ nodes, formats, scales, checks, TensorRT readiness)"
+    )
     i.add_argument("path", metavar="MODEL.onnx")
     i.set_defaults(func=_cmd_inspect)
 
