@@ -24,7 +24,10 @@ def test_every_preset_validates(name):
     labels = [r.label for r in cfg.rules]
     # the default-disabled entries come last, so they win over the enabling patterns
     assert labels[-1] == "'*mlp.gate.*'" and "'nn.BatchNorm2d']['*'" in labels and "'*lm_head*'" in labels
-    assert cfg.algorithm[0] in ("max", "percentile", "smoothquant")
+    if name.startswith("MX"):  # dynamic OCP MX: nothing to calibrate (ModelOpt's algorithm None too)
+        assert cfg.algorithm is None
+    else:
+        assert cfg.algorithm[0] in ("max", "percentile", "smoothquant")
 
 
 def test_preset_contents():

@@ -414,7 +414,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     def export_info(self) -> dict:
         """What an exporter needs, as fresh tensors (the amax buffer is never modified).
 
-        Keys: ``kind`` ("int" | "e4m3" | "block" | a block scheme's name: "nvfp4", "mxfp8", ...), ``num_bits``, ``unsigned``, ``narrow_range``, ``axis`` (tuple of
+        Keys: ``kind`` ("int" | "e4m3" | "block" | a block scheme's name: "nvfp4", "mxfp8", ...), ``num_bits``,
+        ``unsigned``, ``narrow_range``, ``axis`` (tuple of
         non-negative dims resolved against the last input rank, or None), ``block_sizes`` (axis keys made
         non-negative when the rank is known), ``amax`` (current step, ``scale_amax`` applied; None when dynamic),
         ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``.
