@@ -118,9 +118,12 @@ def test_minilm_demo_targets_torch_side(tmp_path):
         ("INT8 W8A8", ""),
         ("INT8 W8A8", "W8A8"),
         ("FP8 E4M3", "FP8"),
+        ("INT4 blk128 RTN", ""),
+        ("INT4 blk128 AWQ", "INT4"),
     ]
     assert r.rows[0].cos_mean == pytest.approx(1.0) and r.rows[0].top1_acc == 100.0  # unambiguous pairs in FP32
     assert [c for c, ok in r.target_checks() if not ok] == []
-    assert len(r.target_checks()) == 3
+    assert len(r.target_checks()) == 4
+    assert r.rows[4].cos_mean < r.rows[5].cos_mean  # AWQ beats round-to-nearest
     assert r.rows[1].cos_mean < 0.99 < r.rows[2].cos_mean  # SmoothQuant is what brings full W8A8 above 0.99
     assert r.rows[2].calib == "SmoothQuant 0.8, all 36"

@@ -8,7 +8,8 @@ similarity to the FP32 embeddings, top-1 retrieval agreement with FP32 -> export
 compare with torch and time it against the FP32 export. For full W8A8 (and any row that misses a target) a
 sensitivity pass names the activations that hurt most (the input quantizers of one kind of layer kept float in turn);
 the W8A8 row that carries the target uses SmoothQuant (``INT8_SMOOTHQUANT_CFG``: activation outliers moved into the
-weights, every Linear input still per-tensor INT8).
+weights, every Linear input still per-tensor INT8). Two INT4 weight-only rows (blocks of 128 along the input axis,
+activations float): round-to-nearest and AWQ (``INT4_AWQ_CFG``'s weights with ``awq_full``).
 
 Nothing here prints: :func:`run` returns a :class:`MiniLMDemoResult`; :mod:`.report` formats it.
 """
@@ -27,7 +28,9 @@ from . import measure
 from .sentences import calibration_sentences, retrieval_pairs
 
 #: targets: minimum mean cosine similarity to FP32 and minimum top-1 agreement (percent), per group
-TARGETS = {"W8A8": {"cosine": 0.99, "top1": 95.0}, "FP8": {"cosine": 0.995}}
+TARGETS = {"W8A8": {"cosine": 0.99, "top1": 95.0}, "FP8": {"cosine": 0.995}, "INT4": {"cosine": 0.967}}
+#: the INT4 weight-only AWQ row: INT4_AWQ_CFG's weights (blocks of 128) searched with awq_full (scale, then clip)
+INT4_AWQ_ALGORITHM = {"method": "awq_full"}
 MAX_LENGTH = 64
 
 
@@ -131,6 +134,14 @@ def _quantized(model, config, batches, progress: bool, desc: str):
     q = copy.deepcopy(model).eval()
     mtq.quantize(q, config, make_forward_loop(batches, progress=progress, desc=desc))
     return q
+
+
+def _int4_awq_cfg(progress: bool) -> dict:
+    import modelopt_lite as mtq
+
+    cfg = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    cfg["algorithm"] = {**INT4_AWQ_ALGORITHM, "progress": progress}
+    return cfg
 
 
 def _layer_kind(module_path: str) -> str:
@@ -257,6 +268,8 @@ def run(
         ("INT8 W8A8", "max, all 36 Linear", mtq.INT8_DEFAULT_CFG, "", "int8_all"),
         ("INT8 W8A8", "SmoothQuant 0.8, all 36", mtq.INT8_SMOOTHQUANT_CFG, "W8A8", "int8"),
         ("FP8 E4M3", "max, all 36 Linear", mtq.FP8_DEFAULT_CFG, "FP8", "fp8"),
+        ("INT4 blk128 RTN", "max, all 36 Linear", mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "", "int4_rtn"),
+        ("INT4 blk128 AWQ", "awq_full, all 36 Linear", _int4_awq_cfg(progress), "INT4", "int4_awq"),
     ]
     rows = []
     findings = {}
