@@ -24,7 +24,7 @@ def test_every_preset_validates(name):
     labels = [r.label for r in cfg.rules]
     # the default-disabled entries come last, so they win over the enabling patterns
     assert labels[-1] == "'*mlp.gate.*'" and "'nn.BatchNorm2d']['*'" in labels and "'*lm_head*'" in labels
-    assert cfg.algorithm[0] in ("max", "percentile", "smoothquant")
+    assert cfg.algorithm[0] in ("max", "percentile", "smoothquant", "awq_lite")
 
 
 def test_preset_contents():
