@@ -113,7 +113,12 @@ def test_minilm_demo_targets_torch_side(tmp_path):
     from modelopt_lite.demo import minilm
 
     r = minilm.run(
-        tmp_path, fast=True, progress=False, export=False, sensitivity=False, variants=("int8_all", "int8", "fp8")
+        tmp_path,
+        fast=True,
+        progress=False,
+        export=False,
+        sensitivity=False,
+        variants=("int8_all", "int8", "fp8", "nvfp4_w", "mxfp8", "int4_rtn", "int4_awq"),
     )
     assert [(row.fmt, row.group) for row in r.rows] == [
         ("FP32", ""),
@@ -122,13 +127,13 @@ def test_minilm_demo_targets_torch_side(tmp_path):
         ("FP8 E4M3", "FP8"),
         ("NVFP4 W4A16", "NVFP4-W"),
         ("MXFP8 W8A8", "MXFP8"),
-        ("MXFP4 W4A4", ""),
-        ("NVFP4 W4A4", ""),
-        ("INT4 blk128 GPTQ", ""),
+        ("INT4 blk128 RTN", ""),
+        ("INT4 blk128 AWQ", "INT4"),
     ]
     assert r.rows[0].cos_mean == pytest.approx(1.0) and r.rows[0].top1_acc == 100.0  # unambiguous pairs in FP32
     assert [c for c, ok in r.target_checks() if not ok] == []
-    assert len(r.target_checks()) == 5
-    assert [row.exportable for row in r.rows] == [True] * 4 + [False] * 4  # NVFP4/MX: no ONNX export yet
+    assert len(r.target_checks()) == 6
+    assert [row.exportable for row in r.rows] == [True] * 4 + [False] * 2 + [True] * 2  # NVFP4/MX: torch only
+    assert r.rows[6].cos_mean < r.rows[7].cos_mean  # AWQ beats round-to-nearest
     assert r.rows[1].cos_mean < 0.99 < r.rows[2].cos_mean  # SmoothQuant is what brings full W8A8 above 0.99
     assert r.rows[2].calib == "SmoothQuant 0.8, all 36"

@@ -46,7 +46,14 @@ def block_size(wq: TensorQuantizer, label: str) -> int | None:
 def fake_quant(wq: TensorQuantizer, w: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
     """``w`` quantized as ``wq`` would, with ``amax`` (None: ``w``'s own max per channel/block), never touching
     ``wq`` itself (a scratch quantizer with the same descriptor does the work)."""
-    scratch = TensorQuantizer(wq.quant_desc, amax=amax)
+    d = wq.quant_desc
+    if amax is None and d.amax is None and not d.dynamic and w.dim() == 2:
+        bs = block_size(wq, "awq")
+        if bs is not None and set(d.block_sizes) <= {-1, 1}:  # the block max, computed here (a fast reshape)
+            pad = (-w.shape[1]) % bs
+            wp = torch.nn.functional.pad(w, (0, pad)) if pad else w
+            amax = wp.detach().abs().reshape(w.shape[0], -1, bs).amax(-1)
+    scratch = TensorQuantizer(d, amax=amax)
     return scratch(w)
 
 
@@ -87,7 +94,7 @@ def awq_scale(act: torch.Tensor, wmag: torch.Tensor, alpha: float) -> torch.Tens
 
 def output_error(d: torch.Tensor, gram: torch.Tensor) -> float:
     """``trace(D G D^T)``: the summed squared output error of a weight error ``D`` (out, in)."""
-    return float(((d @ gram) * d).sum(dtype=torch.float64))
+    return float(torch.sum((d @ gram).mul_(d)))
 
 
 def search_scale(w, act, gram, count: int, wq: TensorQuantizer, alphas: list[float], bs: int | None):

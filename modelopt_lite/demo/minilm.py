@@ -12,6 +12,9 @@ weights, every Linear input still per-tensor INT8). Two more rows also quantize 
 softmax probabilities per tensor: ``INT8_SMOOTHQUANT_ATTENTION_CFG``, ``FP8_ATTENTION_CFG``); their exports are
 checked for Q/DQ on both inputs of every attention MatMul and for per-node agreement with torch
 (:func:`modelopt_lite.onnx_export.float_rounding_only` on :func:`~modelopt_lite.onnx_export.compare_with_onnxruntime`).
+Three INT4 weight-only rows (blocks of 128 along the input axis, activations float): round-to-nearest, AWQ
+(``INT4_AWQ_CFG``'s weights with ``awq_full``) and GPTQ. NVFP4/MX rows (W4A16 NVFP4, MXFP8, MXFP4, NVFP4 W4A4) are
+measured in torch only (:data:`TORCH_ONLY`).
 
 Nothing here prints: :func:`run` returns a :class:`MiniLMDemoResult`; :mod:`.report` formats it.
 """
@@ -35,10 +38,19 @@ TARGETS = {
     "FP8": {"cosine": 0.995},
     "NVFP4-W": {"cosine": 0.975},  # ModelOpt's RTN (NVFP4QTensor) on the same set: see bench/
     "MXFP8": {"cosine": 0.997},
+    "INT4": {"cosine": 0.967},  # ModelOpt 0.47's INT4_AWQ_CFG (awq_lite) on the same set
 }
+#: the INT4 weight-only AWQ row: INT4_AWQ_CFG's weights (blocks of 128) searched with awq_full (scale, then clip)
+INT4_AWQ_ALGORITHM = {"method": "awq_full"}
 MAX_LENGTH = 64
 #: the quantized rows of the table, by the stem of their ONNX file
-VARIANTS = ("int8_all", "int8", "fp8", "int8_attn", "fp8_attn")
+VARIANTS = (
+    "int8_all", "int8", "fp8", "int8_attn", "fp8_attn", "nvfp4_w", "mxfp8", "mxfp4", "nvfp4", "int4_rtn", "int4_awq",
+    "int4_gptq",
+)  # fmt: skip
+#: rows measured in torch only: ONNX Runtime has no FLOAT4E2M1/E8M0 kernels and onnx's ReferenceEvaluator is far too
+#: slow for a 22M-parameter model (the exports themselves are tested on small models)
+TORCH_ONLY = frozenset({"nvfp4_w", "mxfp8", "mxfp4", "nvfp4"})
 #: the float32 input difference (absolute) that still counts as rounding where ORT's first quantized value differs
 NODE_RULE_ULPS = 1e-4
 
@@ -92,7 +104,7 @@ class Row:
     ort_ms: float | None = None
     group: str = ""  # which target applies: "W8A8", "FP8" or "" (informational row)
     error: str | None = None  # why the export or the ORT session failed
-    exportable: bool = True  # False: the format has no ONNX export yet (NVFP4/MX rows): no ORT columns
+    exportable: bool = True  # False: a TORCH_ONLY row (NVFP4/MX): no ORT columns
     attention: bool = False  # the attention matmuls are quantized too
     attn_matmuls: tuple[int, int] | None = None  # (attention MatMuls with Q/DQ on both inputs, all of them)
     node_rule: tuple[bool, str] | None = None  # per-node ORT agreement (float_rounding_only) and why
@@ -155,6 +167,14 @@ def _quantized(model, config, batches, progress: bool, desc: str):
     loop = make_forward_loop(batches, progress=progress, desc=desc) if config.get("algorithm") is not None else None
     mtq.quantize(q, config, loop)  # algorithm None (the dynamic MX presets): nothing to calibrate
     return q
+
+
+def _int4_awq_cfg(progress: bool) -> dict:
+    import modelopt_lite as mtq
+
+    cfg = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    cfg["algorithm"] = {**INT4_AWQ_ALGORITHM, "progress": progress}
+    return cfg
 
 
 def _layer_kind(module_path: str) -> str:
@@ -243,8 +263,8 @@ def run(
     """Run the MiniLM demo; ONNX files go to ``out``.
 
     ``fast``: 64 calibration sentences and fewer timing runs; ``export=False`` skips ONNX/ORT (torch metrics only);
-    ``sensitivity=False`` skips the sensitivity passes. ``variants``: the quantized rows to run, by file stem
-    (``"int8_all"``, ``"int8"``, ``"fp8"``, ``"int8_attn"``, ``"fp8_attn"``; default all); FP32 always runs.
+    ``sensitivity=False`` skips the sensitivity passes. ``variants``: the quantized rows to run, by their key
+    (:data:`VARIANTS`, the stem of their ONNX file; default all); FP32 always runs.
     ``plots`` is accepted for symmetry with the digits demo (this demo writes no plots).
     """
     import modelopt_lite as mtq
@@ -294,12 +314,13 @@ def run(
         ("FP8 E4M3", "max, all 36 Linear", mtq.FP8_DEFAULT_CFG, "FP8", "fp8"),
         ("INT8 W8A8", "SmoothQuant 0.8, 36 + attention", mtq.INT8_SMOOTHQUANT_ATTENTION_CFG, "W8A8", "int8_attn"),
         ("FP8 E4M3", "max, 36 Linear + attention", mtq.FP8_ATTENTION_CFG, "FP8", "fp8_attn"),
-        # NVFP4 / OCP MX: export_onnx writes them (opset 23/24), but ONNX Runtime has no FLOAT4E2M1/E8M0 kernels and
-        # onnx's ReferenceEvaluator is far too slow for a 22M-parameter model: torch rows only (stem None)
-        ("NVFP4 W4A16", "RTN, all 36 Linear", mtq.W4A16_NVFP4_CFG, "NVFP4-W", None),
-        ("MXFP8 W8A8", "dynamic, all 36 Linear", mtq.MXFP8_DEFAULT_CFG, "MXFP8", None),
-        ("MXFP4 W4A4", "dynamic, all 36 Linear", mtq.MXFP4_DEFAULT_CFG, "", None),
-        ("NVFP4 W4A4", "max, all 36 Linear", mtq.NVFP4_DEFAULT_CFG, "", None),
+        # NVFP4 / OCP MX: torch rows only (TORCH_ONLY)
+        ("NVFP4 W4A16", "RTN, all 36 Linear", mtq.W4A16_NVFP4_CFG, "NVFP4-W", "nvfp4_w"),
+        ("MXFP8 W8A8", "dynamic, all 36 Linear", mtq.MXFP8_DEFAULT_CFG, "MXFP8", "mxfp8"),
+        ("MXFP4 W4A4", "dynamic, all 36 Linear", mtq.MXFP4_DEFAULT_CFG, "", "mxfp4"),
+        ("NVFP4 W4A4", "max, all 36 Linear", mtq.NVFP4_DEFAULT_CFG, "", "nvfp4"),
+        ("INT4 blk128 RTN", "max, all 36 Linear", mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "", "int4_rtn"),
+        ("INT4 blk128 AWQ", "awq_full, all 36 Linear", _int4_awq_cfg(progress), "INT4", "int4_awq"),
         # weight-only: {"method": "gptq"} on the INT4 block-128 config (ModelOpt 0.47 has no GPTQ preset)
         (
             "INT4 blk128 GPTQ",
@@ -327,10 +348,10 @@ def run(
             100.0 * float((top1 == ref_top1).double().mean()),
             100.0 * float((top1 == gold).double().mean()),
             group=group,
-            exportable=stem is not None,
+            exportable=stem not in TORCH_ONLY,
             attention=cfg is not None and "*softmax_quantizer" in cfg["quant_cfg"],
         )
-        if export and stem is not None:
+        if export and stem not in TORCH_ONLY:
             _export_and_compare(row, q, feed, emb, n, out_dir / f"minilm_{stem}.onnx", threads, repeats)
         rows.append(row)
         wanted = stem == "int8_all" or any(not ok for _, ok in _row_checks(row, export))

@@ -174,14 +174,15 @@ def format_minilm(result) -> str:
     else:
         lines.append(
             f"targets: all {len(checks)} met (W8A8 cosine >= 0.99 and top-1 agreement >= 95%, FP8 cosine >= 0.995, "
-            "NVFP4 W4A16 >= 0.975, MXFP8 >= 0.997; NVFP4/MX rows: torch only, no ONNX export yet)"
+            "NVFP4 W4A16 >= 0.975, MXFP8 >= 0.997; INT4 AWQ >= 0.967; NVFP4/MX rows: torch only)"
         )
     for label, layers in result.sensitivity.items():
         worst = ", ".join(f"{name} (cosine {c:.4f})" for name, c in layers)
         lines.append(f"{label}: inputs that hurt most, by the cosine reached with them kept float: {worst}")
     lines += [f"{r.fmt} {r.calib}: export/ORT failed: {r.error}" for r in result.rows if r.error]
     lines.append(
-        "quantized: nn.Linear weights per output channel, inputs per tensor; LayerNorm, GELU, softmax and the "
+        "quantized: nn.Linear weights per output channel, inputs per tensor (INT4: weights in blocks of 128 along "
+        "the input axis, inputs float); LayerNorm, GELU, softmax and the "
         "attention matmuls stay float, except in the '+ attention' rows (Q, K, V and the softmax probabilities "
         f"per tensor). Latency: ORT CPU, {2 * result.n_pairs} sentences per batch, median."
     )

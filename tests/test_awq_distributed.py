@@ -1,0 +1,99 @@
+"""AWQ under torch.distributed: 2 gloo ranks that split the calibration data == 1 process with all of it."""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+pytestmark = pytest.mark.slow  # spawns two gloo ranks (several seconds)
+
+WORLD = 2
+
+
+def _model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 16))
+    with torch.no_grad():
+        m[0].weight.uniform_(0.2, 3.0)
+    return m
+
+
+def _batches():
+    g = torch.Generator().manual_seed(5)
+    col = torch.rand(64, generator=g) * 2 + 0.1
+    col[7] *= 25
+    return [torch.randn(3, 9, 64, generator=g) * col for _ in range(6)]
+
+
+def _cfg():
+    return {
+        "quant_cfg": {
+            "default": {"enable": False},
+            "*weight_quantizer": {"num_bits": 4, "block_sizes": {-1: 16}, "axis": None, "enable": True},
+        },
+        "algorithm": {"method": "awq_full", "progress": False, "debug": True},
+    }
+
+
+def _run(batches):
+    import modelopt_lite as mtq
+
+    def loop(m):
+        for x in batches:
+            m(x)
+
+    q = mtq.quantize(_model(), _cfg(), loop)
+    out = {"state": {k: v.detach().clone() for k, v in q.state_dict().items()}}
+    out["alpha"] = [q[i].awq_lite.best_alpha for i in (1, 3)]
+    return out
+
+
+def _worker(rank, port, outdir):
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
+    try:
+        torch.set_num_threads(1)
+        batches = _batches()
+        torch.save(_run(batches[:2] if rank == 0 else batches[2:]), f"{outdir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_match_one_process(tmp_path):
+    ctx = mp.start_processes(
+        _worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + 240
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail("AWQ distributed workers hung (timeout)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    ref = _run(_batches())
+    alone = _run(_batches()[:2])  # what rank 0 would get without the reduction: must differ
+    assert ref["alpha"] != alone["alpha"] or any(
+        not torch.equal(ref["state"][k], alone["state"][k]) for k in ref["state"]
+    )
+    for res in ranks:
+        assert res["alpha"] == ref["alpha"]
+        assert res["state"].keys() == ref["state"].keys()
+        for k, v in ref["state"].items():  # float64 sums in another order: equal to float32 rounding
+            torch.testing.assert_close(res["state"][k], v, rtol=1e-6, atol=1e-7, msg=k)
