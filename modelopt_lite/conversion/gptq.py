@@ -8,7 +8,7 @@ There is no GPTQ preset in ModelOpt 0.47: combine a weight config with the algor
 Flow of ``quantize(model, cfg, forward_loop)`` with this algorithm:
 
 1. a max calibration of every quantizer (one pass; activation ranges, and the weight ranges of layers GPTQ leaves
-   alone), during which the quantized Linears with an enabled static weight quantizer are recorded in call order
+   alone), during which the quantized Linears with an enabled weight quantizer are recorded in call order
    and grouped by the input tensor they read (the query/key/value projections of an attention block share one);
 2. then, group by group in call order (sequential, as the reference algorithm): one more pass of the loop, stopped
    inside the model as soon as the group's input has been seen, accumulates the Hessian ``X^T X`` of that input
@@ -25,9 +25,9 @@ Passes stay short: a pass stops inside the model once the group's input is seen,
 an earlier group already reached (an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that
 block on its recorded inputs (:class:`BlockCache`), so the loop runs once per block, not once per group.
 ``clip_search=True`` (not in ModelOpt) picks each scale among shrunk ranges by the Hessian-weighted rounding error
-(:func:`~.gptq_solver.search_amax`). Only one group's Hessian exists at a time. The loop's batches must run the model (``model(...)``) without using its
-output: a stopped pass returns None to the loop. If anything raises, ``quantize`` puts the weights and quantizers
-back exactly.
+(:func:`~.gptq_solver.search_amax`). Only one group's Hessian exists at a time. The loop's batches must run the
+model (``model(...)``) without using its output: a stopped pass returns None to the loop. If anything raises,
+``quantize`` puts the weights and quantizers back exactly.
 """
 
 from __future__ import annotations

@@ -324,8 +324,8 @@ def run(
         # weight-only: {"method": "gptq"} on the INT4 block-128 config (ModelOpt 0.47 has no GPTQ preset)
         (
             "INT4 blk128 GPTQ",
-            "weight-only, all 36",
-            {**mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": "gptq"},
+            "weight-only clip_search, all 36",
+            {**mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": {"method": "gptq", "clip_search": True}},
             "",
             "int4_gptq",
         ),
