@@ -163,10 +163,10 @@ def test_export_fake2real_and_save_restore(tmp_path):
     x = torch.randn(4, 32)
     model = nn.Sequential(nn.Linear(32, 16))
     mtq.quantize(model, mtq.W4A16_NVFP4_CFG, lambda m: m(x))
-    with pytest.raises(ValueError, match="0.weight_quantizer: NVFP4 quantization has no ONNX export yet"):
-        mtq.export_onnx(model, (x,), str(tmp_path / "m.onnx"))
-    with pytest.raises(ValueError, match="weight_quantizer is nvfp4; only integer weights"):
-        mtq.fake2real(copy.deepcopy(model))
+    rep = mtq.export_onnx(model, (x,), str(tmp_path / "m.onnx"))  # FLOAT4E2M1 weights (tests/test_onnx_microscaling)
+    assert rep.opset == 23 and rep.weights[0]["dtype"] == "FLOAT4E2M1"
+    real = mtq.fake2real(copy.deepcopy(model))  # packed E2M1 codes (tests/test_real_microscaling)
+    assert torch.equal(real(x), model(x))
     mtq.save(model, str(tmp_path / "q.pt"))
     other = nn.Sequential(nn.Linear(32, 16))
     other.load_state_dict(model.state_dict(), strict=False)

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..formats import BLOCK_SCHEMES
-
 BASE_OPSET = 17
 #: highest opset the TorchScript exporter writes; higher opsets are reached with onnx's version converter
 TORCHSCRIPT_MAX_OPSET = 20
@@ -140,9 +138,6 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
         p.need(13, f"{name}: per-channel quantization (axis) needs opset >= 13")
     if kind == "e4m3":
         p.need(19, f"{name}: FP8 E4M3 needs opset >= 19")
-        return
-    if kind in {s.name for s in BLOCK_SCHEMES.values()}:  # NVFP4 / OCP MX (formats.BLOCK_SCHEMES)
-        problems.append(f"{name}: {str(kind).upper()} quantization has no ONNX export yet (use fake quantization)")
         return
     if kind == "block":
         if not weight:

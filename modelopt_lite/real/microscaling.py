@@ -48,7 +48,7 @@ def is_microscaling(spec_entry: dict | None) -> bool:
 def _entry(q) -> dict:
     s = scheme_of(q)
     block = int(q.quant_desc.block_sizes[-1])
-    return {"format": s.kind, "scheme": s.name, "elem": s.elem, "block": block, "rounding": "floor"}
+    return {"format": s.kind, "scheme": s.name, "elem": s.elem, "block": block, "rounding": s.rounding}
 
 
 def _global_scale(q) -> torch.Tensor:
