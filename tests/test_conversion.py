@@ -54,7 +54,7 @@ def test_preset_contents():
     [
         ([], r"config must be a dict"),
         ({"quant_cfg": {}, "algo": "max"}, r"config has unknown key\(s\) \['algo'\]"),
-        ({"quant_cfg": []}, r"config\['quant_cfg'\] must be a dict"),
+        ({"quant_cfg": 3}, r"config\['quant_cfg'\] must be a dict \{pattern: attrs\} or a list of ModelOpt entries"),
         (
             {"quant_cfg": {"*weight_quantizer": 8}},
             r"quant_cfg\['\*weight_quantizer'\]: attributes must be a dict, got int",

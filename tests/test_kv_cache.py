@@ -12,7 +12,7 @@ from modelopt_lite.conversion.preset_base import DEFAULT_DISABLED
 from modelopt_lite.conversion.presets import PRESETS
 from modelopt_lite.conversion.presets_kv import KV_PATTERN, with_kv_cache
 from modelopt_lite.conversion.utils import named_quantizers
-from modelopt_lite.functional import reference
+from modelopt_lite.functional import microscaling, reference
 from modelopt_lite.onnx_export.ort_runner import ort_session
 from modelopt_lite.onnx_export.trt_readiness import check_readiness
 
@@ -52,6 +52,8 @@ def _prompt(batch=2, length=5, seed=1):
 def _ref(q, x):
     """The reference fake quant of ``x`` with q's calibrated per-tensor amax (numerics contract)."""
     amax = q.amax.float().reshape(())
+    if q.num_bits == (2, 1):  # NVFP4: blocks of 16 along the head dimension under the global scale
+        return microscaling.fake_nvfp4(x, microscaling.nvfp4_global_scale(amax), 16)
     if q.num_bits == (4, 3):
         return reference.fake_e4m3(x, amax / 448.0)
     return reference.fake_quant_int(x, amax / 127.0, -128, 127)
@@ -103,7 +105,13 @@ def test_kv_preset_matches_modelopt():
 # --- generate() with a quantized KV cache ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "arch, attn, preset",
-    [("gpt2", "eager", "FP8_KV_CFG"), ("llama", "eager", "INT8_KV_CFG"), ("llama", "sdpa", "FP8_KV_CFG")],
+    [
+        ("gpt2", "eager", "FP8_KV_CFG"),
+        ("llama", "eager", "INT8_KV_CFG"),
+        ("llama", "sdpa", "FP8_KV_CFG"),
+        ("llama", "sdpa", "NVFP4_KV_CFG"),
+        ("gpt2", "eager", "NVFP4_KV_CFG"),
+    ],
 )
 def test_generate_sees_reference_quantized_kv_at_every_step(arch, attn, preset):
     model = _decoder(arch, attn)

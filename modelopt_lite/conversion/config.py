@@ -316,6 +316,44 @@ def _enabled(attrs: dict | list[dict]) -> dict | list[dict]:
     return {"enable": True, **attrs}
 
 
+_LIST_ENTRY_KEYS = frozenset({"quantizer_name", "cfg", "enable", "parent_class"})
+
+
+def _list_rules(entries) -> list[Rule]:
+    """Rules from ModelOpt 0.47's list form of ``quant_cfg``, in order: each entry ``{"quantizer_name": pattern,
+    "cfg": attrs (a dict, or a list of dicts for a SequentialQuantizer), "enable": bool, "parent_class": class key}``
+    means what the dict entry ``{pattern: {**cfg, "enable": enable}}`` (under ``{parent_class: {...}}``) means."""
+    rules: list[Rule] = []
+    for i, e in enumerate(entries):
+        label = f"[{i}]"
+        if not isinstance(e, dict):
+            raise QuantConfigError(f"quant_cfg{label}: a list entry must be a dict, got {type(e).__name__} {e!r}")
+        extra = sorted(map(str, set(e) - _LIST_ENTRY_KEYS))
+        if extra:
+            raise QuantConfigError(f"quant_cfg{label}: unknown key(s) {extra}; allowed: {sorted(_LIST_ENTRY_KEYS)}")
+        name = e.get("quantizer_name")
+        if not isinstance(name, str) or not name:
+            raise QuantConfigError(f"quant_cfg{label}: 'quantizer_name' must be a non-empty pattern, got {name!r}")
+        cfg = e.get("cfg", {})
+        if isinstance(cfg, (list, tuple)):
+            attrs: Any = [dict(c, enable=e["enable"]) if "enable" in e else c for c in cfg]
+        elif isinstance(cfg, dict):
+            attrs = dict(cfg, enable=e["enable"]) if "enable" in e else dict(cfg)
+        else:
+            raise QuantConfigError(f"quant_cfg{label}: 'cfg' must be a dict or a list of dicts, got {cfg!r}")
+        label = f"{i}: {name!r}"
+        parent = e.get("parent_class")
+        if parent is None:
+            rules.append(Rule(label, name, None, _check_attrs(label, attrs)))
+        elif isinstance(parent, type) or (isinstance(parent, str) and parent):
+            rules += _class_rules(parent, label, {name: attrs})
+        else:
+            raise QuantConfigError(
+                f"quant_cfg[{label}]: 'parent_class' must be a class or a class name, got {parent!r}"
+            )
+    return rules
+
+
 def normalize_config(config: Any, *, enable_by_default: bool = False) -> QuantConfig:
     """Validate ``config`` and return its rules (``"default"`` first) and algorithm; never mutates ``config``.
 
@@ -340,10 +378,16 @@ def normalize_config(config: Any, *, enable_by_default: bool = False) -> QuantCo
     if requant is not None and requant not in REQUANT_MODES:
         raise QuantConfigError(f"config['requant'] must be one of {REQUANT_MODES}, got {requant!r}")
     quant_cfg = config.get("quant_cfg", {})
-    if not isinstance(quant_cfg, dict):
-        raise QuantConfigError(f"config['quant_cfg'] must be a dict {{pattern: attrs}}, got {type(quant_cfg).__name__}")
     default_rules: list[Rule] = []
     rules: list[Rule] = []
+    if isinstance(quant_cfg, (list, tuple)):  # ModelOpt 0.47's form: ordered entries
+        rules = _list_rules(quant_cfg)
+        quant_cfg = {}
+    if not isinstance(quant_cfg, dict):
+        raise QuantConfigError(
+            f"config['quant_cfg'] must be a dict {{pattern: attrs}} or a list of ModelOpt entries "
+            f"{{'quantizer_name': ..., 'cfg': ..., 'enable': ..., 'parent_class': ...}}, got {type(quant_cfg).__name__}"
+        )
     for key, value in quant_cfg.items():
         label = repr(key) if isinstance(key, str) else getattr(key, "__name__", repr(key))
         if key == "default":

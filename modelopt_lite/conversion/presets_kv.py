@@ -7,7 +7,9 @@ storing the cache quantized (fake quantization is element-wise and idempotent fo
 TensorRT-LLM's FP8/INT8 KV cache computes.
 
 - :data:`FP8_KV_CFG`: ModelOpt's preset of that name: ``"*[kv]_bmm_quantizer"`` FP8 E4M3 per tensor;
-- :data:`INT8_KV_CFG`: the same with INT8 per tensor.
+- :data:`INT8_KV_CFG`: the same with INT8 per tensor;
+- :data:`NVFP4_KV_CFG`: ModelOpt's preset of that name: NVFP4 (E2M1 in blocks of 16 along the head dimension, E4M3
+  block scales under a calibrated per-tensor global amax).
 
 ModelOpt's ``FP8_AFFINE_KV_CFG`` (a static per-head, per-channel bias subtracted before the FP8 cast) needs an
 affine ``bias`` on the quantizer, which :class:`~modelopt_lite.nn.TensorQuantizer` does not have: it is not
@@ -33,8 +35,21 @@ FP8_KV_CFG = preset({KV_PATTERN: {"num_bits": (4, 3), "axis": None, "enable": Tr
 #: INT8 per-tensor keys and values, max calibration
 INT8_KV_CFG = preset({KV_PATTERN: {"num_bits": 8, "axis": None, "calib_method": "max", "enable": True}}, "max")
 
+#: NVFP4 keys and values (ModelOpt's NVFP4_KV_CFG entry), the global amax max calibrated
+NVFP4_KV_CFG = preset(
+    {
+        KV_PATTERN: {
+            "num_bits": (2, 1),
+            "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)},
+            "axis": None,
+            "enable": True,
+        }
+    },
+    "max",
+)
+
 #: the KV presets by name (merged into :data:`~.presets.PRESETS`)
-KV_PRESETS = {"FP8_KV_CFG": FP8_KV_CFG, "INT8_KV_CFG": INT8_KV_CFG}
+KV_PRESETS = {"FP8_KV_CFG": FP8_KV_CFG, "INT8_KV_CFG": INT8_KV_CFG, "NVFP4_KV_CFG": NVFP4_KV_CFG}
 
 
 def with_kv_cache(config: dict, kv_config: dict) -> dict:
