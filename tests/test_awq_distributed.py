@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from dist_helpers import run_ranks
 from torch import nn
 
 pytestmark = pytest.mark.slow  # spawns two gloo ranks (several seconds)
@@ -67,26 +65,8 @@ def _worker(rank, port, outdir):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_match_one_process(tmp_path):
-    ctx = mp.start_processes(
-        _worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + 240
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail("AWQ distributed workers hung (timeout)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    ranks = run_ranks(_worker, tmp_path, WORLD, 240, "AWQ distributed")
     ref = _run(_batches())
     alone = _run(_batches()[:2])  # what rank 0 would get without the reduction: must differ
     assert ref["alpha"] != alone["alpha"] or any(

@@ -1,13 +1,11 @@
 """Distributed calibration: 2 gloo ranks with different shards == 1 process with all shards, bit for bit."""
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from dist_helpers import run_ranks
 
 from modelopt_lite.calib import HistogramCalibrator, MaxCalibrator
 
@@ -70,26 +68,10 @@ def _worker(rank, port, outdir):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + 180
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail("distributed calibration workers hung (timeout)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    return run_ranks(_worker, out, WORLD, 180, "distributed calibration")
 
 
 def _reference(name, shards):

@@ -3,14 +3,12 @@ one process gets with all of them (the Hessians and token counts are summed over
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from dist_helpers import run_ranks
 from test_gptq import Attn, _batches, _cfg
 
 import modelopt_lite as mtq
@@ -45,26 +43,10 @@ def _worker(rank, port, outdir):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("gptq_dist")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + 300
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail("distributed GPTQ workers hung (timeout)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    return run_ranks(_worker, out, WORLD, 300, "distributed GPTQ")
 
 
 @pytest.mark.parametrize("desc_act", [False, True])

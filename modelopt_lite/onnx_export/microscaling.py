@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 
 from ..functional import microscaling as mx
 from .graph import Graph, OpsetTooLow
+from .weights import pack_4bit
 
 #: the first opset whose Q/DQ take FLOAT4E2M1 (and a scale type different from the input's)
 FP4_OPSET = 23
@@ -56,20 +57,13 @@ def _need(opset: int, required: int, label: str, what: str) -> None:
 
 
 # --- initializers --------------------------------------------------------------------------------------------------
-def _pack_nibbles(codes: np.ndarray) -> bytes:
-    flat = (np.asarray(codes).reshape(-1).astype(np.uint8) & 0xF).astype(np.uint8)
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
-
-
 def _tensor(name: str, codes: torch.Tensor, elem_type: int) -> onnx.TensorProto:
     """An initializer of ``elem_type`` from codes as :mod:`~modelopt_lite.functional.microscaling` returns them
     (E2M1: uint8 bit patterns; E4M3/E5M2: float8 tensors; INT8: int8; E8M0: uint8 biased exponents)."""
     t = TensorProto(name=name, data_type=elem_type, dims=list(codes.shape))
     c = codes.detach().cpu().contiguous()
     if elem_type == TensorProto.FLOAT4E2M1:
-        t.raw_data = _pack_nibbles(c.numpy())
+        t.raw_data = pack_4bit(c.numpy())  # FP4 codes: the INT4 nibble order
     else:
         t.raw_data = (c.view(torch.uint8) if c.is_floating_point() else c).numpy().tobytes()
     return t
