@@ -51,3 +51,30 @@ def digits_model(digits_data, _trained_digits_cache):
         return copy.deepcopy(_trained_digits_cache[kind]).eval()
 
     return make
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The native CPU kernel module (skip without a C++ toolchain; fail if the build fails)."""
+    import shutil
+
+    from modelopt_lite.functional import backend
+
+    mod = backend._load("cpu")
+    if mod is None:
+        if shutil.which("c++") is None or shutil.which("ninja") is None:
+            pytest.skip(f"no C++ toolchain to build the native kernels: {backend.native_error('cpu')}")
+        pytest.fail(f"the native CPU kernels failed to build: {backend.native_error('cpu')}")
+    return mod
+
+
+@pytest.fixture(params=["avx2", "scalar"])
+def impl(request, native):
+    """Each CPU kernel path forced in turn (the AVX2 one skipped on a CPU without AVX2), then back to "auto"."""
+    try:
+        native.set_kernel_impl(request.param)
+    except ValueError:
+        pytest.skip("AVX2 kernels unavailable on this CPU")
+    assert native.kernel_impl() == request.param and native.mx_kernel_impl() == request.param
+    yield request.param
+    native.set_kernel_impl("auto")

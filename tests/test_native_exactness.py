@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 
 import pytest
 import torch
@@ -32,26 +31,6 @@ BLOCKS = {
     "blk_dq_int8": ({-1: 4, "scale_bits": 8}, None),
     "blk_dq_e4m3": ({-1: 4, "scale_bits": (4, 3)}, None),
 }
-
-
-@pytest.fixture(scope="module")
-def native():
-    mod = backend._load("cpu")
-    if mod is None:
-        if shutil.which("c++") is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ toolchain to build the native kernels: {backend.native_error('cpu')}")
-        pytest.fail(f"the native CPU kernels failed to build: {backend.native_error('cpu')}")
-    return mod
-
-
-@pytest.fixture(params=["avx2", "scalar"])
-def impl(request, native):
-    try:
-        native.set_kernel_impl(request.param)
-    except ValueError:
-        pytest.skip("AVX2 kernels unavailable on this CPU")
-    yield request.param
-    native.set_kernel_impl("auto")
 
 
 def same(a, b, what=""):

@@ -8,8 +8,6 @@ blocks and dead tensors, partial last blocks, float16/bfloat16 inputs, non-conti
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
@@ -19,27 +17,6 @@ from modelopt_lite.functional import microscaling as MS
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ELEMS = ("e4m3", "e5m2", "e2m1", "int8")
 ROUNDINGS = ("floor", "rceil")
-
-
-@pytest.fixture(scope="module")
-def native():
-    mod = backend._load("cpu")
-    if mod is None:
-        if shutil.which("c++") is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ toolchain to build the native kernels: {backend.native_error('cpu')}")
-        pytest.fail(f"the native CPU kernels failed to build: {backend.native_error('cpu')}")
-    return mod
-
-
-@pytest.fixture(params=["avx2", "scalar"])
-def impl(request, native):
-    try:
-        native.set_kernel_impl(request.param)
-    except ValueError:
-        pytest.skip("AVX2 kernels unavailable on this CPU")
-    assert native.kernel_impl() == request.param and native.mx_kernel_impl() == request.param
-    yield request.param
-    native.set_kernel_impl("auto")
 
 
 def same(a, b, what=""):

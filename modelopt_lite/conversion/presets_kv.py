@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 
 from .preset_base import DEFAULT_DISABLED, preset
+from .presets_mx import NVFP4_ATTRS
 
 #: the pattern ModelOpt's KV presets use: the key and value inputs of the attention matmuls
 KV_PATTERN = "*[kv]_bmm_quantizer"
@@ -36,17 +37,7 @@ FP8_KV_CFG = preset({KV_PATTERN: {"num_bits": (4, 3), "axis": None, "enable": Tr
 INT8_KV_CFG = preset({KV_PATTERN: {"num_bits": 8, "axis": None, "calib_method": "max", "enable": True}}, "max")
 
 #: NVFP4 keys and values (ModelOpt's NVFP4_KV_CFG entry), the global amax max calibrated
-NVFP4_KV_CFG = preset(
-    {
-        KV_PATTERN: {
-            "num_bits": (2, 1),
-            "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)},
-            "axis": None,
-            "enable": True,
-        }
-    },
-    "max",
-)
+NVFP4_KV_CFG = preset({KV_PATTERN: dict(NVFP4_ATTRS)}, "max")
 
 #: the KV presets by name (merged into :data:`~.presets.PRESETS`)
 KV_PRESETS = {"FP8_KV_CFG": FP8_KV_CFG, "INT8_KV_CFG": INT8_KV_CFG, "NVFP4_KV_CFG": NVFP4_KV_CFG}

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from .preset_base import preset
 
-_NVFP4 = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}, "axis": None,
-          "enable": True}  # fmt: skip
+#: the NVFP4 quantizer attributes (ModelOpt's config shape), shared by the NVFP4 presets here and in presets_kv
+NVFP4_ATTRS = {
+    "num_bits": (2, 1),
+    "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)},
+    "axis": None,
+    "enable": True,
+}
 
 
 def _mx(num_bits) -> dict:
@@ -22,13 +27,13 @@ def _mx(num_bits) -> dict:
 
 
 #: NVFP4 weights and activations (blocks of 16, calibrated per-tensor global amax).
-NVFP4_DEFAULT_CFG = preset({"*weight_quantizer": dict(_NVFP4), "*input_quantizer": dict(_NVFP4)}, "max")
+NVFP4_DEFAULT_CFG = preset({"*weight_quantizer": dict(NVFP4_ATTRS), "*input_quantizer": dict(NVFP4_ATTRS)}, "max")
 #: NVFP4 weights only; activations stay in float.
-W4A16_NVFP4_CFG = preset({"*weight_quantizer": dict(_NVFP4), "*input_quantizer": {"enable": False}}, "max")
+W4A16_NVFP4_CFG = preset({"*weight_quantizer": dict(NVFP4_ATTRS), "*input_quantizer": {"enable": False}}, "max")
 #: NVFP4 weights in blocks of 32 with FP8 E4M3 per-tensor activations.
 W4A8_NVFP4_FP8_CFG = preset(
     {
-        "*weight_quantizer": {**_NVFP4, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (4, 3)}},
+        "*weight_quantizer": {**NVFP4_ATTRS, "block_sizes": {-1: 32, "type": "dynamic", "scale_bits": (4, 3)}},
         "*input_quantizer": {"num_bits": (4, 3), "axis": None, "enable": True},
     },
     "max",

@@ -268,8 +268,9 @@ def _subgraph_inputs(node: onnx.NodeProto) -> list[str]:
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
-    """An attribute value of a node, or ``default``."""
+    """An attribute value of a node (a string attribute as ``str``), or ``default``."""
     for a in node.attribute:
         if a.name == name:
-            return helper.get_attribute_value(a)
+            v = helper.get_attribute_value(a)
+            return v.decode() if isinstance(v, bytes) else v
     return default

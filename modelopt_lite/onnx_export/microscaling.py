@@ -135,8 +135,7 @@ class _Builder:
 
     def zero(self, elem_type: int) -> str:
         """A scalar zero point of ``elem_type`` (code 0 is +0 in every type used here)."""
-        size = 1 if elem_type != TensorProto.FLOAT4E2M1 else 1
-        t = TensorProto(name="zp", data_type=elem_type, dims=[], raw_data=b"\x00" * size)
+        t = TensorProto(name="zp", data_type=elem_type, dims=[], raw_data=b"\x00")  # one byte holds each type's 0
         return self.g.add_init(f"{self.base}.zp", t)
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs) -> str:

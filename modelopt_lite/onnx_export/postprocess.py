@@ -214,8 +214,6 @@ def _replace_microscaling(g: Graph, n, consts, res: Resolution, label: str, opse
         gs = float(gs.reshape(()))
     else:
         elem, rounding = attr(n, "elem"), attr(n, "rounding")
-        elem = elem.decode() if isinstance(elem, bytes) else elem
-        rounding = rounding.decode() if isinstance(rounding, bytes) else rounding
     of = out if dtype == TensorProto.FLOAT else g.fresh(f"{out}_float")
     if x in consts:
         w = torch.from_numpy(np.ascontiguousarray(consts[x].astype(np.float32)))
