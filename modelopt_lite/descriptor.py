@@ -161,8 +161,9 @@ class ScaledQuantDescriptor:
     """How to quantize a tensor: format, granularity, range and calibration. Immutable and validated.
 
     Args:
-        num_bits: int in 1..16 for integer formats, ``(4, 3)`` for FP8 E4M3; ``(2, 1)`` (E2M1) and ``(5, 2)``
-            (E5M2) in NVFP4/MX blocks (see :data:`modelopt_lite.formats.BLOCK_SCHEMES`). Default 8.
+        num_bits: int in 1..16 for integer formats, ``(4, 3)`` for FP8 E4M3, ``(5, 2)`` for FP8 E5M2, ``(2, 1)``
+            for FP4 E2M1 (per tensor, per channel, or in NVFP4/MX blocks: see
+            :data:`modelopt_lite.formats.BLOCK_SCHEMES`). Default 8.
         name: optional label.
         fake_quant: True to simulate (quantize-dequantize); False for real quantization (integer codes).
         axis: None (per tensor), an int or a tuple of ints: the axes that keep their own amax (per channel).
@@ -257,7 +258,7 @@ class ScaledQuantDescriptor:
         return (_rebuild, (self.dict(),))
 
     # read-only properties
-    num_bits = property(lambda self: self._num_bits, doc="int bits, or (4, 3) for E4M3.")
+    num_bits = property(lambda self: self._num_bits, doc="int bits, or (E, M) for a float format.")
     name = property(lambda self: self._name, doc="Optional label.")
     fake_quant = property(lambda self: self._fake_quant, doc="True: simulate; False: integer codes.")
     axis = property(lambda self: self._axis, doc="Per-channel axis/axes, or None.")
@@ -348,11 +349,8 @@ def _check_scheme(f: dict):
     scheme = block_scheme(nb, bs)
     if scheme is None:
         elem = element_format(nb) if is_float_format(nb) else None
-        if elem is not None and not elem.is_e4m3:
-            raise ValueError(
-                f"num_bits={nb!r} ({elem.name.upper()}) is supported in NVFP4/MX blocks only, e.g. block_sizes="
-                "{-1: 16, 'type': 'dynamic', 'scale_bits': (4, 3)} or {-1: 32, 'type': 'dynamic', 'scale_bits': (8, 0)}"
-            )
+        if elem is not None and not elem.scaled:
+            raise ValueError(f"num_bits={nb!r} ({elem.name.upper()}) has no float32-scaled quantization")
         if bs and bs.get("scale_bits") == (8, 0):
             raise ValueError(f"scale_bits=(8, 0) (E8M0, OCP MX) needs num_bits (4, 3), (5, 2), (2, 1) or 8, got {nb!r}")
         return None

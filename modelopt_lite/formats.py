@@ -233,11 +233,18 @@ class ElementFormat:
     emax: int | None = None
     max_significand: float | None = None
     round: Callable[[torch.Tensor], torch.Tensor] | None = None
+    #: False for formats with no float32-scaled (per-tensor/per-channel) quantization (E8M0: a scale format only)
+    scaled: bool = True
 
     @property
     def is_e4m3(self) -> bool:
         """True for FP8 E4M3 (the per-tensor FP8 path of the quantizers and exporters)."""
         return self.name == "e4m3"
+
+    @property
+    def is_scaled_float(self) -> bool:
+        """True for the floating-point formats with a float32 scale per tensor/channel (E4M3, E5M2, E2M1)."""
+        return self.is_float and self.scaled
 
     @property
     def float_range(self) -> FloatRange:
@@ -251,7 +258,7 @@ class ElementFormat:
 
 def _float_format(name, num_bits, top, dtype, onnx, opset, emax, rnd=None, lo=None) -> ElementFormat:
     return ElementFormat(name, num_bits, True, top, -top if lo is None else lo, top, dtype, onnx, opset, emax,
-                         top / 2.0**emax, rnd)  # fmt: skip
+                         top / 2.0**emax, rnd, scaled=rnd is not None)  # fmt: skip
 
 
 #: The floating-point element formats, keyed by their ``num_bits`` spelling ``(E, M)``.
@@ -363,17 +370,47 @@ def block_scheme(num_bits, block_sizes) -> BlockScheme | None:
 
 def scaled_format(num_bits, unsigned: bool = False, narrow_range: bool = False) -> ElementFormat:
     """The element format of ``num_bits`` for float32-scaled quantization (per tensor, per channel, generic blocks):
-    the integers and E4M3. ValueError for the formats that exist only inside NVFP4/MX blocks (E2M1, E5M2, E8M0)."""
+    the integers, E4M3, E5M2 and E2M1. ValueError for a format that exists only as a block scale (E8M0)."""
     fmt = element_format(num_bits, unsigned, narrow_range)
-    if fmt.is_float and not fmt.is_e4m3:
+    if fmt.is_float and not fmt.scaled:
         raise ValueError(
             f"num_bits={tuple(num_bits)!r} ({fmt.name.upper()}) has no float32-scaled (per-tensor/per-channel) "
-            "quantization: use it in NVFP4/MX blocks (block_sizes with 'scale_bits' (4, 3) or (8, 0))"
+            "quantization: it is a block scale format only (block_sizes['scale_bits'])"
         )
     return fmt
 
 
+def scaled_float_format(num_bits) -> ElementFormat | None:
+    """The floating-point :class:`ElementFormat` float32-scaled quantization with ``num_bits`` runs (E4M3, E5M2,
+    E2M1), or None for integers (validated by their own path); ValueError (:func:`scaled_format`) for E8M0."""
+    return scaled_format(num_bits) if is_float_format(num_bits) else None
+
+
 def scaled_is_e4m3(num_bits) -> bool:
-    """True when float32-scaled quantization with ``num_bits`` runs the E4M3 path, False for integers (validated by
-    their own path); ValueError (:func:`scaled_format`) for formats that exist only inside NVFP4/MX blocks."""
-    return is_float_format(num_bits) and scaled_format(num_bits).is_e4m3
+    """True when float32-scaled quantization with ``num_bits`` runs the E4M3 path, False for integers and the other
+    float formats (see :func:`scaled_float_format`); ValueError (:func:`scaled_format`) for E8M0."""
+    fmt = scaled_float_format(num_bits)
+    return fmt is not None and fmt.is_e4m3
+
+
+# --- float codes of any scaled float format -----------------------------------------------------------------------
+def float_codes(fmt: ElementFormat, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Codes of ``x / scale`` (float32 true division, saturating round-half-to-even) in ``fmt``: a tensor of
+    ``fmt.code_dtype`` (float8), or the float32 grid values where the format has no torch dtype (E2M1); 0 where
+    ``scale == 0`` (dead)."""
+    assert fmt.round is not None, fmt.name
+    dead = scale == 0
+    safe = torch.where(dead, torch.ones_like(scale), scale)
+    v = fmt.round(x.float() / safe)
+    v = torch.where(dead, torch.zeros_like(v), v)
+    return v if fmt.code_dtype is None else v.to(fmt.code_dtype)
+
+
+def float_levels(fmt: ElementFormat, device=None) -> torch.Tensor:
+    """The non-negative finite values of a scaled float format, ascending, as float64 (E4M3: 127, E5M2: 124,
+    E2M1: 8)."""
+    if fmt.name == "e2m1":
+        return torch.tensor(E2M1_VALUES, dtype=torch.float64, device=device)
+    assert fmt.code_dtype is not None, fmt.name
+    codes = torch.arange(0, 0x80, dtype=torch.uint8, device=device).view(fmt.code_dtype).to(torch.float64)
+    return codes[torch.isfinite(codes)]

@@ -28,8 +28,17 @@ from .descriptor import (  # noqa: F401  (re-exported API)
     QuantDescriptor,
     ScaledQuantDescriptor,
 )
-from .formats import CODE_TYPES, E4M3_MAX, TORCH_CODE_TYPES, e4m3_codes, int_range, scaled_is_e4m3, torch_dtype_range
-from .functional import blocks, library, reference
+from .formats import (
+    CODE_TYPES,
+    TORCH_CODE_TYPES,
+    ElementFormat,
+    element_format,
+    float_codes,
+    int_range,
+    scaled_float_format,
+    torch_dtype_range,
+)
+from .functional import blocks, library, library_minifloat, reference
 from .functional.checks import (
     as_amax,
     check_amax_values,
@@ -37,6 +46,14 @@ from .functional.checks import (
     check_unsigned_input,
 )
 from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
+
+
+#: the fake-quant op of each float32-scaled floating-point format (by ``ElementFormat.name``)
+SCALED_FLOAT_OPS = {
+    "e4m3": library.fake_e4m3,
+    "e5m2": library_minifloat.fake_e5m2,
+    "e2m1": library_minifloat.fake_e2m1,
+}
 
 
 def _int_scale(inputs, amax, num_bits, unsigned, narrow_range):
@@ -130,7 +147,7 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
             reduced dims (per channel / per axis). Must be finite and >= 0; ``amax <= 2**-24`` gives zeros.
         bias: None, or a number/tensor broadcastable to ``inputs``: ``y = fq(x - bias) + bias`` (computed in
             float32).
-        num_bits: 1..16, or ``(4, 3)`` for FP8 E4M3.
+        num_bits: 1..16, or ``(4, 3)`` / ``(5, 2)`` / ``(2, 1)`` for FP8 E4M3 / FP8 E5M2 / FP4 E2M1.
         unsigned: use ``[0, 2**b - 1]`` (inputs must be >= 0).
         narrow_range: signed grid ``[-(2**(b-1) - 1), 2**(b-1) - 1]`` instead of ``[-2**(b-1), ...]``.
         output_dtype: None (the input's dtype) or a floating dtype to return.
@@ -155,8 +172,9 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
         b = _bias_tensor(p["bias"], x)
         back = back or x.dtype
         x = x.float() - b
-    if scaled_is_e4m3(p["num_bits"]):
-        y = scaled_e4m3(x, amax)
+    fmt = scaled_float_format(p["num_bits"])
+    if fmt is not None:
+        y = fake_float_quant(x, amax, fmt)
     else:
         scale, qmin, qmax = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
         y = library.fake_quant_int(x, scale, qmin, qmax)
@@ -174,7 +192,8 @@ def tensor_quant(
     ``num_bits`` third and an optional ``output_dtype`` fourth). ``q`` holds integers, as float32 by default (float64
     for float64 inputs, which are computed in float32) or as ``dtype``/``output_dtype`` (float32, int8, uint8, int16,
     int32) on request; ``scale`` (float32) has amax's shape and is strictly positive (a dead slice reports 1.0 and
-    has all-zero codes). For ``num_bits=(4, 3)`` q is a ``torch.float8_e4m3fn`` tensor.
+    has all-zero codes). For ``num_bits=(4, 3)`` / ``(5, 2)`` q is a ``torch.float8_e4m3fn`` / ``float8_e5m2`` tensor;
+    for ``(2, 1)`` (E2M1, no torch dtype) the float32 grid values.
 
     Unlike the NVIDIA tools, ``scale`` is ``amax / bound`` (the value a QuantizeLinear stores), not the multiplier
     ``bound / amax``; with ``bias`` the codes are those of ``x - bias`` and ``q * scale + bias`` dequantizes.
@@ -196,10 +215,11 @@ def tensor_quant(
         check_input(x)
         x = x.float() - _bias_tensor(p["bias"], x)
     nb = p["num_bits"]
-    if scaled_is_e4m3(nb):
+    fmt = scaled_float_format(nb)
+    if fmt is not None:
         check_input(x)
-        scale = scale_from_amax(as_amax(amax, x), E4M3_MAX)
-        return e4m3_codes(x, scale), positive_scale(scale)
+        scale = scale_from_amax(as_amax(amax, x), fmt.bound)
+        return float_codes(fmt, x, scale), positive_scale(scale)
     scale, qmin, qmax = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
     q = library.quantize_int(x, scale, qmin, qmax)
     if want is None:
@@ -230,13 +250,20 @@ def scaled_e4m3(inputs, amax=None, E=4, M=3):
     """
     if (E, M) != (4, 3):
         raise ValueError(f"only E4M3 is supported, got E={E}, M={M}")
+    return fake_float_quant(inputs, amax, element_format((4, 3)))
+
+
+def fake_float_quant(inputs, amax, fmt: ElementFormat):
+    """Fake-quantize to a float32-scaled float format (:data:`SCALED_FLOAT_OPS`: E4M3, E5M2, E2M1):
+    ``fmt.round(x / s) * s`` with ``s = amax / fmt.bound`` (saturating round-half-to-even, subnormals kept; 0 where
+    ``amax <= 2**-24``); ``amax=None`` means scale 1."""
     x, back = _to_compute(inputs)
     check_input(x)
     if amax is None:
         scale = torch.ones((), dtype=torch.float32, device=x.device)
     else:
-        scale = scale_from_amax(as_amax(amax, x), E4M3_MAX)
-    return _back(library.fake_e4m3(x, scale), back)
+        scale = scale_from_amax(as_amax(amax, x), fmt.bound)
+    return _back(SCALED_FLOAT_OPS[fmt.name](x, scale), back)
 
 
 def scaled_e4m3_abstract(input, amax=None):
@@ -295,13 +322,12 @@ def quantize_block_scales(scale: torch.Tensor, scale_bits, scale_block_sizes=Non
     Each group (``scale_block_sizes`` blocks of the scale tensor, or the whole tensor) gets ``amax = max(scale)``.
     Returns the dequantized scales, which the element quantization then uses as they are.
     """
+    unsigned = scaled_float_format(scale_bits) is None  # integer scale codes are unsigned
     if scale_block_sizes:
         s_amax = blocks.block_amax(scale, scale_block_sizes)
-        return fake_block_quant(
-            scale, scale_block_sizes, s_amax, num_bits=scale_bits, unsigned=not scaled_is_e4m3(scale_bits)
-        )
+        return fake_block_quant(scale, scale_block_sizes, s_amax, num_bits=scale_bits, unsigned=unsigned)
     s_amax = scale.detach().reshape(-1).amax(0) if scale.numel() else scale.new_zeros(())  # dim given: dynamo export
-    return fake_tensor_quant(scale, s_amax, scale_bits, unsigned=not scaled_is_e4m3(scale_bits), narrow_range=False)
+    return fake_tensor_quant(scale, s_amax, scale_bits, unsigned=unsigned, narrow_range=False)
 
 
 def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
@@ -343,8 +369,9 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
         check_unsigned_input(x)
     xb, pad = blocks.to_blocks(x, sizes)
     sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(x.shape, sizes)), sizes)
-    if scaled_is_e4m3(num_bits):
-        yb = library.fake_e4m3(xb, sb)
+    fmt = scaled_float_format(num_bits)
+    if fmt is not None:
+        yb = SCALED_FLOAT_OPS[fmt.name](xb, sb)
     else:
         _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
         yb = library.fake_quant_int(xb, sb, qmin, qmax)
@@ -353,8 +380,9 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
 
 def block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=False, narrow_range=False):
     """Real block quantization: ``(q, scale)``; q (float32 codes) has the input's shape, scale blocks-per-axis."""
-    if scaled_is_e4m3(num_bits):
-        raise ValueError("block_quant returns integer codes; use fake_block_quant for E4M3 blocks")
+    fmt = scaled_float_format(num_bits)
+    if fmt is not None:
+        raise ValueError(f"block_quant returns integer codes; use fake_block_quant for {fmt.name.upper()} blocks")
     x, back = _to_compute(inputs)
     scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     _, qmin, qmax = int_range(num_bits, unsigned, narrow_range)

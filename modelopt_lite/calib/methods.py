@@ -130,7 +130,7 @@ def check_entropy_args(num_bits, start_bin: int, what: str = "entropy") -> None:
     if is_float_format(num_bits):
         raise ValueError(
             f"{what}: entropy calibration maps the histogram onto uniformly spaced integer levels; "
-            "FP8 E4M3 levels are not uniform, so it is not defined for num_bits=(4, 3): use 'mse' "
+            f"floating-point levels are not uniform, so it is not defined for num_bits={tuple(num_bits)}: use 'mse' "
             "or 'percentile'"
         )
     if start_bin < 1:

@@ -5,10 +5,11 @@ candidate amax the quantizer has ``scale = float32(amax) / bound`` (``functional
 to the nearest level of its grid (ties have measure zero), saturating at the top level:
 
 - integer grids: levels ``0, 1, ..., qmax`` (only ``|x|`` matters: the histogram is of ``|x|``);
-- E4M3: the 127 non-negative finite float8_e4m3fn values (subnormals included), saturating at 448.
+- float formats: the non-negative finite values (subnormals included; :func:`~modelopt_lite.formats.float_levels`):
+  E4M3's 127 saturating at 448, E5M2's 124 at 57344, E2M1's 8 at 6.
 
 ``G(v) = integral from 0 to v of (t - level(t))**2 dt`` has a closed form (integer grid: with
-``i = min(floor(v + 1/2), qmax)``, ``G(v) = i/12 + (v - i)**3 / 3``; E4M3: a prefix table over the level cells),
+``i = min(floor(v + 1/2), qmax)``, ``G(v) = i/12 + (v - i)**3 / 3``; float formats: a prefix table over the level cells),
 so a bin's total error is ``c * scale**3 * (G(hi/scale) - G(lo/scale)) / (hi - lo)``, exactly, for every candidate.
 
 Why not fake-quantize the bin centers (pytorch-quantization)? When the step ``scale`` is close to a multiple of the
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import e4m3_levels, int_range, scaled_is_e4m3
+from ..formats import float_levels, int_range, scaled_float_format
 
 
 class ErrorIntegral:
@@ -32,12 +33,13 @@ class ErrorIntegral:
     """
 
     def __init__(self, num_bits, unsigned: bool = False, device=None):
-        self.e4m3 = scaled_is_e4m3(num_bits)
-        if not self.e4m3:
+        fmt = scaled_float_format(num_bits)
+        self.e4m3 = fmt is not None  # any float format (E4M3, E5M2, E2M1): a level table
+        if fmt is None:
             self.qmax = int_range(num_bits, unsigned, False).qmax
             self.top, self.top_start = float(self.qmax), self.qmax - 0.5
             return
-        lv = e4m3_levels(device)
+        lv = float_levels(fmt, device)
         start = torch.cat([lv.new_zeros(1), (lv[1:] + lv[:-1]) / 2])  # cell i = [start_i, start_{i+1})
         end = torch.cat([start[1:], lv.new_full((1,), float("inf"))])
         cell = ((end[:-1] - lv[:-1]) ** 3 - (start[:-1] - lv[:-1]) ** 3) / 3

@@ -9,7 +9,11 @@ marking a dead slice (``+0.0`` outputs), the result cast back to x's dtype:
 
 A backend whose kernel module defines a function of the same name runs it (the native CPU and CUDA kernels, tested
 bit for bit against :func:`fake_e5m2_reference` / :func:`fake_e2m1_reference`); otherwise the reference runs.
-Gradient: ``dy/dx = 1`` where ``-max * s <= x <= max * s`` (float32), else 0; the scale gets none.
+Gradient: ``dy/dx = 1`` where ``-max * s <= x <= max * s`` (float32), else 0; a scale that requires grad (learned
+amax) gets E4M3's LSQ gradient ``round(x/s) - x/s`` inside the grid, ``-max`` below, ``+max`` above (0 where dead).
+
+During a plain ``torch.onnx.export`` the ops write standard Q/DQ (:mod:`.onnx_qdq`): FLOAT8E5M2 at opset 19;
+E2M1 (FLOAT4E2M1, opset 23) only through :func:`modelopt_lite.export_onnx`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from torch import Tensor
 
 from . import microscaling as ms
+from . import onnx_qdq
 from .backend import kernels_for
 
 
@@ -41,6 +46,7 @@ def fake_e2m1_reference(x: Tensor, scale: Tensor) -> Tensor:
 
 _REFERENCE = {"fake_e5m2": fake_e5m2_reference, "fake_e2m1": fake_e2m1_reference}
 _MAX = {"fake_e5m2": ms.E5M2_MAX, "fake_e2m1": ms.E2M1_MAX}
+_ROUND = {"fake_e5m2": ms.e5m2_round, "fake_e2m1": ms.e2m1_round}
 
 
 def _run(name: str, x: Tensor, scale: Tensor) -> Tensor:
@@ -67,16 +73,31 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(x, scale)
 
 
-def _ste(limit: float):
+def _ste(name: str):
+    limit, rnd = _MAX[name], _ROUND[name]
+
     def bwd(ctx, grad):
         x, scale = ctx.saved_tensors
-        xf, s = x.float(), scale.float()
+        xf, s, g = x.float(), scale.float(), grad.float()
         keep = (xf >= -limit * s) & (xf <= limit * s)
-        return torch.where(keep, grad.float(), torch.zeros_like(grad, dtype=torch.float32)).to(grad.dtype), None
+        gx = torch.where(keep, g, torch.zeros_like(g)).to(grad.dtype)
+        if not ctx.needs_input_grad[1]:
+            return gx, None
+        # LSQ: dy/ds = round(v) - v inside the grid, -max below it, +max above it (0 in dead slices), as E4M3's
+        dead = s == 0
+        v = xf / torch.where(dead, torch.ones_like(s), s)
+        top = torch.full_like(v, limit)
+        term = torch.where(v < -limit, -top, torch.where(v > limit, top, rnd(v) - v))
+        gs = torch.where(dead, torch.zeros_like(term), term * g)
+        return gx, gs.sum_to_size(scale.shape).to(scale.dtype)
 
     return bwd
 
 
 for _op, _name in ((fake_e5m2, "fake_e5m2"), (fake_e2m1, "fake_e2m1")):
     _op.register_fake(_fake)
-    _op.register_autograd(_ste(_MAX[_name]), setup_context=_setup)
+    _op.register_autograd(_ste(_name), setup_context=_setup)
+
+# plain torch.onnx.export: standard Q/DQ instead of the opaque ops (see .onnx_qdq)
+fake_e5m2 = onnx_qdq.export_aware(fake_e5m2, onnx_qdq.fake_e5m2)
+fake_e2m1 = onnx_qdq.export_aware(fake_e2m1, onnx_qdq.fake_e2m1)

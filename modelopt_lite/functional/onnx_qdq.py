@@ -15,7 +15,8 @@ smallest that holds ``[qmin, qmax]``); a narrower grid (narrow range, fewer than
 container) first clamps ``x`` to ``[(qmin - zp) * s, (qmax - zp) * s]`` in float32 (Max/Min nodes), so
 ``Q(clamp(x))`` equals ``clamp(rint(x / s), qmin, qmax)`` bit for bit. A scale broadcast along one dimension
 becomes the ``axis``; a block scale (leading dims of x, size 1 after) quantizes x viewed as ``(blocks, -1)`` on
-axis 0. FP8 E4M3 is ``QuantizeLinear`` with a FLOAT8E4M3FN zero point (opset >= 19). float16/bfloat16 inputs are
+axis 0. FP8 E4M3/E5M2 is ``QuantizeLinear`` with a FLOAT8E4M3FN/FLOAT8E5M2 zero point (opset >= 19); FP4 E2M1
+raises ValueError (use :func:`modelopt_lite.export_onnx`, which writes FLOAT4E2M1 at opset 23). float16/bfloat16 inputs are
 cast to float32 around the pair.
 
 What it cannot express raises ValueError naming the value: grids wider than 8 bits, a scale varying along
@@ -68,8 +69,9 @@ class _TorchScriptQDQ(torch.autograd.Function):
         opset = g.opset
         if axis is not None and opset < 13:
             raise ValueError(f"ONNX export: per-channel quantization (axis {axis}) needs opset >= 13, got {opset}")
-        if str(zp.type().scalarType()) == "Float8_e4m3fn" and opset < 19:
-            raise ValueError(f"ONNX export: FP8 E4M3 QuantizeLinear needs opset >= 19, got opset {opset}")
+        fp8 = {"Float8_e4m3fn": "E4M3", "Float8_e5m2": "E5M2"}.get(str(zp.type().scalarType()))
+        if fp8 is not None and opset < 19:
+            raise ValueError(f"ONNX export: FP8 {fp8} QuantizeLinear needs opset >= 19, got opset {opset}")
         kw = {} if axis is None else {"axis_i": axis}
         q = g.op("QuantizeLinear", x, s, zp, **kw)
         return g.op("DequantizeLinear", q, s, zp, **kw)
@@ -80,8 +82,9 @@ def _reference_qdq(x: Tensor, s: Tensor, zp: Tensor, axis) -> Tensor:
     if axis is not None:
         view = [-1] + [1] * (x.dim() - axis - 1)
         s, zp = s.reshape(view), zp.reshape(view)
-    if zp.dtype == torch.float8_e4m3fn:
-        return (x / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32) * s
+    if zp.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # saturate=1
+        top = torch.finfo(zp.dtype).max
+        return (x / s).clamp(-top, top).to(zp.dtype).to(torch.float32) * s
     info = torch.iinfo(zp.dtype)
     zpf = zp.to(torch.float32)
     return (torch.clamp(torch.round(x / s) + zpf, info.min, info.max) - zpf) * s
@@ -161,13 +164,28 @@ def fake_affine(op, x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qma
     return _int_qdq(x, scale, zero_point, qmin, qmax)
 
 
-def fake_e4m3(op, x: Tensor, scale: Tensor) -> Tensor:
+def _float_qdq(x: Tensor, scale: Tensor, code_dtype: torch.dtype) -> Tensor:
     _check_live(scale)
     dtype = x.dtype
     xv, s, axis, restore = _layout(x.to(torch.float32), scale)
-    zp = torch.zeros(s.shape, dtype=torch.float8_e4m3fn)
+    zp = torch.zeros(s.shape, dtype=code_dtype)
     y = _pair(xv, s, zp, axis)
     return restore(y).to(dtype)
+
+
+def fake_e4m3(op, x: Tensor, scale: Tensor) -> Tensor:
+    return _float_qdq(x, scale, torch.float8_e4m3fn)
+
+
+def fake_e5m2(op, x: Tensor, scale: Tensor) -> Tensor:
+    return _float_qdq(x, scale, torch.float8_e5m2)
+
+
+def fake_e2m1(op, x: Tensor, scale: Tensor) -> NoReturn:
+    _fail(
+        "ONNX export: FP4 E2M1 needs a FLOAT4E2M1 QuantizeLinear (opset >= 23), which a plain torch.onnx.export "
+        "does not write; use modelopt_lite.export_onnx"
+    )
 
 
 def export_aware(op, emit):

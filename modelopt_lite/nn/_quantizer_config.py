@@ -122,7 +122,7 @@ def patched_descriptor(desc: ScaledQuantDescriptor, changes: dict, label: str) -
     """``desc`` with ``changes`` applied; conflicts a patch obviously means to override are resolved for it.
 
     - setting ``block_sizes`` clears ``axis`` and vice versa (they are mutually exclusive);
-    - switching to E4M3 clears ``unsigned`` / ``narrow_range``;
+    - switching to a float format (E4M3, E5M2, E2M1) clears ``unsigned`` / ``narrow_range``;
     - switching to dynamic quantization drops a fixed ``amax``.
     Keys named in the patch always win; a genuine contradiction still raises.
     """
@@ -172,7 +172,7 @@ def describe(q) -> str:
         return "disabled" + (f", {pqs_text}" if pqs_text else "")
     d = q.quant_desc
     if d.block_scheme is not None or element_format(d.num_bits).is_float:
-        fmt = d.block_scheme.name if d.block_scheme else f"fp8 {element_format(d.num_bits).name}"
+        fmt = d.block_scheme.name if d.block_scheme else f"fp{sum(d.num_bits) + 1} {element_format(d.num_bits).name}"
     else:
         fmt = f"{d.num_bits}b" + (" unsigned" if d.unsigned else "") + (" narrow" if d.narrow_range else "")
     if d.block_sizes:

@@ -36,8 +36,8 @@ from ..tensor_quant import (
     block_quant,
     fake_block_quant,
     fake_tensor_quant,
+    fake_float_quant,
     quantize_block_scales,
-    scaled_e4m3,
     tensor_quant,
 )
 from . import _quantizer_config as cfg
@@ -165,7 +165,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             self._disabled = not enable
 
     # --- read-only (through the descriptor) properties ------------------------------------------------------------
-    num_bits = property(lambda self: self._desc.num_bits, doc="int bits, or (4, 3) for FP8 E4M3.")
+    num_bits = property(lambda self: self._desc.num_bits, doc="int bits, or (E, M) for a float format.")
     axis = property(lambda self: self._desc.axis, doc="Per-channel axis/axes as configured (may be negative).")
     block_sizes = property(lambda self: self._desc.block_sizes, doc="Block quantization spec, or None.")
     unsigned = property(lambda self: self._desc.unsigned, doc="Unsigned integer grid.")
@@ -177,7 +177,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
 
     @property
     def maxbound(self):
-        """The value amax maps to: ``2**(b-1) - 1`` signed, ``2**b - 1`` unsigned, 448.0 for E4M3."""
+        """The value amax maps to: ``2**(b-1) - 1`` signed, ``2**b - 1`` unsigned, 448 / 57344 / 6 for E4M3 / E5M2 /
+        E2M1."""
         return format_range(self.num_bits, self.unsigned, self.narrow_range).bound
 
     def _effective_amax(self) -> torch.Tensor | None:
@@ -392,8 +393,9 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
                 if d.fake_quant:
                     return fake_block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
                 return block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
-            if element_format(d.num_bits).is_e4m3:
-                return scaled_e4m3(x, amax) if d.fake_quant else tensor_quant(x, amax, d.num_bits)[0].float()
+            fmt = element_format(d.num_bits)
+            if fmt.is_scaled_float:  # E4M3, E5M2, E2M1 with a float32 scale
+                return fake_float_quant(x, amax, fmt) if d.fake_quant else tensor_quant(x, amax, d.num_bits)[0].float()
             if d.fake_quant:
                 return fake_tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)
             return tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
@@ -414,14 +416,16 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     def export_info(self) -> dict:
         """What an exporter needs, as fresh tensors (the amax buffer is never modified).
 
-        Keys: ``kind`` ("int" | "e4m3" | "block" | a block scheme's name: "nvfp4", "mxfp8", ...), ``num_bits``,
+        Keys: ``kind`` ("int" | a float format's name: "e4m3", "e5m2", "e2m1" | "block" | a block scheme's name:
+        "nvfp4", "mxfp8", ...), ``num_bits``,
         ``unsigned``, ``narrow_range``, ``axis`` (tuple of
         non-negative dims resolved against the last input rank, or None), ``block_sizes`` (axis keys made
         non-negative when the rank is known), ``amax`` (current step, ``scale_amax`` applied; None when dynamic),
         ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``.
         """
         d = self._desc
-        kind = "block" if d.block_sizes else ("e4m3" if element_format(d.num_bits).is_e4m3 else "int")
+        fmt = element_format(d.num_bits)
+        kind = "block" if d.block_sizes else (fmt.name if fmt.is_scaled_float else "int")
         kind = d.block_scheme.name if d.block_scheme else kind  # "nvfp4", "mxfp8", ... (formats.BLOCK_SCHEMES)
         _, qmin, qmax = format_range(d.num_bits, d.unsigned, d.narrow_range)
         rank = self._export_rank()
@@ -459,7 +463,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     def quantize_weight_codes(self, w: torch.Tensor):
         """Real quantization of a weight: ``(codes, scale)`` with ``w ~= codes * scale`` (blocks: scale per block).
 
-        Integer formats give int8/uint8 (<= 8 bits), int16 or int32 codes; E4M3 gives float8_e4m3fn codes. The
+        Integer formats give int8/uint8 (<= 8 bits), int16 or int32 codes; E4M3/E5M2 give float8_e4m3fn/float8_e5m2
+        codes, E2M1 its float32 grid values. The
         scale is positive float32 with amax's shape. Uses the stored amax (or the dynamic one).
         """
         d = self._desc
@@ -469,9 +474,10 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             amax = self._amax_for(w)
             if d.block_scheme is not None:
                 raise ValueError(f"{d.block_scheme.name.upper()} real codes: use functional.microscaling.quantize_*")
-            if element_format(d.num_bits).is_e4m3:
+            fmt = element_format(d.num_bits)
+            if fmt.is_scaled_float:
                 if d.block_sizes:
-                    raise ValueError("E4M3 block quantization has no code export; use fake quantization")
+                    raise ValueError(f"{fmt.name.upper()} block quantization has no code export; use fake quantization")
                 return tensor_quant(w, amax, d.num_bits)
             dtype = torch_code_dtype(d.num_bits, d.unsigned)
             if d.block_sizes:
