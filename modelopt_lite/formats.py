@@ -247,6 +247,13 @@ class ElementFormat:
         return self.is_float and self.scaled
 
     @property
+    def title(self) -> str:
+        """How messages name the format: "FP8 E4M3", "FP8 E5M2", "FP4 E2M1"; the name for integers ("int8")."""
+        if not self.is_float:
+            return self.name
+        return f"FP{sum(self.num_bits) + 1} {self.name.upper()}"  # type: ignore[arg-type]
+
+    @property
     def float_range(self) -> FloatRange:
         """``(bound, qmin, qmax)`` as a :class:`FloatRange`."""
         return FloatRange(self.bound, self.qmin, self.qmax)

@@ -61,12 +61,16 @@ class _TorchScriptQDQ(torch.autograd.Function):
     """``forward`` gives the eager value; the TorchScript exporter calls ``symbolic`` instead."""
 
     @staticmethod
-    def forward(ctx, x, s, zp, axis):
-        return _reference_qdq(x, s, zp, axis)
+    def forward(ctx, x, s, zp, axis, cast_to=None):
+        return _reference_qdq(x, s, zp if cast_to is None else zp.to(_TS_CAST[cast_to]), axis)
 
     @staticmethod
-    def symbolic(g, x, s, zp, axis):  # pragma: no cover - run by the TorchScript exporter
+    def symbolic(g, x, s, zp, axis, cast_to=None):  # pragma: no cover - run by the TorchScript exporter
         opset = g.opset
+        if cast_to is not None:  # a zero point type TorchScript has no scalar type for: a float32 zero, cast
+            if opset < 19:
+                raise ValueError(f"ONNX export: FP8 E5M2 QuantizeLinear needs opset >= 19, got opset {opset}")
+            zp = g.op("Cast", zp, to_i=cast_to)
         if axis is not None and opset < 13:
             raise ValueError(f"ONNX export: per-channel quantization (axis {axis}) needs opset >= 13, got {opset}")
         fp8 = {"Float8_e4m3fn": "E4M3", "Float8_e5m2": "E5M2"}.get(str(zp.type().scalarType()))
@@ -88,6 +92,11 @@ def _reference_qdq(x: Tensor, s: Tensor, zp: Tensor, axis) -> Tensor:
     info = torch.iinfo(zp.dtype)
     zpf = zp.to(torch.float32)
     return (torch.clamp(torch.round(x / s) + zpf, info.min, info.max) - zpf) * s
+
+
+#: ONNX element type (``TensorProto.FLOAT8E5M2``) -> torch dtype, for zero points TorchScript cannot hold
+_TS_CAST = {19: torch.float8_e5m2}
+_TS_CAST_OF = {v: k for k, v in _TS_CAST.items()}
 
 
 def _pair(x: Tensor, s: Tensor, zp: Tensor, axis) -> Tensor:
@@ -168,8 +177,11 @@ def _float_qdq(x: Tensor, scale: Tensor, code_dtype: torch.dtype) -> Tensor:
     _check_live(scale)
     dtype = x.dtype
     xv, s, axis, restore = _layout(x.to(torch.float32), scale)
-    zp = torch.zeros(s.shape, dtype=code_dtype)
-    y = _pair(xv, s, zp, axis)
+    cast_to = _TS_CAST_OF.get(code_dtype) if torch.jit.is_tracing() else None
+    if cast_to is not None:  # TorchScript has no scalar type for it: a float32 zero point, cast in the graph
+        y = _TorchScriptQDQ.apply(xv, s, torch.zeros(s.shape, dtype=torch.float32), axis, cast_to)
+    else:
+        y = _pair(xv, s, torch.zeros(s.shape, dtype=code_dtype), axis)
     return restore(y).to(dtype)
 
 

@@ -172,7 +172,7 @@ def describe(q) -> str:
         return "disabled" + (f", {pqs_text}" if pqs_text else "")
     d = q.quant_desc
     if d.block_scheme is not None or element_format(d.num_bits).is_float:
-        fmt = d.block_scheme.name if d.block_scheme else f"fp{sum(d.num_bits) + 1} {element_format(d.num_bits).name}"
+        fmt = d.block_scheme.name if d.block_scheme else element_format(d.num_bits).title.lower()
     else:
         fmt = f"{d.num_bits}b" + (" unsigned" if d.unsigned else "") + (" narrow" if d.narrow_range else "")
     if d.block_sizes:

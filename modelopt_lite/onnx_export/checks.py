@@ -1,7 +1,7 @@
 """Checks on the model's quantizers before export, with errors that name every offending quantizer.
 
-Also works out the lowest opset that can express every enabled quantizer: 13 for per-channel, 19 for FP8 E4M3,
-21 for blocked weights and 16-bit (or 9..15-bit) grids; 4-bit weights prefer 21 (packed INT4 storage).
+Also works out the lowest opset that can express every enabled quantizer: 13 for per-channel, 19 for FP8 E4M3/E5M2,
+23 for FP4 E2M1, 21 for blocked weights and 16-bit (or 9..15-bit) grids; 4-bit weights prefer 21 (packed INT4 storage).
 """
 
 from __future__ import annotations
@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import nn
+
+from onnx import TensorProto
+
+from ..formats import is_float_format, scaled_float_format
+from .ort_runner import NO_ORT_KERNELS
 
 BASE_OPSET = 17
 #: highest opset the TorchScript exporter writes; higher opsets are reached with onnx's version converter
@@ -136,8 +141,12 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
                 f"{name}: activation quantized along several axes {tuple(axis)}: ONNX QuantizeLinear supports one axis"
             )
         p.need(13, f"{name}: per-channel quantization (axis) needs opset >= 13")
-    if kind == "e4m3":
-        p.need(19, f"{name}: FP8 E4M3 needs opset >= 19")
+    fmt = scaled_float_format(bits) if kind != "block" and is_float_format(bits) else None
+    if fmt is not None:
+        p.need(fmt.onnx_opset, f"{name}: {fmt.title} needs opset >= {fmt.onnx_opset} ({fmt.onnx_type})")
+        if getattr(TensorProto, fmt.onnx_type) in NO_ORT_KERNELS:
+            p.notes.append(f"{name}: {fmt.onnx_type} Q/DQ (opset {fmt.onnx_opset}): ONNX Runtime's CPU provider has "
+                           "no kernels for it; run the model with onnx.reference.ReferenceEvaluator")  # fmt: skip
         return
     if kind == "block":
         if not weight:

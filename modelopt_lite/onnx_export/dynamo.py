@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from .symbolic import AFFINE_MARKER, DOMAIN, E4M3_MARKER, INT_MARKER, MX_MARKER, NVFP4_MARKER
+from .symbolic import AFFINE_MARKER, DOMAIN, E2M1_MARKER, E4M3_MARKER, E5M2_MARKER, INT_MARKER, MX_MARKER, NVFP4_MARKER
 
 _FLOAT = 1
 
@@ -39,7 +39,7 @@ def _marker_ops():
     int_in = [("x", "T"), ("scale", "tensor(float)")]
     return {
         INT_MARKER: Op(opset, INT_MARKER, schema(INT_MARKER, int_in, ("qmin", "qmax"))),
-        E4M3_MARKER: Op(opset, E4M3_MARKER, schema(E4M3_MARKER, int_in, ())),
+        **{m: Op(opset, m, schema(m, int_in, ())) for m in (E4M3_MARKER, E5M2_MARKER, E2M1_MARKER)},
         AFFINE_MARKER: Op(
             opset, AFFINE_MARKER, schema(AFFINE_MARKER, int_in + [("zero_point", "tensor(float)")], ("qmin", "qmax"))
         ),
@@ -63,6 +63,14 @@ def _fake_e4m3(x, scale):
     return _marker_ops()[E4M3_MARKER](x, scale, dtype=_dtype(x))
 
 
+def _fake_e5m2(x, scale):
+    return _marker_ops()[E5M2_MARKER](x, scale, dtype=_dtype(x))
+
+
+def _fake_e2m1(x, scale):
+    return _marker_ops()[E2M1_MARKER](x, scale, dtype=_dtype(x))
+
+
 def _fake_affine(x, scale, zero_point, qmin: int, qmax: int):
     return _marker_ops()[AFFINE_MARKER](x, scale, zero_point, qmin=qmin, qmax=qmax, dtype=_dtype(x))
 
@@ -79,7 +87,7 @@ def translation_table() -> dict:
     """``{torch op overload: onnxscript function}`` for ``torch.onnx.export(custom_translation_table=...)``."""
     import torch
 
-    from ..functional import library, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
+    from ..functional import library, library_minifloat, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
 
     ops = torch.ops.modelopt_lite
     return {
@@ -88,4 +96,6 @@ def translation_table() -> dict:
         ops.fake_affine.default: _fake_affine,
         ops.fake_nvfp4.default: _fake_nvfp4,
         ops.fake_mx.default: _fake_mx,
+        ops.fake_e5m2.default: _fake_e5m2,
+        ops.fake_e2m1.default: _fake_e2m1,
     }

@@ -18,6 +18,8 @@
   graph does not contain. With ``exact=True`` such graphs get ``session.disable_quant_qdq=1``: ORT then folds the
   weight DQ into a float32 initializer once (the same bits DequantizeLinear gives) and runs its float MatMul/Gemm,
   at about the fused kernel's speed on this CPU (AVX2). ``exact=False`` keeps the MatMulNBits fusion.
+- FLOAT4E2M1 (FP4 E2M1 weights, zero points): no ORT 1.32 CPU kernels; :func:`ort_session` says so
+  (ValueError) instead of failing inside ORT.
 - ``spinning=False`` sets ``session.intra_op.allow_spinning=0`` (fair latency measurements on shared CPUs).
 """
 
@@ -36,6 +38,22 @@ _FP8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8
 def has_fp8(model: onnx.ModelProto) -> bool:
     """True when an initializer of the model is a float8 tensor (FP8 weights or zero points)."""
     return any(t.data_type in _FP8 for t in model.graph.initializer)
+
+
+#: element types ONNX Runtime's (1.32) CPU provider has no Q/DQ kernels for (run such graphs with onnx's
+#: ``ReferenceEvaluator``)
+NO_ORT_KERNELS = {TensorProto.FLOAT4E2M1: "FLOAT4E2M1"}
+
+
+def check_ort_types(model: onnx.ModelProto) -> None:
+    """ValueError when an initializer of ``model`` has an element type ORT's CPU provider cannot run (FP4 E2M1
+    codes or zero points), naming it, instead of ORT's "Could not find an implementation" at session creation."""
+    bad = sorted({NO_ORT_KERNELS[t.data_type] for t in model.graph.initializer if t.data_type in NO_ORT_KERNELS})
+    if bad:
+        raise ValueError(
+            f"ONNX Runtime's CPU provider has no QuantizeLinear/DequantizeLinear kernels for {', '.join(bad)} "
+            "(opset 23 types): run this model with onnx.reference.ReferenceEvaluator"
+        )
 
 
 def has_signed_int8_weights(model: onnx.ModelProto) -> bool:
@@ -81,6 +99,7 @@ def ort_session(
     import onnxruntime as ort
 
     model = path_or_model if isinstance(path_or_model, onnx.ModelProto) else onnx.load(os.fspath(path_or_model))
+    check_ort_types(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if threads is not None:

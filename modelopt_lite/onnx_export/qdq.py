@@ -7,8 +7,9 @@ Exactness rules (each proven by ``tests/test_onnx_contract.py`` against ONNX Run
   input is first clipped to ``[(qmin - zp) * s, (qmax - zp) * s]`` in float32. Division is monotonic and
   ``fl(fl(k * s) / s)`` rounds back to the integer ``k`` (|k| < 2**22), so ``Q(clip(x))`` equals
   ``clamp(rint(x / s), qmin, qmax)`` exactly: ONNX saturation never comes into play.
-- E4M3: opset-19 Q/DQ with a FLOAT8E4M3FN zero point and ``saturate=1`` (or TensorRT's custom
-  ``trt::TRT_FP8QuantizeLinear``/``TRT_FP8DequantizeLinear`` when asked).
+- E4M3 / E5M2 / E2M1: Q/DQ with a FLOAT8E4M3FN / FLOAT8E5M2 (opset 19) / FLOAT4E2M1 (opset 23) zero point and
+  ``saturate=1`` (E4M3 also as TensorRT's custom ``trt::TRT_FP8QuantizeLinear``/``TRT_FP8DequantizeLinear`` when
+  asked). ONNX Runtime 1.32's CPU provider has no FLOAT4E2M1 kernels (run those with onnx's ReferenceEvaluator).
 - A dead slice (scale 0: amax <= 2**-24) outputs exact zeros in torch for every input (Inf and NaN included). No
   positive finite scale sends every float32 to code 0 (``3e38 / 2**126`` rounds to 4), so the input first goes
   through ``Where(live, x, 0)`` (``live`` a constant bool mask: a scalar ``False`` for a dead tensor, one entry per
@@ -24,9 +25,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..formats import ONNX_ACTIVATION_TYPES, smallest_code_type
+from ..formats import ONNX_ACTIVATION_TYPES, element_format, smallest_code_type
 from .graph import Graph, OpsetTooLow
-from .symbolic import AFFINE_MARKER, E4M3_MARKER
+from .symbolic import AFFINE_MARKER, FLOAT_MARKERS
 
 #: scale exported for dead activation slices (behind the Where that zeroes them): finite and positive
 DEAD_SCALE = np.float32(2.0**126)
@@ -97,10 +98,15 @@ def emit(
     info = {"granularity": "tensor" if axis is None else "axis", "axis": axis, "notes": notes}
     attrs = {} if axis is None else {"axis": axis}
     s_name = g.add_init(f"{base}.scale", s)
-    if kind == E4M3_MARKER:
-        if opset < 19 and not fp8_custom_ops:
-            raise OpsetTooLow(f"{label}: FP8 E4M3 Q/DQ needs opset >= 19, got opset {opset}", 19)
-        if fp8_custom_ops:
+    if kind in FLOAT_MARKERS:
+        fmt = element_format(FLOAT_MARKERS[kind])
+        custom = fp8_custom_ops and fmt.is_e4m3  # TensorRT's custom FP8 ops are E4M3 only: the others stay standard
+        if opset < fmt.onnx_opset and not custom:
+            raise OpsetTooLow(
+                f"{label}: {fmt.title} Q/DQ needs opset >= {fmt.onnx_opset} ({fmt.onnx_type}), got opset {opset}",
+                fmt.onnx_opset,
+            )
+        if custom:
             if axis is not None:
                 raise ValueError(f"{label}: trt::TRT_FP8QuantizeLinear supports per-tensor scales only")
             q = g.fresh(f"{base}.q")
@@ -123,8 +129,9 @@ def emit(
             ], info
         from .weights import make_tensor
 
-        zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32), TensorProto.FLOAT8E4M3FN))
-        info["dtype"] = "FLOAT8E4M3FN"
+        elem = getattr(TensorProto, fmt.onnx_type)
+        zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32), elem))
+        info["dtype"] = fmt.onnx_type
         return pre + _pair(g, x, out, base, s_name, zp_name, dict(attrs, saturate=1), attrs), info
     zp = np.zeros(s.shape, np.int64) if zero_point is None else np.asarray(zero_point).reshape(s.shape)
     zp = np.rint(zp).astype(np.int64)

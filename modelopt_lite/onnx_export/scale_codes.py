@@ -24,7 +24,7 @@ import numpy as np
 
 from . import weights
 from .graph import Graph
-from .symbolic import E4M3_MARKER
+from .symbolic import FLOAT_MARKERS
 
 #: ops that only move data: following the codes and the scales through them keeps code * scale == value
 _DATA_MOVEMENT = {
@@ -101,8 +101,8 @@ def scale_source(g: Graph, fw: weights.FoldedWeight, inner: weights.FoldedWeight
 
 
 def _live_code(inner: weights.FoldedWeight, szp: np.ndarray):
-    """The code one step above zero (1.0 for E4M3 codes), for weight blocks that are dead anyway."""
-    if inner.kind == E4M3_MARKER:
+    """The code one step above zero (1.0 for float codes), for weight blocks that are dead anyway."""
+    if inner.kind in FLOAT_MARKERS:
         return np.ones_like(szp)
     return szp + 1  # a grid without it fails the positivity check of the caller (float32 scales then)
 

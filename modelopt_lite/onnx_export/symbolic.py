@@ -11,6 +11,7 @@ Markers (domain ``modelopt_lite``, version 1):
 
 - ``FakeQuantInt(x, scale) {qmin, qmax, dtype}``  ->  ``clamp(rint(x / scale), qmin, qmax) * scale``
 - ``FakeE4M3(x, scale) {dtype}``                  ->  ``e4m3(clamp(x / scale, -448, 448)) * scale``
+- ``FakeE5M2(x, scale) {dtype}``, ``FakeE2M1(x, scale) {dtype}``: the same with E5M2 (57344) / E2M1 (6)
 - ``FakeAffine(x, scale, zero_point) {qmin, qmax, dtype}``
 - ``FakeNVFP4(x, global_scale) {block, dtype}``  ->  NVFP4 (see :mod:`modelopt_lite.functional.microscaling`)
 - ``FakeMX(x) {elem, block, rounding, dtype}``    ->  OCP MX with element ``elem`` (a string attribute)
@@ -27,7 +28,11 @@ E4M3_MARKER = "FakeE4M3"
 AFFINE_MARKER = "FakeAffine"
 NVFP4_MARKER = "FakeNVFP4"
 MX_MARKER = "FakeMX"
-MARKERS = (INT_MARKER, E4M3_MARKER, AFFINE_MARKER, NVFP4_MARKER, MX_MARKER)
+E5M2_MARKER = "FakeE5M2"
+E2M1_MARKER = "FakeE2M1"
+#: markers of the float32-scaled float formats -> their ``num_bits`` (``formats.element_format`` owns the rest)
+FLOAT_MARKERS = {E4M3_MARKER: (4, 3), E5M2_MARKER: (5, 2), E2M1_MARKER: (2, 1)}
+MARKERS = (INT_MARKER, AFFINE_MARKER, NVFP4_MARKER, MX_MARKER, *FLOAT_MARKERS)
 #: markers of block formats whose scales the post-pass computes itself (see :mod:`.microscaling`)
 MICROSCALING_MARKERS = (NVFP4_MARKER, MX_MARKER)
 
@@ -38,6 +43,8 @@ OP_TO_MARKER = {
     "fake_affine": AFFINE_MARKER,
     "fake_nvfp4": NVFP4_MARKER,
     "fake_mx": MX_MARKER,
+    "fake_e5m2": E5M2_MARKER,
+    "fake_e2m1": E2M1_MARKER,
 }
 
 # ONNX TensorProto element types used by the casts around markers.
@@ -87,8 +94,14 @@ def _sym_fake_quant_int(g, x, scale, qmin, qmax):
     return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{INT_MARKER}", x, scale, qmin_i=lo, qmax_i=hi, dtype_i=dt))
 
 
-def _sym_fake_e4m3(g, x, scale):
-    return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{E4M3_MARKER}", x, scale, dtype_i=dt))
+def _sym_float(marker: str):
+    def sym(g, x, scale):
+        return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{marker}", x, scale, dtype_i=dt))
+
+    return sym
+
+
+_sym_fake_e4m3 = _sym_float(E4M3_MARKER)
 
 
 def _sym_fake_affine(g, x, scale, zero_point, qmin, qmax):
@@ -123,6 +136,8 @@ _SYMBOLICS = {
     "fake_affine": _sym_fake_affine,
     "fake_nvfp4": _sym_fake_nvfp4,
     "fake_mx": _sym_fake_mx,
+    "fake_e5m2": _sym_float(E5M2_MARKER),
+    "fake_e2m1": _sym_float(E2M1_MARKER),
 }
 
 
@@ -135,7 +150,7 @@ def registered_symbolics():
     import torch
     import torch.onnx
 
-    from ..functional import library, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
+    from ..functional import library, library_minifloat, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
 
     names = []
     try:

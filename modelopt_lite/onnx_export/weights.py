@@ -7,7 +7,8 @@ reshape that undoes block padding) are applied to the codes and to the element-w
 recovered from the scales: per tensor, per axis (``axis``) or blocked (``axis`` + ``block_size``, opset 21).
 
 Storage: INT8/UINT8 codes; INT4/UINT4 (opset >= 21, two codes per byte, first element in the low nibble) when the
-range fits; INT16/UINT16 (opset >= 21) for wider grids; FLOAT8E4M3FN for E4M3. Dead slices (scale 0) store code 0
+range fits; INT16/UINT16 (opset >= 21) for wider grids; FLOAT8E4M3FN / FLOAT8E5M2 (opset >= 19) / FLOAT4E2M1 (opset
+>= 23, packed as INT4) for E4M3 / E5M2 / E2M1. Dead slices (scale 0) store code 0
 with scale 1.0, so they still dequantize to exact zeros while every exported scale is strictly positive.
 """
 
@@ -22,22 +23,25 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from ..formats import CODE_TYPES, E4M3_DTYPE, E4M3_ONNX_TYPE, ONNX_WEIGHT_TYPES, e4m3_codes, smallest_code_type
+from ..formats import CODE_TYPES, FLOAT_ELEMENTS, ONNX_WEIGHT_TYPES, element_format, float_codes, smallest_code_type
 from ..functional import reference
+from ..functional.microscaling import e2m1_codes
 from .graph import Graph, OpsetTooLow, attr
-from .symbolic import AFFINE_MARKER, E4M3_MARKER
+from .symbolic import AFFINE_MARKER, FLOAT_MARKERS
 
 #: shape-only ops a folded weight absorbs (the same op is applied to codes and scales)
 ABSORBABLE = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
 _NP = {getattr(TensorProto, c.onnx_type): c.numpy_dtype for c in CODE_TYPES.values() if c.numpy_dtype is not None}
+#: ONNX float element type -> the torch float8 dtype its bytes are (FLOAT4E2M1 is packed by hand)
+_FLOAT8 = {getattr(TensorProto, f.onnx_type): f.code_dtype for f in FLOAT_ELEMENTS.values() if f.code_dtype}
 
 
 @dataclass
 class FoldedWeight:
     """Codes, element-wise scales and zero points of a quantized constant, all with the same shape."""
 
-    codes: np.ndarray  # int64 codes, or float32 values exactly representable in E4M3
+    codes: np.ndarray  # int64 codes, or float32 values exactly representable in the float format
     scale: np.ndarray  # float32, strictly positive
     zero_point: np.ndarray  # int64 (zeros for symmetric formats and E4M3)
     kind: str  # marker op type
@@ -72,8 +76,8 @@ def fold(
         raise ValueError(f"{label}: the constant (weight) being quantized contains NaN, which has no code")
     st = _align(scale, xt.dim())
     zp = torch.zeros_like(st)
-    if kind == E4M3_MARKER:
-        codes_np = e4m3_codes(xt, st).float().numpy()
+    if kind in FLOAT_MARKERS:
+        codes_np = float_codes(element_format(FLOAT_MARKERS[kind]), xt, st).float().numpy()
     elif kind == AFFINE_MARKER:
         zp = torch.from_numpy(np.ascontiguousarray(zero_point, dtype=np.float32)).reshape(st.shape)
         codes_np = reference.quantize_affine(xt, st, zp, qmin, qmax).numpy().astype(np.int64)
@@ -202,8 +206,12 @@ def _line(a: np.ndarray, ax: int) -> np.ndarray:
 # --- initializers --------------------------------------------------------------------------------------------------
 def storage_type(kind: str, qmin: int, qmax: int, opset: int, label: str) -> int:
     """The ONNX element type that holds codes in ``[qmin, qmax]`` at ``opset``."""
-    if kind == E4M3_MARKER:
-        return getattr(TensorProto, E4M3_ONNX_TYPE)
+    if kind in FLOAT_MARKERS:
+        fmt = element_format(FLOAT_MARKERS[kind])
+        if opset < fmt.onnx_opset:
+            raise OpsetTooLow(f"{label}: {fmt.onnx_type} weights need opset >= {fmt.onnx_opset}, got opset {opset}",
+                              fmt.onnx_opset)  # fmt: skip
+        return getattr(TensorProto, fmt.onnx_type)
     c = smallest_code_type(qmin, qmax, [n for n in ONNX_WEIGHT_TYPES if CODE_TYPES[n].onnx_opset <= opset])
     if c is not None:
         return getattr(TensorProto, c.onnx_type)
@@ -224,19 +232,16 @@ def pack_4bit(values: np.ndarray) -> bytes:
 
 
 def make_tensor(name: str, values: np.ndarray, elem_type: int) -> onnx.TensorProto:
-    """An initializer of ``elem_type`` holding ``values`` (codes, or E4M3-representable float32 values)."""
+    """An initializer of ``elem_type`` holding ``values`` (codes, or float32 values the float type represents)."""
     values = np.asarray(values)
     t = TensorProto(name=name, data_type=elem_type, dims=list(values.shape))
     if elem_type in (TensorProto.INT4, TensorProto.UINT4):
         t.raw_data = pack_4bit(values)
-    elif elem_type == TensorProto.FLOAT8E4M3FN:
-        t.raw_data = (
-            torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-            .to(E4M3_DTYPE)
-            .view(torch.uint8)
-            .numpy()
-            .tobytes()
-        )
+    elif elem_type == TensorProto.FLOAT4E2M1:  # E2M1 bit patterns, two per byte (the INT4 nibble order)
+        t.raw_data = pack_4bit(e2m1_codes(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))).numpy())
+    elif elem_type in _FLOAT8:
+        v = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        t.raw_data = v.to(_FLOAT8[elem_type]).view(torch.uint8).numpy().tobytes()
     else:
         t.raw_data = np.ascontiguousarray(values.astype(_NP[elem_type])).tobytes()
     return t
@@ -281,7 +286,7 @@ def emit(
     else:
         scale, pre, scale_info = sourced
     inputs = [codes, scale]
-    if fw.kind == E4M3_MARKER or np.any(zp_c != 0):  # an all-zero integer zero point is the default: left out
+    if fw.kind in FLOAT_MARKERS or np.any(zp_c != 0):  # an all-zero integer zero point is the default: left out
         inputs.append(g.add_init(f"{base}.zp", make_tensor("zp", zp_c, elem)))
     attrs = {}
     if kind in ("axis", "block"):
