@@ -47,7 +47,6 @@ from .functional.checks import (
 )
 from .functional.scales import affine_params, bound_of, positive_scale, scale_from_amax
 
-
 #: the fake-quant op of each float32-scaled floating-point format (by ``ElementFormat.name``)
 SCALED_FLOAT_OPS = {
     "e4m3": library.fake_e4m3,

@@ -51,7 +51,8 @@ def test_block_helper():
     [
         ({"bogus": 1, "other": 2}, TypeError, "bogus, other"),
         ({"num_bits": 17}, ValueError, "1..16, got 17"),
-        ({"num_bits": (5, 2)}, ValueError, r"\(4, 3\)"),
+        ({"num_bits": (3, 4)}, ValueError, r"\(4, 3\)"),
+        ({"num_bits": (8, 0)}, ValueError, "E8M0"),
         ({"num_bits": 1}, ValueError, "unsigned"),
         ({"axis": 0, "block_sizes": {-1: 16}}, ValueError, "mutually exclusive"),
         ({"amax": -1.0}, ValueError, "-1.0"),

@@ -57,7 +57,6 @@ def _tensor_quantizer_rows(q, tensor) -> list[dict]:
         block_quant,
         fake_block_quant,
         fake_tensor_quant,
-        scaled_e4m3,
         tensor_quant,
     )
 
@@ -85,8 +84,8 @@ def _tensor_quantizer_rows(q, tensor) -> list[dict]:
             raise ValueError(f"print_quantization_summary: {row['name']} has no amax (dynamic or uncalibrated)")
         amax, nb = info["amax"], info["num_bits"]
         codes = None
-        if info["kind"] == "e4m3":
-            xq = scaled_e4m3(tensor, amax)
+        if info["kind"] != "block" and isinstance(nb, tuple):  # E4M3, E5M2, E2M1: no integer codes
+            xq = fake_tensor_quant(tensor, amax, nb)
         elif info["kind"] == "block":
             xq = fake_block_quant(tensor, info["block_sizes"], amax, nb, info["unsigned"], info["narrow_range"])
             codes = block_quant(tensor, info["block_sizes"], amax, nb, info["unsigned"], info["narrow_range"])[0]

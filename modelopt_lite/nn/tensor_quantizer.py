@@ -35,8 +35,8 @@ from ..functional.scales import positive_scale, scale_from_amax
 from ..tensor_quant import (
     block_quant,
     fake_block_quant,
-    fake_tensor_quant,
     fake_float_quant,
+    fake_tensor_quant,
     quantize_block_scales,
     tensor_quant,
 )

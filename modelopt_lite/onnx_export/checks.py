@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import nn
-
 from onnx import TensorProto
+from torch import nn
 
 from ..formats import is_float_format, scaled_float_format
 from .ort_runner import NO_ORT_KERNELS
