@@ -404,3 +404,11 @@ def test_fake2real_names_module_and_format(nb):
     fmt = element_format(nb).name
     with pytest.raises(ValueError, match=rf"fake2real: module '0': weight_quantizer is {fmt}; only integer weights"):
         mtq.fake2real(model)
+
+
+@pytest.mark.parametrize("nb", FORMATS)
+def test_gptq_refuses_them_clearly(nb):
+    from modelopt_lite.conversion.gptq_solver import grid_for
+
+    with pytest.raises(ValueError, match=rf"gptq: lin: num_bits=\({nb[0]}, {nb[1]}\) is not supported by GPTQ"):
+        grid_for(QuantDescriptor(num_bits=nb, axis=0, amax=[1.0] * 4), (4, 8), "lin")

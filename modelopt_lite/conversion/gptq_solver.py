@@ -76,6 +76,8 @@ def grid_for(desc, shape: tuple[int, ...], label: str) -> Grid:
         raise ValueError(f"gptq: {label}: scale_amax={desc.scale_amax!r} is not supported by GPTQ")
     rng = format_range(desc.num_bits, desc.unsigned, desc.narrow_range)
     e4m3 = is_e4m3(desc.num_bits)
+    if isinstance(desc.num_bits, tuple) and not e4m3:  # its Grid rounds integers or E4M3 only
+        raise ValueError(f"gptq: {label}: num_bits={desc.num_bits!r} is not supported by GPTQ (integers and E4M3 only)")
     out, cols = shape
     if desc.block_sizes:
         bs = desc.block_sizes
