@@ -286,8 +286,9 @@ def _pair_model(nb, per_channel_input: bool):
     return model, x
 
 
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("per_channel_input", [False, True])
-def test_export_e5m2_bit_exact_in_onnxruntime(tmp_path, per_channel_input):
+def test_export_e5m2_bit_exact_in_onnxruntime(tmp_path, per_channel_input, dynamo):
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto
 
@@ -295,7 +296,7 @@ def test_export_e5m2_bit_exact_in_onnxruntime(tmp_path, per_channel_input):
 
     model, x = _pair_model(E5M2, per_channel_input)
     path = tmp_path / "e5m2.onnx"
-    rep = mtq.export_onnx(model, x, path)
+    rep = mtq.export_onnx(model, x, path, dynamo=dynamo)
     assert rep.opset == 19
     m = onnx.load(str(path))
     inits = {t.name: t for t in m.graph.initializer}
@@ -310,8 +311,9 @@ def test_export_e5m2_bit_exact_in_onnxruntime(tmp_path, per_channel_input):
         mtq.export_onnx(model, x, tmp_path / "low.onnx", opset=17)
 
 
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("per_channel_input", [False, True])
-def test_export_e2m1_bit_exact_in_reference_evaluator(tmp_path, per_channel_input):
+def test_export_e2m1_bit_exact_in_reference_evaluator(tmp_path, per_channel_input, dynamo):
     from onnx import TensorProto
     from onnx.reference import ReferenceEvaluator
 
@@ -319,7 +321,7 @@ def test_export_e2m1_bit_exact_in_reference_evaluator(tmp_path, per_channel_inpu
 
     model, x = _pair_model(E2M1, per_channel_input)
     path = tmp_path / "e2m1.onnx"
-    rep = mtq.export_onnx(model, x, path)
+    rep = mtq.export_onnx(model, x, path, dynamo=dynamo)
     assert rep.opset == 23
     assert any("FLOAT4E2M1" in n and "ReferenceEvaluator" in n for n in rep.notes)
     m = onnx.load(str(path))
