@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import is_float_format
+from ..formats import element_format, is_float_format
 from .grid import E_MIN, widths
 
 #: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices: cache sized on
@@ -126,11 +126,12 @@ def _entropy_scores(b, cb, nz, bl, s, n, i_all, levels):
 
 
 def check_entropy_args(num_bits, start_bin: int, what: str = "entropy") -> None:
-    """Raise ValueError when the entropy search is not defined (E4M3, or ``start_bin < 1``)."""
+    """Raise ValueError when the entropy search is not defined (float formats, or ``start_bin < 1``)."""
     if is_float_format(num_bits):
         raise ValueError(
             f"{what}: entropy calibration maps the histogram onto uniformly spaced integer levels; "
-            f"floating-point levels are not uniform, so it is not defined for num_bits={tuple(num_bits)}: use 'mse' "
+            f"{element_format(num_bits).title} levels are not uniform, so it is not defined for "
+            f"num_bits={tuple(num_bits)}: use 'mse' "
             "or 'percentile'"
         )
     if start_bin < 1:
