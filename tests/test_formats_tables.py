@@ -153,14 +153,14 @@ def test_layers_use_the_formats_functions():
             "real.modules",
         )
     }
-    assert mods["tensor_quant"].e4m3_codes is formats.e4m3_codes
+    assert mods["tensor_quant"].float_codes is formats.float_codes  # E4M3, E5M2, E2M1 codes
     assert mods["tensor_quant"].torch_dtype_range is formats.torch_dtype_range
     assert mods["nn.tensor_quantizer"].torch_code_dtype is formats.torch_code_dtype
     assert mods["nn.tensor_quantizer"].format_range is formats.format_range
     assert mods["functional.lowlevel"].smallest_code_type is formats.smallest_code_type
     assert mods["functional.scales"].format_range is formats.format_range
     assert mods["functional.reference"].to_e4m3 is formats.to_e4m3
-    assert mods["calib.quant_error"].e4m3_levels is formats.e4m3_levels
+    assert mods["calib.quant_error"].float_levels is formats.float_levels
     for n in ("analysis.int8_quantizer", "real.convert", "real.modules"):
         assert mods[n].int_range is formats.int_range, n
     assert requant.INT32 is formats.INT32
@@ -179,7 +179,7 @@ def test_onnx_export_uses_the_formats_tables():
     from modelopt_lite.onnx_export import ort_layout, qdq, weights
 
     assert qdq.smallest_code_type is weights.smallest_code_type is formats.smallest_code_type
-    assert weights.e4m3_codes is formats.e4m3_codes
+    assert weights.float_codes is formats.float_codes
     assert ort_layout.requant is requant  # int32 bias codes: the function the torch layers use
     assert not hasattr(qdq, "_CONTAINERS") and not hasattr(weights, "_INT_TYPES")
     for bits, unsigned, narrow in FORMATS:
