@@ -231,6 +231,14 @@ def test_save_restore_keeps_the_rule(tmp_path, rounding):
         assert torch.equal(other(x), q(x))
 
 
+def test_export_info_and_block_helpers_accept_the_key():
+    q = TensorQuantizer(QuantDescriptor(**_cfg((2, 1), "floor")))
+    q(_data())
+    info = q.export_info()
+    assert info["kind"] == "mxfp4" and info["block_sizes"] == {1: 32, "type": "dynamic", "scale_bits": (8, 0),
+                                                                 "scale_rounding": "floor"}  # fmt: skip
+
+
 def test_summary_and_repr_show_the_rule_in_effect():
     q, _ = _quantized((4, 3), "floor")
     rows = {r["name"]: r for r in mtq.summary(q)}
