@@ -11,7 +11,10 @@ all cases alike), GB/s counting the bytes read plus written, and the ratio to ``
 are fresh tensors (as a quantizer's forward produces them), so on CPU every case pays the page faults of a new
 buffer, as ``clone()`` does; ``y.copy_(x)`` into a preallocated buffer shows the memory-bandwidth floor. The
 native kernels advise large outputs as transparent huge pages only with ``MODELOPT_LITE_HUGEPAGES=1`` (see
-``empty_out`` in csrc/quant_cpu.cpp); ``--huge-pages on|off`` forces it for this run.
+``empty_out`` in csrc/quant_cpu.cpp); ``--huge-pages on|off`` forces it for this run. The NVFP4/MX kernels' large
+fresh outputs reuse the memory of released outputs (csrc/mx_output_pool.h); their rows "into torch.empty_like(x)"
+time the kernel into a fresh torch allocation (the path before the pool). ``--faults`` notes the minor page faults
+per call of every row.
 """
 
 from __future__ import annotations
@@ -133,9 +136,20 @@ def cases(x: torch.Tensor, include_compile: bool):
     return out
 
 
+def _minflt() -> int:
+    """Minor page faults of this process so far (0 where ``resource`` is missing)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except ImportError:
+        return 0
+
+
 class Timer:
     def __init__(self, device: str):
         self.cuda = device == "cuda"
+        self.faults = 0  #: minor page faults of the last call (CPU)
 
     def __call__(self, fn) -> float | None:
         if self.cuda:
@@ -147,16 +161,17 @@ class Timer:
             torch.cuda.synchronize()
             ms = start.elapsed_time(end)
         else:
-            t0 = time.perf_counter()
+            f0, t0 = _minflt(), time.perf_counter()
             r = fn()
             ms = (time.perf_counter() - t0) * 1e3
+            self.faults = _minflt() - f0
         if r is None:
             return None
         del r
         return ms
 
 
-def run_shape(shape, dtype, device, rounds, include_compile, formats="all"):
+def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show_faults=False):
     x = torch.randn(shape, dtype=dtype, device=device)
     if formats == "mx":
         y = torch.empty_like(x)
@@ -170,6 +185,7 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all"):
         table += mx_cases(x, include_compile)
     timer = Timer(device)
     times: dict[str, list[float]] = {name: [] for name, _, _ in table}
+    faults: dict[str, list[int]] = {name: [] for name, _, _ in table}
     errors: dict[str, str] = {}
     for name, fn, _ in table:  # warm-up (builds kernels, compiles)
         try:
@@ -181,6 +197,7 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all"):
         for name, fn, _ in table:
             if name not in errors:
                 times[name].append(timer(fn))
+                faults[name].append(timer.faults)
     bytes_rw = 2 * x.numel() * x.element_size()
     clone = statistics.median(times["x.clone()"])
     rows = []
@@ -190,6 +207,8 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all"):
             rows.append(f"| {name} | - | - | - | - | {errors[name] if errors[name] != 'n/a' else note} |")
             continue
         ms = statistics.median(times[name])
+        if show_faults:
+            note = f"{statistics.median(faults[name]):.0f} faults/call; {note}"
         rows.append(f"| {name} | {ms:.1f} | {bytes_rw / ms / 1e6:.1f} | {ms / clone:.2f} | {ms / copy:.2f} | {note} |")
     return rows, {name: statistics.median(v) for name, v in times.items() if v}
 
@@ -208,6 +227,7 @@ def main(argv=None):
         default="all",
         help="all rows, the integer/E4M3 rows only, or the NVFP4/MX rows only (with the copy baselines)",
     )
+    p.add_argument("--faults", action="store_true", help="note the median minor page faults per call (CPU) in each row")
     p.add_argument(
         "--huge-pages",
         choices=["default", "on", "off"],
@@ -230,6 +250,7 @@ def main(argv=None):
     else:  # still runs: the modelopt_lite rows then time the pure-torch reference (named in the machine line)
         backend.set_backend("reference")
     print(f"Machine: {machine(args.device)}")
+    print(f"Load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"Settings: {args.dtype}, median of {rounds} interleaved rounds, GB/s = (read + write bytes) / time\n")
     print("| shape / case | median ms | GB/s | x clone | x copy_ | note |")
     print("|---|---|---|---|---|---|")
@@ -237,11 +258,15 @@ def main(argv=None):
     for shape in shapes:
         print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | | |")
         compile_rows = args.compile or args.device == "cuda"
-        rows, med = run_shape(shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats)
+        rows, med = run_shape(shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats, args.faults)
         for row in rows:
             print(row)
         summaries.append(("x".join(map(str, shape)), med))
         sys.stdout.flush()
+    print(f"\nLoad average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if native is not None and hasattr(native, "output_pool_stats"):
+        held, nblocks, limit, hits, misses = native.output_pool_stats()
+        print(f"NVFP4/MX output pool: limit {limit >> 20} MiB, {hits} hits, {misses} misses, {held >> 20} MiB kept")
     if args.formats != "classic":
         print()
         for shape, med in summaries:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .formats import block_scheme, element_format, int_range, is_float_format
+from .formats import MX_SCALE_ROUNDINGS, SCALE_ROUNDING_KEY, block_scheme, element_format, int_range, is_float_format
 
 _DEFAULTS: dict[str, Any] = {
     "num_bits": 8,
@@ -32,7 +32,7 @@ _DEFAULTS: dict[str, Any] = {
 }
 _CALIB_METHODS = ("max", "histogram")
 _PlainDict = dict  # the builtin, for annotations inside the class (whose ``dict`` is a method)
-_BLOCK_KEYS = ("type", "scale_bits", "scale_block_sizes")
+_BLOCK_KEYS = ("type", "scale_bits", "scale_block_sizes", SCALE_ROUNDING_KEY)
 
 
 class FrozenDict(dict):
@@ -117,6 +117,8 @@ def _check_block_sizes(v):
                 raise ValueError(f"block_sizes['type'] must be 'static' or 'dynamic', got {size!r}")
             if k == "scale_bits":
                 size = _check_num_bits(size, "block_sizes['scale_bits']")
+            if k == SCALE_ROUNDING_KEY and (not isinstance(size, str) or size not in MX_SCALE_ROUNDINGS):
+                raise ValueError(f"block_sizes['scale_rounding'] must be one of {MX_SCALE_ROUNDINGS}, got {size!r}")
             if k == "scale_block_sizes":
                 size = _check_block_sizes(size)
                 if size and any(isinstance(kk, str) for kk in size):
@@ -170,7 +172,8 @@ class ScaledQuantDescriptor:
             Negative values count from the end; checked against the input rank when used.
         block_sizes: ``{axis: size}`` block quantization (``None`` size = the whole axis), plus optional
             ``"type": "static"|"dynamic"``, ``"scale_bits"`` and ``"scale_block_sizes"`` (double quantization of
-            the per-block scales). Mutually exclusive with ``axis``.
+            the per-block scales), and for MX blocks ``"scale_rounding": "floor"|"rceil"`` (the E8M0 scale rule;
+            default the scheme's, :data:`modelopt_lite.formats.BLOCK_SCHEMES`). Mutually exclusive with ``axis``.
         amax: a fixed range (float or array); with ``learn_amax`` it initializes the learned range.
         learn_amax: learn amax by gradient descent (LSQ-style gradient, see ``numerics.md``).
         scale_amax: multiply amax by this factor before use (quick experiments).
@@ -240,7 +243,12 @@ class ScaledQuantDescriptor:
                 raise ValueError(f"narrow_range=True applies to integer formats only, not {name}")
         else:
             int_range(f["num_bits"], f["unsigned"], f["narrow_range"])  # raises for a signed 1-bit grid
-        scheme = _check_scheme(f)
+        scheme = _check_scheme(f)  # ValueError for scale_rounding on NVFP4 (formats.block_scheme)
+        if scheme is None and f["block_sizes"] and SCALE_ROUNDING_KEY in f["block_sizes"]:
+            raise ValueError(
+                f"block_sizes['scale_rounding'] applies to MX blocks only (scale_bits=(8, 0), num_bits (4, 3), (5, 2), "
+                f"(2, 1) or 8), got num_bits={f['num_bits']!r}, scale_bits={f['block_sizes'].get('scale_bits')!r}"
+            )
         block_dynamic = bool(f["block_sizes"]) and f["block_sizes"].get("type") == "dynamic"
         block_dynamic = block_dynamic and not (scheme and scheme.calibrates_amax)  # NVFP4: calibrated global amax
         if f["learn_amax"] and (f["dynamic"] or block_dynamic):

@@ -12,7 +12,8 @@ kernels' callers, the calibrators, the real modules and the exporters ask here, 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
@@ -337,7 +338,8 @@ class BlockScheme:
     their E8M0 scales with "rceil" (the smallest power of two that holds the block without saturating), as
     ModelOpt's MXFP8QTensor/MXFP4QTensor and NVIDIA's MX conversion do (all-MiniLM-L6-v2 MXFP8 W8A8: cosine to
     FP32 0.9974 with "rceil", 0.9960 with the OCP "floor" rule, which saturates blocks whose amax significand
-    exceeds 1.75); MXINT8 keeps the OCP "floor" rule."""
+    exceeds 1.75); MXINT8 keeps the OCP "floor" rule. ``block_sizes["scale_rounding"]`` ("floor" | "rceil")
+    overrides the rule of an MX scheme (:func:`block_scheme` returns the scheme with that ``rounding``)."""
 
     name: str
     kind: str
@@ -366,13 +368,39 @@ BLOCK_SCHEMES: dict[tuple, BlockScheme] = {
 }
 
 
+#: The E8M0 scale rules of MX schemes (``block_sizes["scale_rounding"]``): "floor" is OCP MX v1.0's
+#: ``floor(log2(amax)) - emax``; "rceil" the smallest power of two that holds the block without saturating.
+MX_SCALE_ROUNDINGS = ("floor", "rceil")
+#: The ``block_sizes`` key that picks an MX scheme's E8M0 scale rule (absent: the scheme's own ``rounding``).
+SCALE_ROUNDING_KEY = "scale_rounding"
+
+
+@cache
+def _with_rounding(scheme: BlockScheme, rounding: str) -> BlockScheme:
+    return scheme if scheme.rounding == rounding else replace(scheme, rounding=rounding)
+
+
 def block_scheme(num_bits, block_sizes) -> BlockScheme | None:
-    """The :class:`BlockScheme` of a ``(num_bits, block_sizes)`` pair, or None for generic block quantization."""
+    """The :class:`BlockScheme` of a ``(num_bits, block_sizes)`` pair, or None for generic block quantization.
+
+    An MX scheme's ``rounding`` is ``block_sizes["scale_rounding"]`` when given (ValueError for a value other than
+    "floor"/"rceil", or for the key on a scheme without E8M0 scales: NVFP4)."""
     if not block_sizes:
         return None
     sb = block_sizes.get("scale_bits")
     nb = tuple(num_bits) if isinstance(num_bits, (tuple, list)) else num_bits
-    return BLOCK_SCHEMES.get((nb, tuple(sb) if isinstance(sb, (tuple, list)) else sb))
+    scheme = BLOCK_SCHEMES.get((nb, tuple(sb) if isinstance(sb, (tuple, list)) else sb))
+    rounding = block_sizes.get(SCALE_ROUNDING_KEY)
+    if scheme is None or rounding is None:
+        return scheme
+    if not scheme.scale.power_of_two:
+        raise ValueError(
+            f"block_sizes['scale_rounding']={rounding!r} applies to MX (E8M0, scale_bits=(8, 0)) scales only; "
+            f"{scheme.name.upper()} has {scheme.scale.name.upper()} block scales"
+        )
+    if not isinstance(rounding, str) or rounding not in MX_SCALE_ROUNDINGS:
+        raise ValueError(f"block_sizes['scale_rounding'] must be one of {MX_SCALE_ROUNDINGS}, got {rounding!r}")
+    return _with_rounding(scheme, rounding)
 
 
 def scaled_format(num_bits, unsigned: bool = False, narrow_range: bool = False) -> ElementFormat:

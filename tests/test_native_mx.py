@@ -107,6 +107,33 @@ def test_nvfp4_exact(dtype, block, cols, impl, native):
         same(s, MS.nvfp4_block_scales(x, gs, block), what + " scales")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", (16, 32))
+def test_nvfp4_eight_block_groups(dtype, block, impl, native):
+    """Rows of many whole blocks (the AVX2 kernel computes 8 block scales at once): per-lane dead blocks (amax 0),
+    scales that round to 0 or saturate at 448 in some lanes, subnormal blocks, a partial tail; and a NaN or Inf
+    in the middle of a group raises like the reference."""
+    cols = block * 8 * 3 + 5
+    x = blocked_data(dtype, cols, seed=block).float()
+    x[0, block : 2 * block] = 0.0  # a dead lane in the first group
+    x[1, 3 * block : 4 * block] = torch.linspace(-1e-12, 1e-12, block)  # a lane whose E4M3 scale rounds to 0
+    x[2, 5 * block : 6 * block] = torch.linspace(-2e4, 6e4, block)  # above the global amax: the scale saturates
+    x[3] = x[3].abs() * 2.0**-140  # subnormal blocks
+    x = x.to(dtype)
+    gs = MS.nvfp4_global_scale(torch.tensor(1.0))
+    what = f"nvfp4 groups {impl} {dtype} block {block}"
+    y, s = native.nvfp4_fake_with_scales(x, gs, block)
+    same(y, MS.fake_nvfp4(x, gs, block), what)
+    same(s, MS.nvfp4_block_scales(x, gs, block), what + " scales")
+    assert float(s[1, 3]) == 0.0 and float(s[2, 5]) == 448.0 and float(s[0, 1]) == 0.0
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[7, 8 * block + 3 * block + 1] = bad
+        for fn in (MS.fake_nvfp4, native.fake_nvfp4):
+            with pytest.raises(ValueError, match=r"NVFP4 input contains NaN or Inf"):
+                fn(xb, gs, block)
+
+
 def test_nvfp4_dead_blocks_and_strides(native, impl):
     x = torch.randn(3, 8, 48)
     x[0, 0, :16] = 1e-30  # scale rounds to 0: a dead block, +0.0 outputs

@@ -34,6 +34,8 @@ def granularity_name(desc) -> str:
         if desc.block_sizes.get("scale_bits") is not None:
             sb = desc.block_sizes["scale_bits"]
             text += f" scale={element_format(sb).name if is_float_format(sb) else f'uint{sb}'}"
+            if desc.block_scheme is not None and desc.block_scheme.kind == "mx":
+                text += f"/{desc.block_scheme.rounding}"  # the E8M0 scale rule in effect
     elif desc.axis is not None:
         text = f"axis={desc.axis}"
     else:

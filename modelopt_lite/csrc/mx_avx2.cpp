@@ -113,10 +113,75 @@ MXK_TGT inline float block_amax(const float* x, int64_t m) {
   return _mm_cvtss_f32(h);
 }
 
+// Lane j: max |x| over the m (a multiple of 8) elements of block j (x + j * m), j < 8, when no element of the 8
+// blocks is NaN (then returns false and the caller takes the per-block path). The maxima of the non-negative
+// |x| are exact in any order: the same values as block_amax.
+MXK_TGT inline bool block_amax8(const float* x, int64_t m, __m256* out) {
+  const __m256 absmask = _mm256_castsi256_ps(set1u(0x7FFFFFFFu));
+  __m256 acc[8], nan = _mm256_setzero_ps();
+  for (int j = 0; j < 8; ++j) {
+    const float* xb = x + j * m;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < m; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xb + i);
+      a = _mm256_max_ps(a, _mm256_and_ps(v, absmask));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    acc[j] = a;
+  }
+  if (_mm256_movemask_ps(nan) != 0) return false;
+  // transpose-reduce: per 128-bit half, [max of block 0..3] then [4..7]; then the two halves
+  __m256 q[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256* a = acc + 4 * h;
+    const __m256 m01 = _mm256_max_ps(_mm256_unpacklo_ps(a[0], a[1]), _mm256_unpackhi_ps(a[0], a[1]));
+    const __m256 m23 = _mm256_max_ps(_mm256_unpacklo_ps(a[2], a[3]), _mm256_unpackhi_ps(a[2], a[3]));
+    q[h] = _mm256_max_ps(_mm256_shuffle_ps(m01, m23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(m01, m23, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  *out = _mm256_max_ps(_mm256_permute2f128_ps(q[0], q[1], 0x20), _mm256_permute2f128_ps(q[0], q[1], 0x31));
+  return true;
+}
+
+// NVFP4 over 8 whole blocks at once: the block scales e4m3(a / (6 * gs)) and divisors s * gs computed 8 lanes wide
+// (the same IEEE operations as the scalar mxe::nvfp4_block_scale and fmul). False (nothing written) when a block
+// holds a NaN.
+MXK_TGT inline bool nvfp4_group8(const float* x, float* out, float* scales, int64_t block, float scale_2,
+                                 bool* bad) {
+  __m256 a;
+  if (!block_amax8(x, block, &a)) return false;
+  const __m256 gs = _mm256_set1_ps(scale_2);
+  const __m256 sv = elemv<mxe::kE4M3>(_mm256_div_ps(a, _mm256_set1_ps(mxe::fmul(6.0f, scale_2))));
+  alignas(32) float av[8], s[8], d[8];
+  _mm256_store_ps(av, a);
+  _mm256_store_ps(s, sv);
+  _mm256_store_ps(d, _mm256_mul_ps(sv, gs));
+  for (int j = 0; j < 8; ++j) {
+    *bad |= mxe::nonfinite(av[j]);
+    if (scales != nullptr) scales[j] = s[j];
+    float* o = out + j * block;
+    if (s[j] == 0.0f) {
+      for (int64_t i = 0; i < block; i += 8) _mm256_storeu_ps(o + i, _mm256_setzero_ps());
+      continue;
+    }
+    const float* xb = x + j * block;
+    const __m256 dv = _mm256_set1_ps(d[j]);
+    for (int64_t i = 0; i < block; i += 8) {
+      const __m256 v = _mm256_div_ps(_mm256_loadu_ps(xb + i), dv);
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(elemv<mxe::kE2M1>(v), dv));
+    }
+  }
+  return true;
+}
+
 MXK_TGT bool nvfp4_fwd(const float* x, float* out, float* scales, int64_t n, int64_t block, float scale_2) {
   if (block % 8 != 0) return mxscalar::nvfp4_fwd(x, out, scales, n, block, scale_2);
   int64_t b0 = 0, k = 0;
   bool bad = false;
+  while (b0 + 8 * block <= n && nvfp4_group8(x + b0, out + b0, scales ? scales + k : nullptr, block, scale_2, &bad)) {
+    b0 += 8 * block;
+    k += 8;
+  }
   for (; b0 + block <= n; b0 += block, ++k) {
     const float a = block_amax(x + b0, block);
     bad |= mxe::nonfinite(a);

@@ -5,8 +5,8 @@
 never changes a block's amax or the output of real elements.
 
 Axis keys are ints; a string that spells an int (``"-1"``, as a JSON object gives) is read as that int. The other
-string keys are the settings ``"type"``, ``"scale_bits"`` and ``"scale_block_sizes"``; any other key is an error
-(never silently ignored: a dict without an axis would quantize per tensor).
+string keys are the settings ``"type"``, ``"scale_bits"``, ``"scale_block_sizes"`` and ``"scale_rounding"``; any
+other key is an error (never silently ignored: a dict without an axis would quantize per tensor).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .checks import _compiling, check_axes
 
 #: The string keys of a block_sizes dict that are settings, not axes.
-SETTING_KEYS = ("type", "scale_bits", "scale_block_sizes")
+SETTING_KEYS = ("type", "scale_bits", "scale_block_sizes", "scale_rounding")
 _INT_KEY = re.compile(r"[+-]?\d+")
 
 

@@ -75,6 +75,7 @@ from ..formats import (
     E4M3_MAX,
     E5M2_MAX,
     FLOAT_ELEMENTS,
+    MX_SCALE_ROUNDINGS,
     e2m1_round,
     e4m3_round,
     e5m2_round,
@@ -93,7 +94,7 @@ NVFP4_GLOBAL_BOUND = E2M1_MAX * E4M3_MAX
 #: NVFP4 block sizes accepted (16: the format; 32: ModelOpt's W4A8_NVFP4_FP8 weights) and the MX block size.
 NVFP4_BLOCK_SIZES = (16, 32)
 MX_BLOCK_SIZES = (32,)
-MX_ROUNDINGS = ("floor", "rceil")
+MX_ROUNDINGS = MX_SCALE_ROUNDINGS  #: the E8M0 scale rules (block_sizes["scale_rounding"] picks one)
 #: E8M0 exponent range (bias 127; biased 255 is NaN and never produced).
 E8M0_BIAS = 127
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127

@@ -173,6 +173,8 @@ def describe(q) -> str:
     d = q.quant_desc
     if d.block_scheme is not None or element_format(d.num_bits).is_float:
         fmt = d.block_scheme.name if d.block_scheme else element_format(d.num_bits).title.lower()
+        if d.block_scheme is not None and d.block_scheme.kind == "mx":
+            fmt += f"/{d.block_scheme.rounding}"  # the E8M0 scale rule in effect
     else:
         fmt = f"{d.num_bits}b" + (" unsigned" if d.unsigned else "") + (" narrow" if d.narrow_range else "")
     if d.block_sizes:

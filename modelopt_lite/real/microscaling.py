@@ -151,6 +151,8 @@ def check_entry(entry: dict, weight: bool) -> str | None:
         return f"block must be one of {allowed} for {fmt}, got {block!r}"
     if rounding not in mx.MX_ROUNDINGS:
         return f"rounding must be one of {mx.MX_ROUNDINGS}, got {rounding!r}"
+    if fmt == "nvfp4" and rounding != "floor":
+        return f"rounding must be 'floor' for nvfp4 (it has no E8M0 scales to round), got {rounding!r}"
     if not isinstance(entry["scheme"], str):
         return f"scheme must be a string, got {entry['scheme']!r}"
     if weight and entry["storage"] != STORAGE[elem]:
