@@ -46,3 +46,30 @@ def test_gradient_scores_costs_and_recipe_match_modelopt():
     peer_recipe = {k.split(".quant_recipe")[0]: str(v).split("(")[0] for k, v in peer["best"]["recipe"].items()}
     assert ours["best"]["recipe"] == peer_recipe
     assert ours["best"]["constraints"]["effective_bits"] == pytest.approx(peer["best"]["constraints"]["effective_bits"])
+
+
+def test_kl_div_scores_and_costs_match_modelopt():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtq_peer = pytest.importorskip("modelopt.torch.quantization")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(8, 256, generator=g) for _ in range(3)]
+    with torch.no_grad():  # sharp logits: KL divergences far above float32 rounding of log-probabilities
+        model[4].weight.mul_(30)
+    kw = dict(data_loader=data, forward_step=lambda m, b: m(b), num_calib_steps=3, num_score_steps=3, method="kl_div")
+    _, ours = mtq.auto_quantize(copy.deepcopy(model), {"effective_bits": 6}, [getattr(mtq, n) for n in NAMES], **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, peer = mtq_peer.auto_quantize(
+            copy.deepcopy(model), {"effective_bits": 6}, [getattr(mtq_peer, n) for n in NAMES], **kw
+        )
+    assert peer["method"] == ours["method"] == "kl_div"
+    for name, st in ours["candidate_stats"].items():
+        ps = peer["candidate_stats"][f"{name}.quant_recipe"]
+        assert [str(f).split("(")[0] for f in ps["formats"]] == st["formats"]
+        assert st["scores"][-1] == ps["scores"][-1] == 0.0
+        assert st["scores"][0] > st["scores"][1] > 0  # INT4 hurts more than INT8
+        assert st["scores"] == pytest.approx(ps["scores"], rel=1e-4)
+        assert [c / 16 for c in st["costs"]] == pytest.approx(ps["costs"])
