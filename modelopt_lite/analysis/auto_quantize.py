@@ -276,7 +276,7 @@ def _base(ref, fixed_model, cands, groups, stats) -> nn.Module:
     for name in (n for g, s in stats.items() if not _by_config(s) for n in groups[g]):
         _install(base, ref, name)  # searched (and space-fixed) layers start float
     if fixed_model is not None:
-        for name in searchable_off(ref, stats, groups):
+        for name in _ungrouped(ref, stats, groups):
             _install(base, ref, name)  # disabled layers stay float under the fixed config too
     for g, s in stats.items():
         if s["fixed"] and not _by_config(s):
@@ -285,7 +285,7 @@ def _base(ref, fixed_model, cands, groups, stats) -> nn.Module:
     return base
 
 
-def searchable_off(ref, stats, groups) -> list[str]:
+def _ungrouped(ref, stats, groups) -> list[str]:
     """The searchable layers of ``ref`` that belong to no group (disabled, or quantized by no format)."""
     grouped = {n for g in stats for n in groups[g]}
     return [n for n in searchable_layers(ref) if n not in grouped]
