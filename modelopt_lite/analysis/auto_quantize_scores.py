@@ -186,19 +186,21 @@ def _swap(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
 
 
 def _one_group_at_a_time(ctx: ScoreContext, measure: Callable, delta: Callable) -> dict[str, dict[str, float]]:
-    """``sum over batches of delta(measure(ref with only the group in format f, b), measure(ref, b))``."""
+    """``sum over batches of delta(measure(ref with only the group in format f, b), measure(ref, b))``.
+
+    Batch by batch (as ModelOpt), so only one batch's float measure (e.g. LLM log-probabilities) is held."""
+    out: dict[str, dict[str, float]] = {g: dict.fromkeys(ctx.formats[g], 0.0) for g in ctx.groups}
     with torch.no_grad():
-        base = [measure(b) for b in ctx.batches]
-        out: dict[str, dict[str, float]] = {}
-        for group, names in ctx.groups.items():
-            out[group] = {}
-            for f in ctx.formats[group]:
-                olds = {n: _swap(ctx.ref, n, ctx.cands[f].get_submodule(n)) for n in names}
-                try:
-                    out[group][f] = sum(float(delta(measure(b), b0)) for b, b0 in zip(ctx.batches, base))
-                finally:
-                    for n, m in olds.items():
-                        _swap(ctx.ref, n, m)
+        for b in ctx.batches:
+            base = measure(b)
+            for group, names in ctx.groups.items():
+                for f in ctx.formats[group]:
+                    olds = {n: _swap(ctx.ref, n, ctx.cands[f].get_submodule(n)) for n in names}
+                    try:
+                        out[group][f] += float(delta(measure(b), base))
+                    finally:
+                        for n, m in olds.items():
+                            _swap(ctx.ref, n, m)
     return _as_floats(out)
 
 
