@@ -131,8 +131,8 @@ def auto_quantize(
         ``exact``), ``restored`` (the scores came from ``checkpoint``) and ``table`` (see :func:`format_table`).
 
     Raises:
-        ValueError: bad constraints, formats, arguments, a checkpoint of another search or an unreachable budget
-            (all but the checkpoint before any calibration).
+        ValueError: bad constraints, formats, arguments, a corrupted checkpoint or one of another search, or an
+            unreachable budget (before any calibration or scoring).
     """
     eff_bits = _check_constraints(constraints)
     opts = check_options(quantization_formats, module_search_spaces, fixed_quantization_config)
