@@ -7,13 +7,18 @@ the embeddings to FP32's.
 
 Rows: FP32; uniform INT4 (``INT4_BLOCKWISE_WEIGHT_ONLY_CFG``, weight-only blocks of 128: 4 effective bits);
 uniform INT8 (``INT8_DEFAULT_CFG``, W8A8: 8 bits, over the budget); ``auto_quantize`` at ``--bits`` (default 6)
-with each score method (``--methods``; ``sensitivity`` runs the model once per layer, format and batch: 288 runs
-here, long on a loaded machine); nvidia-modelopt's ``auto_quantize`` (same formats, data and loss) when importable.
+with each score method (``--methods``; ``sensitivity`` and ``kl_div`` run the model once per layer, format and
+batch: 288 runs here, long on a loaded machine); nvidia-modelopt's ``auto_quantize`` with ``gradient`` and
+``kl_div`` (same formats, data, loss and logits) when importable.
 
 Losses: ``"sensitivity"`` uses the squared distance of the embeddings to FP32's. That loss has a zero gradient at
 the float model, so the gradient methods (ours and ModelOpt's) use it with the target sampled around the FP32
 embedding (``fp32 + N(0, 1)``, fixed per batch): a sampled Fisher, whose expected score is the Gauss-Newton
-diagonal of the plain distance. Run: ``PYTHONPATH=$PWD python bench/bench_auto_quantize.py``.
+diagonal of the plain distance. ``kl_div`` (ours and ModelOpt's) needs logits: in-batch retrieval logits, the
+cosine of each embedding to every FP32 embedding of its batch times 20 (sentence-transformers' training scale),
+so the score is the KL divergence of "which sentence of the batch is this" between float and quantized. ModelOpt
+searches ``kl_div`` by bisection on the largest per-layer score, ours by the exact minimum of the total.
+Run: ``PYTHONPATH=$PWD python bench/bench_auto_quantize.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -49,6 +55,12 @@ def forward_step(model, batch):
     return model(**batch["inputs"])
 
 
+def kl_forward_step(model, batch):
+    """In-batch retrieval logits: 20 x the cosine of each embedding to every FP32 embedding of the batch."""
+    e = torch.nn.functional.normalize(model(**batch["inputs"]), dim=-1)
+    return 20 * e @ torch.nn.functional.normalize(batch["fp32"], dim=-1).T
+
+
 def distance_loss(out, batch):
     return ((out - batch["fp32"]) ** 2).sum()
 
@@ -74,17 +86,28 @@ def effective_bits(model) -> float:
     return num / den
 
 
+def load() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "load average: " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bits", type=float, default=6.0)
     p.add_argument("--calib", type=int, default=128, help="calibration/score sentences (batches of 32)")
-    p.add_argument("--methods", default="gradient,layer_error", help="add sensitivity: 72 model runs per batch")
+    p.add_argument(
+        "--methods",
+        default="gradient,layer_error,sensitivity,kl_div",
+        help="sensitivity and kl_div: 72 model runs per batch each",
+    )
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--table", action="store_true", help="print the per-layer table of each search")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}")
-    print(f"load average at start: {os.getloadavg()[0]:.1f} (shared machine: times are indicative)")
+    print(f"uptime at start: {load()} (shared machine: times are indicative)")
 
     with measure.quiet():
         tok, model = load_minilm()
@@ -116,7 +139,7 @@ def main():
             {"effective_bits": args.bits},
             formats,
             batches,
-            forward_step,
+            kl_forward_step if method == "kl_div" else forward_step,
             distance_loss if method == "sensitivity" else fisher_loss,
             num_calib_steps=n,
             num_score_steps=n,
@@ -134,24 +157,25 @@ def main():
         if args.table:
             print(f"--- {method}\n{format_table(st)}", flush=True)
     if not args.no_peer:
-        rows.append(_peer(model, formats, batches, feed, ref, args.bits))
-        print(f"done: {rows[-1][0]}: cosine {rows[-1][2]:.5f}, {rows[-1][3]:.1f} s", flush=True)
+        for method in ("gradient", "kl_div"):
+            rows.append(_peer(model, formats, batches, feed, ref, args.bits, method))
+            print(f"done: {rows[-1][0]}: cosine {rows[-1][2]:.5f}, {rows[-1][3]:.1f} s", flush=True)
     print(
         f"\nall-MiniLM-L6-v2, {len(sents)} calibration/score sentences, {len(pairs)} held-out pairs, budget {args.bits}"
     )
     print(f"{'variant':58} {'eff. bits':>9} {'mean cos':>9} {'seconds':>8}")
     for name, eb, cos, dt in rows:
         print(f"{name:58} {eb:9.3f} {cos:9.5f} {dt:8.1f}")
-    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    print(f"uptime at end: {load()}")
 
 
-def _peer(model, formats, batches, feed, ref, bits):
+def _peer(model, formats, batches, feed, ref, bits, method):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import modelopt.torch.quantization as mtq_peer
     except ImportError:
-        return ("nvidia-modelopt auto_quantize (not installed)", float("nan"), float("nan"), 0.0)
+        return (f"nvidia-modelopt auto_quantize {method} (not installed)", float("nan"), float("nan"), 0.0)
     names = ["INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "INT8_DEFAULT_CFG"]
     assert [PRESETS[k] for k in names] == formats
     t0 = time.perf_counter()
@@ -162,14 +186,15 @@ def _peer(model, formats, batches, feed, ref, bits):
             {"effective_bits": bits},
             [getattr(mtq_peer, k) for k in names],
             batches,
-            forward_step,
-            fisher_loss,
+            kl_forward_step if method == "kl_div" else forward_step,
+            None if method == "kl_div" else fisher_loss,
             num_calib_steps=len(batches),
             num_score_steps=len(batches),
+            method=method,
         )
     dt = time.perf_counter() - t0
     choice = [str(r).split("(")[0] for r in st["best"]["recipe"].values()]
-    label = f"nvidia-modelopt gradient ({choice.count(names[0])} INT4 / {choice.count(names[1])} INT8 / "
+    label = f"nvidia-modelopt {method} ({choice.count(names[0])} INT4 / {choice.count(names[1])} INT8 / "
     label += f"{choice.count('NONE')} float)"
     return (label, st["best"]["constraints"]["effective_bits"], cosine(q, feed, ref), dt)
 

@@ -294,12 +294,6 @@ def test_bad_arguments(kwargs, match):
     assert type(m[0]) is nn.Linear  # the caller's model untouched
 
 
-def test_unsupported_modelopt_options():
-    m = _mlp()
-    with pytest.raises(NotImplementedError, match="checkpoint is not supported"):
-        auto_quantize(m, checkpoint="x.pt")
-
-
 def test_verbose_logs_the_table(caplog):
     m = _mlp()
     data, fs, lf = _problem(m)

@@ -5,13 +5,17 @@ Phases, as ModelOpt's:
 1. Candidates: for every format, a copy of the model quantized with it everywhere and calibrated with its own
    algorithm (calibration sees float activations, as in :func:`modelopt_lite.quantize`). "Keep float" (ModelOpt's
    ``"NONE"`` recipe) is always a candidate; a ``None`` entry of ``quantization_formats`` is ignored, as there.
+   Which groups may use which formats, and a fixed PTQ baseline for the others: :mod:`.auto_quantize_spaces`
+   (``module_search_spaces``, ``fixed_quantization_config``).
 2. Scores: per group of layers and format, the estimated loss increase (:mod:`.auto_quantize_scores`:
-   ``method="gradient"`` as ModelOpt, ``"layer_error"`` and ``"sensitivity"`` from our analysis tools). As
-   ModelOpt, the scores of a group are made non-increasing in bits (formats sorted by bits, each score the min of
-   its own and the previous one's; float scores 0).
-3. Search: the exact minimum of the total score with effective bits <= the constraint (:mod:`.auto_quantize_search`).
-4. The caller's model is converted in place: every quantizer off, then each searched layer gets the calibrated
-   quantizers of its chosen format.
+   ``method="gradient"`` and ``"kl_div"`` as ModelOpt, ``"layer_error"`` and ``"sensitivity"`` from our analysis
+   tools). As ModelOpt, the scores of a group are made non-increasing in bits (formats sorted by bits, each score
+   the min of its own and the previous one's; float scores 0). ``checkpoint`` keeps them in a JSON file
+   (:mod:`.auto_quantize_checkpoint`) so another budget re-solves without scoring.
+3. Search: the exact minimum of the total score with effective bits <= the constraint (:mod:`.auto_quantize_search`),
+   for every method (ModelOpt searches ``kl_div`` by a threshold bisection that minimises the largest score).
+4. The caller's model is converted in place: every quantizer off (or set by the fixed baseline), then each
+   searched layer gets the calibrated quantizers of its chosen format.
 
 Effective bits (ModelOpt's weight cost model): over the searched layers ``l`` (those with a ``weight`` and
 quantizers that at least one format enables: Linear, Conv, ...; not Embeddings, off in every preset),
@@ -26,40 +30,34 @@ group is the key, or ``fn(name) -> key | None``); append to it to add a rule.
 from __future__ import annotations
 
 import copy
-import fnmatch
 import logging
-import re
-import warnings
+import os
 from collections.abc import Callable, Iterable
 from itertools import islice
 
 import torch
 from torch import nn
 
-from ..conversion.algorithm_registry import ALGORITHMS
-from ..conversion.config import QuantConfigError, normalize_config
+from ..conversion.config import normalize_config
 from ..conversion.model_quant import calibrate, quantize
-from ..conversion.presets import INT4_BLOCKWISE_WEIGHT_ONLY_CFG, PRESETS
-from ..conversion.utils import is_quantizer, named_quantizers
+from .auto_quantize_checkpoint import load_checkpoint, save_checkpoint
 from .auto_quantize_scores import METHODS, ScoreContext
 from .auto_quantize_search import solve
+from .auto_quantize_spaces import (
+    FLOAT_BITS,
+    NONE,
+    QUANT_GROUPING_RULES,
+    check_options,
+    is_quantizer_child,
+    layer_bits,
+    resolve_groups,
+    searchable_layers,
+    signature,
+)
+
+__all__ = ["NONE", "QUANT_GROUPING_RULES", "auto_quantize", "format_table", "layer_bits"]
 
 log = logging.getLogger(__name__)
-
-#: ModelOpt's name for "keep the layer float" (always a candidate; 16 bits in the cost model)
-NONE = "NONE"
-FLOAT_BITS = 16
-
-#: layers that must share one format (ModelOpt 0.47's default rules: fused QKV, gate/up and MoE experts)
-QUANT_GROUPING_RULES: list = [
-    r"^(.*?)\.(q_proj|k_proj|v_proj)$",
-    r"^(.*?\.mlp\.experts)\.\d+\.(gate_proj|up_proj|down_proj)$",
-    r"^(.*?\.mixer\.experts)\.\d+\.(up_proj|down_proj)$",
-    r"^(.*?\.mlp\.experts\.local_experts)\.\d+\.(linear_fc1|linear_fc2)$",
-    r"^(.*?)\.(gate_proj|up_proj)$",
-    r"^(.*?)\.(\d+\.(w1|w2|w3))$",
-    r"^(.*?)\.((w1_linear|w2_linear|w3_linear)\.\d+)$",
-]
 
 _CONSTRAINT_KEYS = {"effective_bits", "cost_model", "cost"}
 _ALL_OFF = {"quant_cfg": {"*": {"enable": False}}, "algorithm": None}
@@ -80,99 +78,6 @@ def _check_constraints(constraints) -> float:
     if isinstance(eb, bool) or not isinstance(eb, (int, float)) or not 0 < eb <= FLOAT_BITS:
         raise ValueError(f"auto_quantize: constraints['effective_bits'] must be a number in (0, 16], got {eb!r}")
     return float(eb)
-
-
-def _format_name(cfg, i: int) -> tuple[str, dict]:
-    if isinstance(cfg, str):
-        if cfg not in PRESETS:
-            raise QuantConfigError(
-                f"auto_quantize: quantization_formats[{i}] {cfg!r} is not a preset name; known: {sorted(PRESETS)}"
-            )
-        return cfg, PRESETS[cfg]
-    if not isinstance(cfg, dict):
-        raise QuantConfigError(
-            f"auto_quantize: quantization_formats[{i}] must be a config dict, a preset name or None, "
-            f"got {type(cfg).__name__}"
-        )
-    for name, preset in PRESETS.items():
-        if cfg == preset:
-            return name, cfg
-    name = f"CUSTOM_{i}"
-    warnings.warn(
-        f"auto_quantize: received a custom quantization format; it is shown as {name}", UserWarning, stacklevel=3
-    )
-    return name, cfg
-
-
-def _check_formats(quantization_formats) -> dict[str, dict]:
-    """``{name: config}`` of the formats to search (None entries dropped, duplicates once)."""
-    if quantization_formats is None:
-        quantization_formats = [INT4_BLOCKWISE_WEIGHT_ONLY_CFG, PRESETS["FP8_DEFAULT_CFG"]]
-    if not isinstance(quantization_formats, list):
-        raise QuantConfigError(
-            f"auto_quantize: quantization_formats must be a list, got {type(quantization_formats).__name__}"
-        )
-    if not quantization_formats:
-        raise QuantConfigError("auto_quantize: quantization_formats must be a non-empty list")
-    out: dict[str, dict] = {}
-    for i, cfg in enumerate(quantization_formats):
-        if cfg is None:
-            continue
-        name, cfg = _format_name(cfg, i)
-        parsed = normalize_config(cfg, enable_by_default=True)  # raises on a malformed config
-        method = parsed.algorithm[0] if parsed.algorithm else None
-        if method in ALGORITHMS:
-            raise QuantConfigError(
-                f"auto_quantize: format {name!r} uses the algorithm {method!r}, which changes the weights; "
-                "auto_quantize supports calibration-only algorithms (max, histogram, percentile, mse, entropy)"
-            )
-        out.setdefault(name, cfg)
-    if not out:
-        raise QuantConfigError("auto_quantize: quantization_formats must contain at least one non-None format")
-    return out
-
-
-# --- layers, bits and groups ---------------------------------------------------------------------------------------
-def _is_quantizer_child(m: nn.Module) -> bool:
-    return is_quantizer(m) or (any(True for _ in m.children()) and all(is_quantizer(c) for c in m.children()))
-
-
-def _layers(model: nn.Module) -> dict[str, nn.Module]:
-    """The searchable layers: modules with a ``weight`` tensor whose children are all quantizers (at least one)."""
-    out = {}
-    for name, m in model.named_modules():
-        kids = list(m.children())
-        if name and isinstance(getattr(m, "weight", None), torch.Tensor) and kids:
-            if all(_is_quantizer_child(k) for k in kids):
-                out[name] = m
-    return out
-
-
-def _bits(num_bits) -> int:
-    return sum(num_bits) + 1 if isinstance(num_bits, tuple) else int(num_bits)
-
-
-def layer_bits(layer: nn.Module) -> int:
-    """The cost-model bits of a quantized layer: the least ``num_bits`` of its enabled quantizers (16 if none)."""
-    bits = [_bits(q.quant_desc.num_bits) for _, q in named_quantizers(layer) if q.is_enabled]
-    return min(bits, default=FLOAT_BITS)
-
-
-def _group_key(name: str) -> str:
-    for rule in QUANT_GROUPING_RULES:
-        if callable(rule):
-            key = rule(name)
-        else:
-            m = re.match(rule, name)
-            key = m.group(1) if m else None
-        if key is not None:
-            return f"{key}.*"
-    return name
-
-
-def _disabled(name: str, disabled_layers) -> bool:
-    pats = [disabled_layers] if isinstance(disabled_layers, str) else list(disabled_layers or [])
-    return any(fnmatch.fnmatchcase(name, p) for p in pats)
 
 
 # --- the API -------------------------------------------------------------------------------------------------------
@@ -199,41 +104,38 @@ def auto_quantize(
         model: a float model; converted in place (as :func:`modelopt_lite.quantize`) and returned.
         constraints: ``{"effective_bits": b}`` with ``0 < b <= 16`` (default 4.8); ``"cost_model"`` may only be
             ``"weight"``. ``b`` must be reachable: at least the effective bits with every layer in its cheapest
-            format.
+            allowed format.
         quantization_formats: configs (e.g. ``INT4_BLOCKWISE_WEIGHT_ONLY_CFG``, ``INT8_DEFAULT_CFG``,
             ``FP8_DEFAULT_CFG``) or preset names; None entries are ignored and "keep float" is always added.
-            Default: INT4 blocks of 128 (weight only) and FP8. Algorithms that change weights (smoothquant, ...)
-            are refused, as ModelOpt refuses all but max/mse.
+            Default: INT4 blocks of 128 (weight only) and FP8 (none with ``fixed_quantization_config``).
+            Algorithms that change weights (smoothquant, ...) are refused, as ModelOpt refuses all but max/mse.
         data_loader: batches; the first ``num_calib_steps`` calibrate, the first ``num_score_steps`` score.
-        forward_step: ``forward_step(model, batch) -> output``.
+        forward_step: ``forward_step(model, batch) -> output`` (the logits for ``method="kl_div"``).
         loss_func: ``loss_func(output, batch) -> scalar tensor`` (gradient and sensitivity methods).
         forward_backward_step: ``fn(model, batch)`` running forward and ``backward()`` itself (gradient method,
             instead of ``loss_func``).
         disabled_layers: wildcard(s) of layer names kept float and left out of the search and the cost.
         verbose: log the per-layer table at INFO (library code never prints).
-        method: ``"gradient"`` (ModelOpt's), ``"layer_error"`` or ``"sensitivity"`` (see
-            :mod:`.auto_quantize_scores`).
-        checkpoint, module_search_spaces, fixed_quantization_config: ModelOpt options not supported here (must
-            be None).
+        method: ``"gradient"`` or ``"kl_div"`` (ModelOpt's), ``"layer_error"`` or ``"sensitivity"`` (see
+            :mod:`.auto_quantize_scores`). Every method is searched exactly (minimum total score in budget).
+        checkpoint: a JSON file: loaded instead of scoring when it exists, written after scoring otherwise
+            (:mod:`.auto_quantize_checkpoint`; it must match this search, else ValueError).
+        module_search_spaces, fixed_quantization_config: per-layer candidates and a fixed PTQ baseline, with
+            ModelOpt's meaning (:mod:`.auto_quantize_spaces`).
 
     Returns:
         ``(model, search_state)``; ``search_state`` holds ``candidate_stats`` (per group: ``formats``, ``bits``,
-        ``costs``, ``scores`` (as searched), ``raw_scores``, ``module_names``, ``params``), ``best`` (``recipe``:
-        group -> format name, ``layer_recipe``: layer -> format name, ``constraints``: the effective bits reached,
-        ``score``, ``is_satisfied``, ``exact``) and ``table`` (one row per group, see :func:`format_table`).
+        ``costs``, ``scores`` (as searched), ``raw_scores``, ``module_names``, ``params``, ``fixed``,
+        ``allow_no_quant``, ``search_space``), ``best`` (``recipe``: group -> format name, ``layer_recipe``:
+        layer -> format name, ``constraints``: the effective bits reached, ``score``, ``is_satisfied``,
+        ``exact``), ``restored`` (the scores came from ``checkpoint``) and ``table`` (see :func:`format_table`).
 
     Raises:
-        ValueError: bad constraints, formats, arguments or an unreachable budget (before any calibration).
+        ValueError: bad constraints, formats, arguments, a corrupted checkpoint or one of another search, or an
+            unreachable budget (before any calibration or scoring).
     """
-    for opt, v in (
-        ("checkpoint", checkpoint),
-        ("module_search_spaces", module_search_spaces),
-        ("fixed_quantization_config", fixed_quantization_config),
-    ):
-        if v is not None:
-            raise NotImplementedError(f"auto_quantize: {opt} is not supported by modelopt_lite (give None)")
     eff_bits = _check_constraints(constraints)
-    formats = _check_formats(quantization_formats)
+    opts = check_options(quantization_formats, module_search_spaces, fixed_quantization_config)
     if method not in METHODS:
         raise ValueError(f"auto_quantize: invalid method {method!r}; valid options: {sorted(METHODS)}")
     score_fn, needs_loss = METHODS[method]
@@ -244,6 +146,8 @@ def auto_quantize(
     for opt, n in (("num_calib_steps", num_calib_steps), ("num_score_steps", num_score_steps)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"auto_quantize: {opt} must be an int >= 1, got {n!r}")
+    if checkpoint is not None and (not isinstance(checkpoint, (str, os.PathLike)) or os.path.isdir(checkpoint)):
+        raise ValueError(f"auto_quantize: checkpoint must be a file path, got {checkpoint!r}")
     if data_loader is None:
         raise ValueError("auto_quantize: data_loader must be given")
     if not isinstance(model, nn.Module):
@@ -253,31 +157,52 @@ def auto_quantize(
         raise ValueError("auto_quantize: data_loader yielded no batch")
 
     ref = quantize(copy.deepcopy(model), _ALL_OFF).eval()
-    cands = {f: quantize(copy.deepcopy(ref), {**cfg, "algorithm": None}) for f, cfg in formats.items()}
-    groups, gformats, stats = _candidate_setup(ref, cands, disabled_layers)
+    cands = {f: quantize(copy.deepcopy(ref), {**cfg, "algorithm": None}) for f, cfg in opts.candidates.items()}
+    fixed_model = quantize(copy.deepcopy(ref), {**opts.fixed[1], "algorithm": None}) if opts.fixed else None
+    groups, gformats, stats = resolve_groups(ref, cands, fixed_model, opts, disabled_layers)
     total = sum(s["params"] for s in stats.values())
     min_bits = sum(min(s["costs"]) for s in stats.values()) / total
     if eff_bits < min_bits - 1e-12:
         raise ValueError(
             f"auto_quantize: effective_bits {eff_bits} is below the least reachable, {min_bits:.4f} "
-            f"(every layer in its cheapest format)"
+            f"(every layer in its cheapest allowed format)"
         )
-    for f, cfg in formats.items():
-        _calibrate(cands[f], cfg, forward_step, batches[:num_calib_steps])
-    ctx = ScoreContext(
-        ref, cands, groups, gformats, batches[:num_score_steps], forward_step, loss_func, forward_backward_step
-    )
-    raw = score_fn(ctx)
+    calib = _Calibrator(cands, opts, fixed_model, forward_step, batches[:num_calib_steps])
+    sigs = {f: signature(cfg) for f, cfg in opts.candidates.items()}
+    fixed_sig = (opts.fixed[0], signature(opts.fixed[1])) if opts.fixed else None
+    restored = checkpoint is not None and os.path.exists(checkpoint)
+    if restored:
+        raw = load_checkpoint(checkpoint, method, sigs, fixed_sig, stats)
+        log.info("auto_quantize: scores restored from %s", checkpoint)
+    else:
+        calib.run({f for fs in gformats.values() for f in fs} | _fixed_formats(stats))
+        base = _base(ref, fixed_model, cands, groups, stats)
+        ctx = ScoreContext(
+            base,
+            cands,
+            {g: groups[g] for g in gformats},
+            gformats,
+            batches[:num_score_steps],
+            forward_step,
+            loss_func,
+            forward_backward_step,
+        )
+        scores = score_fn(ctx)
+        raw = {g: [scores.get(g, {}).get(f, 0.0) for f in s["formats"]] for g, s in stats.items()}
     for g, s in stats.items():
-        s["raw_scores"] = [raw[g].get(f, 0.0) for f in s["formats"]]
+        s["raw_scores"] = raw[g]
         s["scores"], prev = [], float("inf")
         for v in s["raw_scores"]:  # formats by bits, float last: non-increasing scores (as ModelOpt)
             prev = min(v, prev)
             s["scores"].append(prev)
+    if checkpoint is not None and not restored:
+        save_checkpoint(checkpoint, method, sigs, fixed_sig, stats)
     sol = solve([s["scores"] for s in stats.values()], [s["costs"] for s in stats.values()], eff_bits * total)
     recipe = {g: stats[g]["formats"][k] for g, k in zip(stats, sol.choice)}
-    model = _apply(model, cands, groups, recipe)
-    state = _search_state(method, eff_bits, formats, stats, recipe, sol, total)
+    calib.run({f for g, f in recipe.items() if f in cands and not _by_config(stats[g])})
+    model = _apply(model, opts, _base(ref, fixed_model, cands, groups, stats), cands, groups, stats, recipe)
+    state = _search_state(method, eff_bits, opts, stats, recipe, sol, total)
+    state["restored"] = restored
     level = logging.INFO if verbose else logging.DEBUG
     if log.isEnabledFor(level):
         for line in format_table(state).splitlines():
@@ -285,33 +210,29 @@ def auto_quantize(
     return model, state
 
 
-def _candidate_setup(ref, cands, disabled_layers):
-    """Groups, their formats and candidate stats (formats sorted by bits, float last; costs = numel * bits)."""
-    layers = [n for n in _layers(ref) if not _disabled(n, disabled_layers)]
-    groups: dict[str, list[str]] = {}
-    for n in layers:
-        groups.setdefault(_group_key(n), []).append(n)
-    gformats: dict[str, list[str]] = {}
-    stats: dict[str, dict] = {}
-    for g, names in groups.items():
-        numel = {n: ref.get_submodule(n).weight.numel() for n in names}
-        bits = {f: {n: layer_bits(c.get_submodule(n)) for n in names} for f, c in cands.items()}
-        fmts = [f for f in cands if any(b < FLOAT_BITS for b in bits[f].values())]
-        if not fmts:  # no format quantizes it (e.g. an Embedding, off in every preset): not searched, not counted
-            continue
-        fmts.sort(key=lambda f: (sum(numel[n] * bits[f][n] for n in names), f))
-        gformats[g] = fmts
-        stats[g] = {
-            "formats": [*fmts, NONE],
-            "bits": [min(bits[f].values()) for f in fmts] + [FLOAT_BITS],
-            "costs": [float(sum(numel[n] * bits[f][n] for n in names)) for f in fmts]
-            + [float(FLOAT_BITS * sum(numel.values()))],
-            "module_names": list(names),
-            "params": sum(numel.values()),
-        }
-    if not stats:
-        raise ValueError("auto_quantize: no layer of the model is quantized by any of the formats: nothing to search")
-    return {g: groups[g] for g in stats}, gformats, stats
+def _by_config(s: dict) -> bool:
+    """A group fixed by ``fixed_quantization_config`` (not by a one-format search space)."""
+    return s["fixed"] and s["search_space"] is None
+
+
+def _fixed_formats(stats) -> set[str]:
+    return {s["formats"][0] for s in stats.values() if s["fixed"] and not _by_config(s)}
+
+
+class _Calibrator:
+    """Calibrates each candidate (and the fixed baseline, first) once, when first needed."""
+
+    def __init__(self, cands, opts, fixed_model, forward_step, batches):
+        self.cands, self.opts, self.fixed_model = cands, opts, fixed_model
+        self.forward_step, self.batches, self.done = forward_step, batches, set()
+
+    def run(self, formats: set[str]) -> None:
+        if self.fixed_model is not None and None not in self.done:
+            _calibrate(self.fixed_model, self.opts.fixed[1], self.forward_step, self.batches)
+            self.done.add(None)
+        for f in sorted(formats - self.done):
+            _calibrate(self.cands[f], self.opts.candidates[f], self.forward_step, self.batches)
+            self.done.add(f)
 
 
 def _calibrate(q: nn.Module, cfg: dict, forward_step: Callable, batches: list) -> None:
@@ -335,21 +256,56 @@ def _calibrate(q: nn.Module, cfg: dict, forward_step: Callable, batches: list) -
     calibrate(q, None if method == "max" else method, loop, **params)
 
 
-def _apply(model: nn.Module, cands, groups, recipe) -> nn.Module:
-    """Convert ``model`` in place with every quantizer off, then give each layer its format's calibrated ones."""
+def _install(dst: nn.Module, src: nn.Module, prefix: str = "") -> None:
+    """Give ``dst`` a copy of every quantizer of ``src`` (both converted the same way), under ``prefix``."""
+    root = src.get_submodule(prefix) if prefix else src
+    done: list[str] = []
+    for name, m in root.named_modules():
+        path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+        if any(path == d or path.startswith(d + ".") for d in done):
+            continue
+        for child, q in m.named_children():
+            if is_quantizer_child(q):
+                setattr(dst.get_submodule(path) if path else dst, child, copy.deepcopy(q))
+                done.append(f"{path}.{child}" if path else child)
+
+
+def _base(ref, fixed_model, cands, groups, stats) -> nn.Module:
+    """The model scores are measured on: float layers, except the fixed groups in their fixed format."""
+    base = copy.deepcopy(fixed_model if fixed_model is not None else ref)
+    for name in (n for g, s in stats.items() if not _by_config(s) for n in groups[g]):
+        _install(base, ref, name)  # searched (and space-fixed) layers start float
+    if fixed_model is not None:
+        for name in _ungrouped(ref, stats, groups):
+            _install(base, ref, name)  # disabled layers stay float under the fixed config too
+    for g, s in stats.items():
+        if s["fixed"] and not _by_config(s):
+            for n in groups[g]:
+                _install(base, cands[s["formats"][0]], n)
+    return base
+
+
+def _ungrouped(ref, stats, groups) -> list[str]:
+    """The searchable layers of ``ref`` that belong to no group (disabled, or quantized by no format)."""
+    grouped = {n for g in stats for n in groups[g]}
+    return [n for n in searchable_layers(ref) if n not in grouped]
+
+
+def _apply(model: nn.Module, opts, base, cands, groups, stats, recipe) -> nn.Module:
+    """Convert ``model`` in place like the baseline, copy its quantizers, then each searched layer's format's."""
     model = quantize(model, _ALL_OFF)
+    if opts.fixed:
+        model = quantize(model, {**opts.fixed[1], "algorithm": None})
+    _install(model, base)
     for g, f in recipe.items():
-        if f == NONE:
+        if f == NONE or stats[g]["fixed"]:
             continue
         for n in groups[g]:
-            layer, src = model.get_submodule(n), cands[f].get_submodule(n)
-            for child, q in src.named_children():
-                if _is_quantizer_child(q):
-                    setattr(layer, child, copy.deepcopy(q))
+            _install(model, cands[f], n)
     return model
 
 
-def _search_state(method, eff_bits, formats, stats, recipe, sol, total) -> dict:
+def _search_state(method, eff_bits, opts, stats, recipe, sol, total) -> dict:
     rows = []
     for g, s in stats.items():
         k = s["formats"].index(recipe[g])
@@ -366,7 +322,8 @@ def _search_state(method, eff_bits, formats, stats, recipe, sol, total) -> dict:
     return {
         "method": method,
         "constraints": {"effective_bits": eff_bits},
-        "quantization_formats": list(formats),
+        "quantization_formats": list(opts.candidates),
+        "fixed_quantization_config": opts.fixed[0] if opts.fixed else None,
         "candidate_stats": stats,
         "best": {
             "recipe": dict(recipe),
@@ -384,7 +341,9 @@ def _search_state(method, eff_bits, formats, stats, recipe, sol, total) -> dict:
 def format_table(search_state: dict) -> str:
     """The per-group table of an ``auto_quantize`` search state: name, chosen format, bits, score per format."""
     rows = search_state["table"]
-    fmts = [*search_state["quantization_formats"], NONE]
+    fixed = search_state.get("fixed_quantization_config")
+    fmts = [*search_state["quantization_formats"], *([fixed] if fixed else []), NONE]
+    fmts = list(dict.fromkeys(fmts))
     head = ["layer", "params", "format", "bits", *(f"score[{f}]" for f in fmts)]
     table = [head] + [
         [

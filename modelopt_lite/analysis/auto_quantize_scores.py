@@ -18,6 +18,15 @@ a larger score meaning a larger loss increase. Methods (``METHODS``; add one wit
 ``"sensitivity"``: the measured loss increase with only that group quantized (as
     :func:`~modelopt_lite.analysis.sensitivity` ranks layers): ``sum over batches of loss(group quantized) -
     loss(float)``; exact but one forward per group, format and batch.
+``"kl_div"`` (ModelOpt's): the same one-group-at-a-time forwards, scored without a loss:
+    ``sum over batches of KL(P || Q)`` with ``P = softmax(float32(logits))`` of the float model and ``Q`` of the
+    model with only that group quantized (``F.kl_div(log Q, log P, log_target=True, reduction="sum")``, so summed
+    over every row and class). ``forward_step`` must return the logits (a tensor, or an object with a tensor
+    ``logits`` attribute such as a Hugging Face output); the last dimension is the class dimension.
+
+Groups whose format is fixed (``fixed_quantization_config``, or a one-format ``module_search_spaces`` entry with
+``allow_no_quant=False``) are not scored (not in ``groups``): they stay quantized in ``ref`` while the others are
+scored, as in ModelOpt.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -175,25 +185,56 @@ def _swap(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
     return old
 
 
+def _one_group_at_a_time(ctx: ScoreContext, measure: Callable, delta: Callable) -> dict[str, dict[str, float]]:
+    """``sum over batches of delta(measure(ref with only the group in format f, b), measure(ref, b))``.
+
+    Batch by batch (as ModelOpt), so only one batch's float measure (e.g. LLM log-probabilities) is held."""
+    out: dict[str, dict[str, float]] = {g: dict.fromkeys(ctx.formats[g], 0.0) for g in ctx.groups}
+    with torch.no_grad():
+        for b in ctx.batches:
+            base = measure(b)
+            for group, names in ctx.groups.items():
+                for f in ctx.formats[group]:
+                    olds = {n: _swap(ctx.ref, n, ctx.cands[f].get_submodule(n)) for n in names}
+                    try:
+                        out[group][f] += float(delta(measure(b), base))
+                    finally:
+                        for n, m in olds.items():
+                            _swap(ctx.ref, n, m)
+    return _as_floats(out)
+
+
 def sensitivity_scores(ctx: ScoreContext) -> dict[str, dict[str, float]]:
     """The measured loss increase with only the group quantized, summed over the score batches."""
     if ctx.loss_func is None:
         raise ValueError("auto_quantize: method='sensitivity' needs loss_func (forward_backward_step gives no loss)")
-    with torch.no_grad():
-        base = [float(_loss(ctx, ctx.ref, b)) for b in ctx.batches]
-        out: dict[str, dict[str, float]] = {}
-        for group, names in ctx.groups.items():
-            out[group] = {}
-            for f in ctx.formats[group]:
-                olds = {n: _swap(ctx.ref, n, ctx.cands[f].get_submodule(n)) for n in names}
-                try:
-                    out[group][f] = sum(float(_loss(ctx, ctx.ref, b)) - b0 for b, b0 in zip(ctx.batches, base))
-                finally:
-                    for n, m in olds.items():
-                        _swap(ctx.ref, n, m)
-    return _as_floats(out)
+    return _one_group_at_a_time(ctx, lambda b: float(_loss(ctx, ctx.ref, b)), lambda v, v0: v - v0)
+
+
+def _log_probs(ctx: ScoreContext, batch) -> torch.Tensor:
+    out = ctx.forward_step(ctx.ref, batch)
+    logits = getattr(out, "logits", out)
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        raise ValueError(
+            "auto_quantize: method='kl_div' needs forward_step to return the logits (a float tensor or an object "
+            f"with a tensor 'logits' attribute), got {type(logits).__name__}"
+            + (f" of dtype {logits.dtype}" if isinstance(logits, torch.Tensor) else "")
+        )
+    if not torch.isfinite(logits).all():
+        raise ValueError("auto_quantize: method='kl_div': forward_step returned non-finite logits")
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def kl_div_scores(ctx: ScoreContext) -> dict[str, dict[str, float]]:
+    """ModelOpt's ``"kl_div"``: ``sum KL(P_float || P_group quantized)`` over the score batches (module doc)."""
+    return _one_group_at_a_time(
+        ctx,
+        lambda b: _log_probs(ctx, b),
+        lambda log_q, log_p: F.kl_div(log_q, log_p, reduction="sum", log_target=True),
+    )
 
 
 register_score_method("gradient", gradient_scores, needs_loss=True)
 register_score_method("layer_error", layer_error_scores, needs_loss=False)
 register_score_method("sensitivity", sensitivity_scores, needs_loss=True)
+register_score_method("kl_div", kl_div_scores, needs_loss=False)
