@@ -11,11 +11,17 @@
   ModelOpt, whose default is 64), ``min_clip_ratio`` (0.5), ``shrink_step`` (0.05), ``debug``.
 - ``awq_full``: both, the clip search on the scaled weights.
 
-Every parameter of every layer is scored on all calibration tokens at once (see :mod:`.awq_stats`): the forward
-loop runs once in float to gather the statistics, then once more inside a max calibration only when some input or
-output quantizer needs calibrating (weight-only configs calibrate the weights directly). Under
-``torch.distributed`` the statistics are summed over the ranks, so ranks that split the data agree with one process.
-``progress`` (ours, default True) shows a per-layer bar on a terminal. With ``debug=True`` each layer keeps its
+Every parameter of every layer is scored on all calibration tokens at once (see :mod:`.awq_stats`), from the
+activations of the float model, one block at a time (:mod:`.awq_plan`): the first forward of the loop is probed
+(call order, fold groups, which ModuleLists are chains of blocks), then a chain of transformer blocks costs
+one pass of the loop plus one replay of each block on its recorded inputs, and every other layer group one pass;
+each block's statistics are searched (:mod:`.awq_decide`) and dropped before the next block's are gathered, so at
+most one block's ``X^T X`` matrices exist at once. The model changes only after every search (the decisions are
+applied in order at the end), so the results are those of one float pass over the whole model. The loop runs once
+more inside a max calibration only when some input or output quantizer needs calibrating (weight-only configs
+calibrate the weights directly). Under ``torch.distributed`` each unit's statistics are summed over the ranks, so
+ranks that split the data agree with one process; the probe stops the loop (an exception it catches) after its
+first forward. ``progress`` (ours, default True) shows a per-layer bar on a terminal. With ``debug=True`` each layer keeps its
 search record as ``module.awq_lite`` / ``module.awq_clip`` (:class:`LiteRecord`, :class:`ClipRecord`).
 
 A weight quantizer that is a :class:`~modelopt_lite.nn.SequentialQuantizer` (``W4A8_AWQ_BETA_CFG``) is searched with

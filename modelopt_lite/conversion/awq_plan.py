@@ -3,7 +3,7 @@
 
 1. :func:`probe` runs the first forward of the loop (the loop is then ended by an exception caught here): it
    records the order in which the candidate Linears are called, lets the fold :class:`~.awq_fold.Tracer` watch
-   that forward, and checks which ``nn.ModuleList``\\ s are chains (:class:`~.block_replay.ChainWatch`: element
+   that forward, and checks which ModuleLists are chains (:class:`~.block_replay.ChainWatch`: element
    ``k + 1`` reads element ``k``'s output, as a transformer's layers do).
 2. :func:`make_plan` groups the layers into units: a layer inside an element of a chain belongs to the innermost
    such element (a transformer block), a layer inside an element of another ModuleList to the innermost element,

@@ -1,5 +1,6 @@
 """The activation statistics AWQ searches on: per quantized Linear, the sums ``sum |x_j|`` and ``X^T X`` over every
-calibration token, gathered in one float pass of the user's forward loop.
+calibration token, gathered from the float model for one block (or layer group) at a time (:mod:`.awq_plan`) and
+held by a :class:`StatsHolder`, which counts the statistic numbers alive (``peak``: the most at once).
 
 With the Gram matrix ``G = X^T X`` of a layer's inputs, the squared output error of any candidate weight ``W'`` is
 ``sum((X W'^T - X W^T)^2) = trace(D G D^T)`` with ``D = W' - W``: every candidate of the scale and clip searches is
