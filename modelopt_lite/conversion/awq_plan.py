@@ -14,15 +14,18 @@
    block's inputs. Any other unit costs one pass of the loop (a model without ModuleLists: one pass per layer
    group). If a later batch breaks the chain (it is checked on every forward), the rest of it falls back to passes.
 
-AWQ changes no weight before every unit is gathered (its decisions are applied at the end, :mod:`.awq`), so every
-pass and replay sees the float model the one-pass implementation saw: the statistics are the same numbers.
+AWQ changes no weight before every unit is gathered (its decisions are applied at the end, :mod:`.awq_decide`), so
+every pass and replay sees the float model the one-pass implementation saw: the statistics are the same numbers.
+A replay runs outside the user's loop, under ``torch.no_grad`` with the training flags the blocks had during the
+pass: a loop running the model under autocast is never treated as a chain (passes instead); other global state the
+loop sets up around the model (a custom context) is not seen by the replays.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -56,11 +59,13 @@ class Plan:
     groups: list[tuple[tuple[str, ...], str | None]]
     items: list[Item]
     seen: bool = True
-    order: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Probe:
+    """What the first forward showed: the candidate layers in call order, the paths of the ModuleLists that were
+    chains, whether a forward ran at all."""
+
     order: list[str]
     chained: set[str]
     seen: bool
@@ -143,7 +148,7 @@ def make_plan(model: nn.Module, mods: dict[str, nn.Module], groups, pr: Probe) -
         item = Item("chain", tuple(p[1] for p in parts), lname, tuple(p[0] for p in parts))
         items.append((min(p[2] for p in parts), item))
     items.sort(key=lambda t: t[0])
-    return Plan([(tuple(n), p) for n, p in groups], [it for _, it in items], pr.seen, list(pr.order))
+    return Plan([(tuple(n), p) for n, p in groups], [it for _, it in items], pr.seen)
 
 
 def agree(plan: Plan) -> Plan:
@@ -158,7 +163,7 @@ def agree(plan: Plan) -> Plan:
         return plan
     if any(p[:2] != seen[0][:2] for p in seen):
         raise ValueError("awq: the ranks traced different models; every rank must run the same model")
-    return Plan(list(seen[0][0]), list(seen[0][1]), True, plan.order)
+    return Plan(list(seen[0][0]), list(seen[0][1]), True)
 
 
 def _all_true(flag: bool) -> bool:
