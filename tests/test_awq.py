@@ -189,11 +189,12 @@ def test_weights_and_quantizers_restored_when_the_loop_raises():
     batches = _data(cin=48, seed=8)
     mtq.quantize(model, _cfg("max"), _loop(batches))  # already quantized: amax values to restore
     before = _state(model)
-    calls = {"n": 0}
+    calls = {"n": 0, "scaled": 0}
 
     def loop(m):
         calls["n"] += 1
-        if calls["n"] == 2:  # after the statistics pass and the search: weights are already scaled
+        if not torch.equal(m.q.weight, before["q.weight"]):  # the calibration after the search: weights scaled
+            calls["scaled"] += 1
             raise RuntimeError("boom")
         for x in batches:
             m(x)
@@ -202,7 +203,7 @@ def test_weights_and_quantizers_restored_when_the_loop_raises():
     cfg["quant_cfg"]["*input_quantizer"] = {"num_bits": 8, "axis": None, "enable": True}  # needs the loop again
     with pytest.raises(RuntimeError, match="boom"):
         mtq.quantize(model, cfg, loop)
-    assert calls["n"] == 2
+    assert calls["scaled"] == 1 and calls["n"] == 5  # the probe, one pass per unit ([q, k], [o], [fc]), boom
     after = _state(model)
     assert after.keys() == before.keys()
     for k in before:

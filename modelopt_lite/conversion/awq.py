@@ -11,11 +11,17 @@
   ModelOpt, whose default is 64), ``min_clip_ratio`` (0.5), ``shrink_step`` (0.05), ``debug``.
 - ``awq_full``: both, the clip search on the scaled weights.
 
-Every parameter of every layer is scored on all calibration tokens at once (see :mod:`.awq_stats`): the forward
-loop runs once in float to gather the statistics, then once more inside a max calibration only when some input or
-output quantizer needs calibrating (weight-only configs calibrate the weights directly). Under
-``torch.distributed`` the statistics are summed over the ranks, so ranks that split the data agree with one process.
-``progress`` (ours, default True) shows a per-layer bar on a terminal. With ``debug=True`` each layer keeps its
+Every parameter of every layer is scored on all calibration tokens at once (see :mod:`.awq_stats`), from the
+activations of the float model, one block at a time (:mod:`.awq_plan`): the first forward of the loop is probed
+(call order, fold groups, which ModuleLists are chains of blocks), then a chain of transformer blocks costs
+one pass of the loop plus one replay of each block on its recorded inputs, and every other layer group one pass;
+each block's statistics are searched (:mod:`.awq_decide`) and dropped before the next block's are gathered, so at
+most one block's ``X^T X`` matrices exist at once. The model changes only after every search (the decisions are
+applied in order at the end), so the results are those of one float pass over the whole model. The loop runs once
+more inside a max calibration only when some input or output quantizer needs calibrating (weight-only configs
+calibrate the weights directly). Under ``torch.distributed`` each unit's statistics are summed over the ranks, so
+ranks that split the data agree with one process; the probe stops the loop (an exception it catches) after its
+first forward. ``progress`` (ours, default True) shows a per-layer bar on a terminal. With ``debug=True`` each layer keeps its
 search record as ``module.awq_lite`` / ``module.awq_clip`` (:class:`LiteRecord`, :class:`ClipRecord`).
 
 A weight quantizer that is a :class:`~modelopt_lite.nn.SequentialQuantizer` (``W4A8_AWQ_BETA_CFG``) is searched with
@@ -27,15 +33,13 @@ from __future__ import annotations
 
 import logging
 import numbers
-import warnings
-from dataclasses import dataclass
 
-import torch
 from torch import nn
 
-from ..nn import SequentialQuantizer, TensorQuantizer
-from . import awq_fold, awq_search, awq_stats
+from ..nn import TensorQuantizer
+from . import awq_fold, awq_plan, awq_search, awq_stats
 from .algorithm_registry import register_algorithm
+from .awq_decide import ClipRecord, Decider, LiteRecord, search_quantizer  # noqa: F401 (records re-exported)
 from .model_quant import calibrate as _calibrate
 from .utils import named_quantizers
 
@@ -52,27 +56,6 @@ DEFAULTS = {
     "debug": False,
     "progress": True,
 }
-
-
-@dataclass
-class LiteRecord:
-    """The scale search of one layer: ``best_alpha``, ``scale`` (the ``s`` applied), ``loss`` per alpha (key None:
-    the unscaled weight), where ``1 / s`` went (``"pre_quant_scale"`` or the producing module's path). ``best_alpha``
-    None: no alpha beat the unscaled weight, nothing was changed (``scale`` None, ``folded_into`` "")."""
-
-    best_alpha: float | None
-    scale: torch.Tensor | None
-    loss: dict
-    folded_into: str = "pre_quant_scale"
-
-
-@dataclass
-class ClipRecord:
-    """The clip search of one layer: ``ratio`` per block (out, n_blocks), ``amax`` loaded, ``loss`` per ratio."""
-
-    ratio: torch.Tensor
-    amax: torch.Tensor
-    loss: dict
 
 
 # --- parameters ----------------------------------------------------------------------------------------------------
@@ -113,11 +96,6 @@ def check_params(params: dict) -> dict:
 
 
 # --- which layers --------------------------------------------------------------------------------------------------
-def _search_quantizer(m: nn.Module) -> TensorQuantizer:
-    wq = m.weight_quantizer
-    return wq[0] if isinstance(wq, SequentialQuantizer) else wq
-
-
 def candidates(model: nn.Module, clip: bool) -> dict[str, nn.Module]:
     """Quantized Linears AWQ can work on: an enabled fake-quant weight quantizer on a 2-D weight (clip: static blocks
     along the input axis). Others are left to the plain max calibration (logged)."""
@@ -125,7 +103,7 @@ def candidates(model: nn.Module, clip: bool) -> dict[str, nn.Module]:
     for name, m in model.named_modules():
         if not isinstance(m, nn.Linear) or not hasattr(m, "weight_quantizer") or not hasattr(m, "input_quantizer"):
             continue
-        wq = _search_quantizer(m)
+        wq = search_quantizer(m)
         if not isinstance(wq, TensorQuantizer) or not wq.is_enabled or m.weight.dim() != 2:
             continue
         if not wq.quant_desc.fake_quant:
@@ -140,13 +118,23 @@ def candidates(model: nn.Module, clip: bool) -> dict[str, nn.Module]:
 
 
 # --- the algorithm -------------------------------------------------------------------------------------------------
-def awq(model: nn.Module, forward_loop, algorithm: str = "awq_lite", *, calibrate=None, **params) -> dict:
+def awq(
+    model: nn.Module,
+    forward_loop,
+    algorithm: str = "awq_lite",
+    *,
+    calibrate=None,
+    holder: awq_stats.StatsHolder | None = None,
+    **params,
+) -> dict:
     """Run AWQ (``"awq_lite"``, ``"awq_clip"`` or ``"awq_full"``) on ``model``'s quantized Linears, then calibrate.
 
     ``forward_loop(model)`` runs the calibration data. ``calibrate`` (a no-argument callable running the loop inside
     a max calibration) defaults to ``modelopt_lite.calibrate(model, None, forward_loop)``. Returns
     ``{layer path: {"awq_lite": LiteRecord, "awq_clip": ClipRecord}}`` for the layers it changed. The model's float
     weights (and folded norms) change in place; :func:`modelopt_lite.quantize` puts everything back if this raises.
+    ``holder``: the :class:`~.awq_stats.StatsHolder` that keeps the statistics (its ``peak`` tells the most
+    statistic numbers alive at once); a new one by default.
     """
     if algorithm not in ("awq_lite", "awq_clip", "awq_full"):
         raise ValueError(f"awq: algorithm must be 'awq_lite', 'awq_clip' or 'awq_full', got {algorithm!r}")
@@ -157,16 +145,14 @@ def awq(model: nn.Module, forward_loop, algorithm: str = "awq_lite", *, calibrat
     mods = candidates(model, clip=clip and not lite)
     records: dict[str, dict] = {}
     if mods:
-        trace = awq_fold.Tracer(model, mods) if lite else None
-        stats = awq_stats.collect(model, mods, forward_loop, p["max_tokens_per_batch"] if clip else None, trace)
-        records = _search_all(mods, stats, trace, p, lite, clip)
+        records = _search(model, mods, forward_loop, p, lite, clip, holder or awq_stats.StatsHolder())
         _reset(mods, records)
     else:
         log.info("awq: no quantized Linear with an enabled weight quantizer")
     _calibrate_after(model, forward_loop, calibrate)
     for name, rec in records.items():
         if "awq_clip" in rec:
-            _search_quantizer(mods[name]).amax = rec["awq_clip"].amax
+            search_quantizer(mods[name]).amax = rec["awq_clip"].amax
         if p["debug"]:
             for k, v in rec.items():
                 setattr(mods[name], k, v)
@@ -174,89 +160,30 @@ def awq(model: nn.Module, forward_loop, algorithm: str = "awq_lite", *, calibrat
     return records
 
 
-def _progress(items, enabled: bool, desc: str):
+def _search(model, mods, forward_loop, p, lite: bool, clip: bool, holder) -> dict[str, dict]:
+    """Probe, plan, gather unit by unit while searching, then apply every decision (see :mod:`.awq_plan`)."""
+    trace = awq_fold.Tracer(model, mods) if lite else None
+    pr = awq_plan.probe(model, mods, forward_loop, trace)
+    found = trace.groups() if trace is not None else [([n], None) for n in mods]
+    plan = awq_plan.make_plan(model, mods, [(names, prod and prod[0]) for names, prod in found], pr)
+    plan = awq_plan.agree(plan)
+    producers = trace.producers if trace is not None else {}
+    groups = [(list(names), None if pn is None else (pn, *producers[pn])) for names, pn in plan.groups]
+    decider = Decider(mods, groups, p, lite, clip, holder)
+    units = awq_plan.gather(model, mods, forward_loop, plan, holder, p["max_tokens_per_batch"] if clip else None)
+    for _names, stats in _progress(units, p["progress"], decider.desc, sum(len(it.units) for it in plan.items)):
+        decider.add(stats)
+    return decider.apply()
+
+
+def _progress(items, enabled: bool, desc: str, total: int):
     if not enabled:
         return items
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         return items
-    return tqdm(items, desc=desc, leave=False, disable=None)
-
-
-def _search_all(mods, stats, trace, p, lite: bool, clip: bool) -> dict[str, dict]:
-    alphas = awq_search.alpha_grid(p["alpha_step"])
-    ratios = awq_search.clip_ratios(p["min_clip_ratio"], p["shrink_step"])
-    groups = trace.groups() if trace is not None else [([n], None) for n in mods]
-    records: dict[str, dict] = {}
-    desc = "awq_full" if lite and clip else ("awq_lite" if lite else "awq_clip")
-    bar = _progress(list(groups), p["progress"] and lite, f"{desc}: layers")
-    scales: dict[str, torch.Tensor] = {}
-    skipped: set[str] = set()
-    for names, producer in bar:
-        if any(stats[n].count == 0 for n in names):
-            warnings.warn(f"{desc}: {', '.join(names)} saw no calibration data: max calibration only", stacklevel=3)
-            skipped.update(names)
-        elif lite:
-            _apply_scale(names, producer, mods, [stats[n] for n in names], alphas, records, scales)
-    if clip:  # after every scale and fold (a fold rescales the rows of a producing Linear)
-        for n in _progress([n for n in mods if n not in skipped], p["progress"], "awq_clip: layers"):
-            rec = _clip_one(n, mods[n], stats[n], scales.get(n), ratios, p["max_co_batch_size"])
-            if rec is not None:
-                records.setdefault(n, {})["awq_clip"] = rec
-    return records
-
-
-def _apply_scale(names, producer, mods, st, alphas, records, scales) -> None:
-    """Search one group's scale and apply it: weights times ``s``, ``1 / s`` folded or as ``pre_quant_scale``."""
-    alpha, scale, losses = _search_group(names, mods, st, alphas)
-    if scale is None:  # no alpha beats the unscaled weights
-        for n in names:
-            records.setdefault(n, {})["awq_lite"] = LiteRecord(None, None, losses, "")
-        return
-    with torch.no_grad():
-        for n in names:
-            w = mods[n].weight
-            w.mul_(scale.to(w.device, w.dtype))
-        where = awq_fold.fold(producer, scale) if producer is not None else None
-    pq = getattr(producer[1], "weight_quantizer", None) if producer is not None else None
-    if pq is not None:  # a producing Linear's rows changed: its weight is calibrated again
-        pq.reset_amax()
-    for n in names:
-        if where is None:
-            iq = mods[n].input_quantizer
-            old = iq.pre_quant_scale
-            inv = (1.0 / scale).to(mods[n].weight.device)
-            iq.pre_quant_scale = inv if old is None else old.to(inv.device) * inv
-        records.setdefault(n, {})["awq_lite"] = LiteRecord(alpha, scale.clone(), losses, where or "pre_quant_scale")
-        scales[n] = scale
-
-
-def _search_group(names, mods, st, alphas):
-    """One scale for the layers of a group (a fold needs them to share it), on their summed errors."""
-    wqs = [_search_quantizer(mods[n]) for n in names]
-    return awq_search.search_scale_group(
-        [mods[n].weight for n in names],
-        st[0].act_mean,
-        st[0].gram,
-        st[0].count,
-        wqs,
-        alphas,
-        [awq_search.block_size(q, n) for q, n in zip(wqs, names)],
-    )
-
-
-def _clip_one(name, m, st, scale, ratios, co_batch) -> ClipRecord | None:
-    wq = _search_quantizer(m)
-    bs = awq_search.block_size(wq, name)
-    if bs is None or wq.dynamic:
-        return None
-    gram, count = (st.clip_gram, st.clip_count) if st.clip_gram is not None else (st.gram, st.count)
-    if scale is not None:  # the layer now reads x / s
-        inv = (1.0 / scale).double().to(gram.device)
-        gram = gram * inv[:, None] * inv[None, :]
-    amax, ratio, losses = awq_search.search_clip(m.weight, gram, count, wq, ratios, bs, co_batch)
-    return ClipRecord(ratio, amax, losses)
+    return tqdm(items, desc=f"{desc}: blocks", leave=False, disable=None, total=total)
 
 
 def _reset(mods, records) -> None:

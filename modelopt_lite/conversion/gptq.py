@@ -32,10 +32,8 @@ model (``model(...)``) without using its output: a stopped pass returns None to 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import numbers
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -43,6 +41,11 @@ from torch import nn
 
 from ..calib.distributed import is_active
 from .algorithm_registry import register_algorithm
+from .block_replay import BlockCache, blocks_of
+from .block_replay import Stop as _Stop
+from .block_replay import copied as _copied
+from .block_replay import replay as _replay
+from .block_replay import stoppable as _stoppable
 from .gptq_solver import Grid, gptq_quantize, grid_for, hessian_factor
 
 log = logging.getLogger(__name__)
@@ -63,38 +66,6 @@ def check_params(params: dict) -> None:
     for flag in ("desc_act", "clip_search"):
         if flag in params and not isinstance(params[flag], bool):
             raise TypeError(f"gptq {flag} must be a bool, got {params[flag]!r}")
-
-
-class _Stop(Exception):
-    """Raised inside the model to end a pass once the inputs it was run for have been seen."""
-
-
-@contextlib.contextmanager
-def _stoppable(model: nn.Module, on_start=None):
-    """Let a pass of ``model`` end early: a :class:`_Stop` raised inside its forward returns None to the caller
-    (``on_start()`` is called as each pass starts).
-
-    The wrapper is an attribute of this model instance only, removed afterwards (the class is never touched)."""
-    had = "forward" in vars(model)
-    saved = vars(model).get("forward")
-    inner = model.forward
-
-    def forward(*args, **kwargs):
-        if on_start is not None:
-            on_start()
-        try:
-            return inner(*args, **kwargs)
-        except _Stop:
-            return None
-
-    model.forward = forward
-    try:
-        yield
-    finally:
-        if had:
-            model.forward = saved
-        else:
-            del model.forward
 
 
 def candidates(model: nn.Module) -> dict[nn.Module, str]:
@@ -175,58 +146,6 @@ def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     buf = t.to(dev, copy=True)
     dist.all_reduce(buf, op=dist.ReduceOp.SUM)
     return buf.to(t.device)
-
-
-def blocks_of(model: nn.Module, mods: dict[nn.Module, str]) -> dict[nn.Module, nn.Module | None]:
-    """For each layer, the innermost element of an ``nn.ModuleList`` that contains it (a transformer block), or
-    None."""
-    blocks = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList):
-            blocks += [(f"{name}.{k}" if name else k, child) for k, child in m.named_children()]
-    out: dict[nn.Module, nn.Module | None] = {}
-    for m, name in mods.items():
-        inside = [(len(bn), b) for bn, b in blocks if name.startswith(bn + ".")]
-        out[m] = max(inside, key=lambda t: t[0])[1] if inside else None
-    return out
-
-
-@dataclass
-class BlockCache:
-    """The inputs of one block, recorded during the pass that reached it: later groups inside the same block replay
-    the block alone on them (its inputs do not depend on its own weights) instead of the whole model."""
-
-    block: nn.Module | None = None
-    calls: list = field(default_factory=list)  #: per pass: [(args, kwargs), ...] of each call of the block
-    modes: list = field(default_factory=list)  #: (module, training) of the block's modules during the pass
-
-
-def _copied(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    if isinstance(v, tuple):
-        return tuple(_copied(x) for x in v)
-    if isinstance(v, dict):
-        return {k: _copied(x) for k, x in v.items()}
-    return v
-
-
-def _replay(cache: BlockCache) -> None:
-    """Run the cached block calls, pass by pass, each pass until a :class:`_Stop`."""
-    assert cache.block is not None
-    saved = [(m, m.training) for m in cache.block.modules()]
-    try:
-        for m, training in cache.modes:
-            m.training = training
-        for calls in cache.calls:
-            for args, kwargs in calls:
-                try:
-                    cache.block(*args, **kwargs)
-                except _Stop:
-                    break
-    finally:
-        for m, training in saved:
-            m.training = training
 
 
 def collect_hessian(
