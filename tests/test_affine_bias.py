@@ -358,3 +358,27 @@ def test_bias_and_amax_equal_the_peers(method):
     # compare each with its own FP8 of x - b, for the same b and amax
     assert torch.equal(y_theirs, fp8_eager(x - b, amax) + b)
     assert torch.equal(ours(x), reference.fake_e4m3(x - b, amax / 448.0) + b)
+
+
+def test_histogram_calibration_sees_x_minus_b():
+    q = _fp8()
+    x = _kv(26, 40)
+    with mtq.calibrate(q, {"method": "percentile", "percentile": 100.0}):
+        q(x)
+    b = x.mean(dim=(0, 2), keepdim=True)
+    assert q.quant_desc.calib_method == "histogram" and torch.equal(q.bias_value, b)
+    # the histogram's 100th percentile is max |x - b| to within its bin width (and far below max |x| ~ 9)
+    m = (x - b).abs().max()
+    assert 0.99 * m < q.amax < 1.01 * m and x.abs().max() > 4 * m
+
+
+def test_fake2real_refuses_an_input_bias():
+    from modelopt_lite.real import fake2real
+
+    lin = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"bias": {0: None}}}}
+    x = torch.randn(5, 4)
+    m = mtq.quantize(lin, {**cfg, "algorithm": "max"}, lambda mm: mm(x))
+    assert m[0].input_quantizer.bias_value.shape == (1, 4)
+    with pytest.raises(ValueError, match=r"fake2real: module '0': input_quantizer has an affine bias"):
+        fake2real(m, inplace=False)

@@ -345,3 +345,22 @@ def test_peer_gpt2_affine_kv_on_cpu():
         assert tq[n]._bias_value.shape == q.bias_value.shape == (1, 2, 1, 8)
         assert torch.allclose(tq[n]._bias_value, q.bias_value, rtol=0, atol=1e-6), n
         assert torch.allclose(tq[n]._amax.float(), q.amax, rtol=1e-5, atol=0), n
+
+
+def test_dynamic_max_min_bias_exports_bit_exact(tmp_path):
+    """A dynamic bias is computed in the graph (ReduceMax/ReduceMin/Add/Div: exact, so ORT equals torch)."""
+    q = TensorQuantizer(name="kq")
+    q.set_from_attribute_config(
+        {"num_bits": (4, 3), "axis": None, "bias": {-2: None, -4: None, "type": "dynamic", "method": "max_min"}}
+    )
+    q.amax = 6.0
+    x = torch.randn(3, 2, 9, 8, generator=torch.Generator().manual_seed(4)) * 2 + torch.linspace(-5, 30, 8)
+    path = tmp_path / "dyn.onnx"
+    rep = mtq.export_onnx(_OneQuantizer(q), x, path)
+    assert any("dynamic affine bias" in n for n in rep.notes)
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    assert {"ReduceMax", "ReduceMin", "Sub", "QuantizeLinear", "DequantizeLinear", "Add"} <= set(ops)
+    with torch.no_grad():
+        want = q(x)
+    got = torch.from_numpy(ort_session(path).run(None, {"input": x.numpy()})[0])
+    assert torch.equal(got, want)
