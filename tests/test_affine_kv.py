@@ -274,9 +274,16 @@ class _OneQuantizer(torch.nn.Module):
         return self.q(x)
 
 
-@pytest.mark.parametrize("num_bits", [(4, 3), 8])
-@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
-def test_quantizer_output_bit_exact_in_ort(tmp_path, num_bits, target):
+@pytest.mark.parametrize(
+    "num_bits, target, dynamo",
+    [
+        ((4, 3), "onnxruntime", False),
+        ((4, 3), "tensorrt", False),
+        (8, "onnxruntime", False),
+        ((4, 3), "tensorrt", True),
+    ],
+)
+def test_quantizer_output_bit_exact_in_ort(tmp_path, num_bits, target, dynamo):
     q = TensorQuantizer(name="kq")
     q.set_from_attribute_config({"num_bits": num_bits, "axis": None, "bias": dict(KV_BIAS)})
     g = torch.Generator().manual_seed(3)
@@ -286,16 +293,16 @@ def test_quantizer_output_bit_exact_in_ort(tmp_path, num_bits, target):
     x = torch.randn(4, 3, 11, 8, generator=g) * 3 + torch.linspace(-5, 30, 8)  # also outside the calibrated range
     m = _OneQuantizer(q)
     path = tmp_path / "q.onnx"
-    mtq.export_onnx(m, x, path, target=target)
+    mtq.export_onnx(m, x, path, target=target, dynamo=dynamo)
     g = onnx.load(path).graph
     assert [n.op_type for n in g.node] == ["Sub", "QuantizeLinear", "DequantizeLinear", "Add"]
     sub, add = g.node[0], g.node[3]
-    assert sub.input[0] == "input" and add.input[0] == g.node[2].output[0] and sub.input[1] == add.input[1]
+    assert sub.input[0] == g.input[0].name and add.input[0] == g.node[2].output[0] and sub.input[1] == add.input[1]
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
     assert torch.equal(torch.from_numpy(inits[sub.input[1]].copy()), q.bias_value)
     with torch.no_grad():
         want = m(x)
-    got = torch.from_numpy(ort_session(path).run(None, {"input": x.numpy()})[0])
+    got = torch.from_numpy(ort_session(path).run(None, {g.input[0].name: x.numpy()})[0])
     assert got.dtype == torch.float32 and torch.equal(got, want)
     if num_bits == (4, 3):
         assert torch.equal(want, _ref(q, x))

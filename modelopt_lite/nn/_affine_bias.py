@@ -13,7 +13,8 @@ ModelOpt's form::
   from every input);
 - ``"method"``: ``"mean"`` (default) or ``"max_min"`` (see :mod:`modelopt_lite.calib.bias`).
 
-``{"enable": False}`` (or None) means no bias.
+``{"enable": False}`` (or None) means no bias. It is set like the other attributes: a ``quant_cfg`` entry (or
+ModelOpt's list entry), ``set_quantizer_attribute`` or ``q.set_from_attribute_config({"bias": ...})``.
 
 Calibration (as ModelOpt does): a static bias is collected together with the amax; each batch first updates the
 bias, and the amax calibrator then sees ``x - b`` with the bias so far. ``load_calib_amax`` stores both. Before it
