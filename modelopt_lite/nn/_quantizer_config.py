@@ -45,8 +45,9 @@ def check_peer_extra(key: str, value, label: str):
 def translate_peer(attrs: Mapping, label: str) -> dict:
     """ModelOpt's extra QuantizerAttributeConfig keys -> ours: ``use_constant_amax=True`` is ``amax=448.0`` (the
     FP8 E4M3 range, as ModelOpt pins it), ``constant_amax=v`` is ``amax=v``; ``bias`` (the affine bias) is
-    validated and normalized; ``rotate``/``backend``/``backend_extra_args`` must be at their no-op value; ``block_size`` (a functional argument, not a quantizer
-    attribute) is rejected with a hint. Other keys pass unchanged."""
+    validated and normalized; ``rotate``/``backend``/``backend_extra_args`` must be at their no-op value;
+    ``block_size`` (a functional argument, not a quantizer attribute) is rejected with a hint. Other keys pass
+    unchanged."""
     out = dict(attrs)
     if "block_size" in out:
         raise TypeError(

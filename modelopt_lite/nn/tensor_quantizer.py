@@ -137,7 +137,8 @@ class TensorQuantizer(AffineBiasState, PreQuantScaleState, AmaxStateMixin):
         """Patch the settings with a config dict (or replace them with a descriptor).
 
         Keys: any descriptor field (``num_bits, axis, block_sizes, unsigned, narrow_range, fake_quant, learn_amax,
-        calib_method, dynamic, amax, scale_amax, name, enable``) plus ``num_steps`` (int). A descriptor is a complete
+        calib_method, dynamic, amax, scale_amax, name, enable``) plus ``num_steps`` (int) and ModelOpt's ``bias`` (the
+        affine bias, see :mod:`._affine_bias`). A descriptor is a complete
         config: its ``enable`` (default True) switches the quantizer on or off, as a full ModelOpt config does. Unknown
         keys raise TypeError naming the key and the quantizer. Setting ``block_sizes`` clears ``axis`` (and vice
         versa), switching to E4M3 clears ``unsigned``/``narrow_range``, and going dynamic drops a fixed amax.
