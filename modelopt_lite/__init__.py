@@ -79,6 +79,8 @@ _LAZY = {
     "FP8_KV_CFG": "modelopt_lite.conversion.presets_kv",
     "INT8_KV_CFG": "modelopt_lite.conversion.presets_kv",
     "NVFP4_KV_CFG": "modelopt_lite.conversion.presets_kv",
+    "FP8_AFFINE_KV_CFG": "modelopt_lite.conversion.presets_kv",
+    "NVFP4_AFFINE_KV_CFG": "modelopt_lite.conversion.presets_kv",
     "with_kv_cache": "modelopt_lite.conversion.presets_kv",
     "register_attention_module": "modelopt_lite.nn.modules.quant_attention_hf",
     "INT4_AWQ_CFG": "modelopt_lite.conversion.presets_awq",

@@ -32,7 +32,7 @@ from .presets_attention import (
     INT8_SMOOTHQUANT_ATTENTION_CFG,
 )
 from .presets_awq import INT4_AWQ_CFG, W4A8_AWQ_BETA_CFG
-from .presets_kv import FP8_KV_CFG, INT8_KV_CFG, NVFP4_KV_CFG, with_kv_cache
+from .presets_kv import FP8_AFFINE_KV_CFG, FP8_KV_CFG, INT8_KV_CFG, NVFP4_AFFINE_KV_CFG, NVFP4_KV_CFG, with_kv_cache
 from .presets_mx import (
     MXFP4_DEFAULT_CFG,
     MXFP8_DEFAULT_CFG,
@@ -76,6 +76,8 @@ __all__ = [
     "FP8_KV_CFG",
     "INT8_KV_CFG",
     "NVFP4_KV_CFG",
+    "FP8_AFFINE_KV_CFG",
+    "NVFP4_AFFINE_KV_CFG",
     "with_kv_cache",
     "QuantConfigError",
     "QuantModuleRegistry",

@@ -73,7 +73,7 @@ from .presets import (  # noqa: F401  (re-exported: the presets used to live her
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
-ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps"} | frozenset(PEER_DEFAULTS)
+ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps", "bias"} | frozenset(PEER_DEFAULTS)  # bias: affine
 #: ModelOpt attribute names, translated on normalization: ``type`` -> ``dynamic``, ``calibrator`` -> ``calib_method``
 MODELOPT_KEYS = frozenset({"type", "calibrator"})
 #: the calibrators a config may name (``"calibrator": "max"`` or ``"calibrator": MaxCalibrator``)

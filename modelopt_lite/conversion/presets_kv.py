@@ -11,9 +11,13 @@ TensorRT-LLM's FP8/INT8 KV cache computes.
 - :data:`NVFP4_KV_CFG`: ModelOpt's preset of that name: NVFP4 (E2M1 in blocks of 16 along the head dimension, E4M3
   block scales under a calibrated per-tensor global amax).
 
-ModelOpt's ``FP8_AFFINE_KV_CFG`` (a static per-head, per-channel bias subtracted before the FP8 cast) needs an
-affine ``bias`` on the quantizer, which :class:`~modelopt_lite.nn.TensorQuantizer` does not have: it is not
-provided here.
+- :data:`FP8_AFFINE_KV_CFG`: ModelOpt's preset of that name: FP8 E4M3 per tensor with a static affine bias
+  ``{-2: None, -4: None, "type": "static"}``: the mean over batch and sequence, one value per head and channel
+  (shape ``(1, heads, 1, head_dim)``), calibrated with the amax (which sees ``K - b``); the quantizer computes
+  ``fq(K - b) + b`` (see :mod:`modelopt_lite.nn._affine_bias`);
+- :data:`NVFP4_AFFINE_KV_CFG`: ModelOpt's preset of that name: NVFP4 with the same bias. ModelOpt 0.47 calibrates
+  the bias (and the global amax on ``K - b``) but its dynamic-block NVFP4 forward drops the bias (it quantizes
+  ``K`` itself); here ``fq(K - b) + b`` is computed, as for FP8.
 
 As in ModelOpt, a KV preset is meant to be combined with a model preset: :func:`with_kv_cache` adds its KV entries
 to another config (``with_kv_cache(FP8_DEFAULT_CFG, FP8_KV_CFG)``). Used alone, it quantizes the KV cache only
@@ -39,8 +43,25 @@ INT8_KV_CFG = preset({KV_PATTERN: {"num_bits": 8, "axis": None, "calib_method": 
 #: NVFP4 keys and values (ModelOpt's NVFP4_KV_CFG entry), the global amax max calibrated
 NVFP4_KV_CFG = preset({KV_PATTERN: dict(NVFP4_ATTRS)}, "max")
 
+#: ModelOpt's affine KV bias: reduced over batch (-4) and sequence (-2), so one value per head and channel
+KV_AFFINE_BIAS = {-2: None, -4: None, "type": "static"}
+
+#: FP8 E4M3 per-tensor keys and values with a static per-head, per-channel bias (ModelOpt's FP8_AFFINE_KV_CFG)
+FP8_AFFINE_KV_CFG = preset(
+    {KV_PATTERN: {"num_bits": (4, 3), "axis": None, "bias": dict(KV_AFFINE_BIAS), "enable": True}}, "max"
+)
+
+#: NVFP4 keys and values with the same bias (ModelOpt's NVFP4_AFFINE_KV_CFG; the bias is applied here, see above)
+NVFP4_AFFINE_KV_CFG = preset({KV_PATTERN: {**NVFP4_ATTRS, "bias": dict(KV_AFFINE_BIAS)}}, "max")
+
 #: the KV presets by name (merged into :data:`~.presets.PRESETS`)
-KV_PRESETS = {"FP8_KV_CFG": FP8_KV_CFG, "INT8_KV_CFG": INT8_KV_CFG, "NVFP4_KV_CFG": NVFP4_KV_CFG}
+KV_PRESETS = {
+    "FP8_KV_CFG": FP8_KV_CFG,
+    "INT8_KV_CFG": INT8_KV_CFG,
+    "NVFP4_KV_CFG": NVFP4_KV_CFG,
+    "FP8_AFFINE_KV_CFG": FP8_AFFINE_KV_CFG,
+    "NVFP4_AFFINE_KV_CFG": NVFP4_AFFINE_KV_CFG,
+}
 
 
 def with_kv_cache(config: dict, kv_config: dict) -> dict:

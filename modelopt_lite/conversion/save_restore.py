@@ -68,6 +68,7 @@ def _quantizer_record(q) -> dict:
         "num_steps": int(getattr(q, "num_steps", 1) or 1),
         "peer": {k: getattr(q, k) for k in PEER_DEFAULTS},  # ModelOpt's trt_high_precision_dtype, pass_through_bwd...
         "tensors": sorted(q.state_dict().keys()),
+        "bias": _encode(q.bias),  # the affine bias config (None: none)
     }
 
 
@@ -192,6 +193,7 @@ def _apply_record(name: str, site, rec: dict, tensors: dict, json_path, path) ->
             attrs["amax"] = attrs["amax"].tolist()
         attrs["num_steps"] = rec["num_steps"]
         attrs.update(rec.get("peer", {}))  # absent in files written before these settings existed
+        attrs["bias"] = decode(rec.get("bias"), json_path, entry + ".bias")
         q.set_from_attribute_config(attrs)
     except (TypeError, ValueError, KeyError) as e:
         if str(e).startswith("restore: "):

@@ -16,13 +16,14 @@ import torch
 
 from ..functional import blocks
 from ..functional.checks import check_axes
+from ..nn._affine_bias import bias_value_problem, check_bias_config
 from ..nn._quantizer_config import PEER_DEFAULTS, check_peer_extra
 from .requant import check_mode
 
 FORMAT = "modelopt_lite.quant_state"
 VERSION = 1
 #: the tensors a quantizer may hold in the file
-QUANTIZER_TENSORS = ("_amax", "_pre_quant_scale")
+QUANTIZER_TENSORS = ("_amax", "_pre_quant_scale", "_bias_value")
 _TAGS = ("__tuple__", "__dict__")
 
 
@@ -145,6 +146,10 @@ def check_doc(doc: dict, path) -> None:
                 check_peer_extra(k, v, f"{entry}.peer")
             except (TypeError, ValueError) as e:
                 raise bad(path, f"{entry}.peer.{k}", str(e)) from None
+        try:  # the affine bias config (absent in files written before it existed)
+            check_bias_config(decode(rec.get("bias"), path, f"{entry}.bias"), f"{entry}.bias")
+        except (TypeError, ValueError) as e:
+            raise bad(path, f"{entry}.bias", str(e)) from None
         ts = rec.get("tensors")
         if not isinstance(ts, list) or len(set(map(str, ts))) != len(ts) or any(t not in QUANTIZER_TENSORS for t in ts):
             raise bad(
@@ -204,6 +209,11 @@ def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str
     finite = torch.isfinite(t)
     if not bool(finite.all()):
         raise bad(path, key, f"must be finite, got {t[~finite].flatten()[0].item()!r}")
+    if key.endswith("_bias_value"):  # the static affine bias: any sign, the configured shape
+        problem = bias_value_problem(q.bias, tuple(t.shape))
+        if problem:
+            raise bad(path, key, f"shape {tuple(t.shape)} does not fit: {problem}")
+        return
     if key.endswith("_pre_quant_scale"):
         if t.dim() != 1:
             raise bad(path, key, f"must be 1-D (one value per input channel), got shape {tuple(t.shape)}")

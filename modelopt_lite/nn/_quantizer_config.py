@@ -8,9 +8,10 @@ import torch
 
 from ..descriptor import _DEFAULTS, ScaledQuantDescriptor
 from ..formats import element_format, is_float_format
+from ._affine_bias import check_bias_config
 
 #: keys besides the descriptor fields (``enable`` is one) that ``set_from_attribute_config`` accepts
-EXTRA_KEYS = ("num_steps", "trt_high_precision_dtype", "pass_through_bwd", "effective_bits")
+EXTRA_KEYS = ("num_steps", "trt_high_precision_dtype", "pass_through_bwd", "effective_bits", "bias")
 #: defaults of the settings a quantizer keeps besides its descriptor (ModelOpt's names and defaults, except
 #: ``pass_through_bwd``: ours is False, the clipped straight-through estimator of pytorch-quantization)
 PEER_DEFAULTS = {"trt_high_precision_dtype": "Float", "pass_through_bwd": False, "effective_bits": None}
@@ -19,14 +20,13 @@ _TRT_DTYPES = ("Float", "Half", "BFloat16")
 #: modelopt_lite does not do)
 _ONLY_DEFAULT = {
     "rotate": (False, "input rotation (QuaRot/SpinQuant) is not provided"),
-    "bias": (None, "affine bias quantizers are not provided (use modelopt_lite.quantize(..., zero_point) APIs)"),
     "backend": (None, "custom quantization backends are not provided"),
     "backend_extra_args": (None, "custom quantization backends are not provided"),
 }
 #: ModelOpt keys translated to descriptor fields: the amax pinned to a constant (calibration skips the quantizer)
 _PINNED = ("use_constant_amax", "constant_amax")
 #: every ModelOpt-only key ``split_patch`` understands
-PEER_KEYS = frozenset(_ONLY_DEFAULT) | frozenset(_PINNED) | frozenset(PEER_DEFAULTS)
+PEER_KEYS = frozenset(_ONLY_DEFAULT) | frozenset(_PINNED) | frozenset(PEER_DEFAULTS) | {"bias"}
 
 
 def check_peer_extra(key: str, value, label: str):
@@ -44,9 +44,10 @@ def check_peer_extra(key: str, value, label: str):
 
 def translate_peer(attrs: Mapping, label: str) -> dict:
     """ModelOpt's extra QuantizerAttributeConfig keys -> ours: ``use_constant_amax=True`` is ``amax=448.0`` (the
-    FP8 E4M3 range, as ModelOpt pins it), ``constant_amax=v`` is ``amax=v``; ``rotate``/``bias``/``backend``/
-    ``backend_extra_args`` must be at their no-op value; ``block_size`` (a functional argument, not a quantizer
-    attribute) is rejected with a hint. Other keys pass unchanged."""
+    FP8 E4M3 range, as ModelOpt pins it), ``constant_amax=v`` is ``amax=v``; ``bias`` (the affine bias) is
+    validated and normalized; ``rotate``/``backend``/``backend_extra_args`` must be at their no-op value;
+    ``block_size`` (a functional argument, not a quantizer attribute) is rejected with a hint. Other keys pass
+    unchanged."""
     out = dict(attrs)
     if "block_size" in out:
         raise TypeError(
@@ -56,9 +57,11 @@ def translate_peer(attrs: Mapping, label: str) -> dict:
     for key, (default, why) in _ONLY_DEFAULT.items():
         if key in out:
             value = out.pop(key)
-            off = value is default or value == default or (key == "bias" and value == {"enable": False})
+            off = value is default or value == default
             if not off:
                 raise ValueError(f"{label}: {key}={value!r} cannot be honoured: {why}")
+    if "bias" in out:  # the affine bias (nn/_affine_bias.py), normalized; {"enable": False} is None
+        out["bias"] = check_bias_config(out["bias"], label)
     pinned = None
     if out.pop("use_constant_amax", False):
         pinned = 448.0

@@ -41,6 +41,7 @@ from ..tensor_quant import (
     tensor_quant,
 )
 from . import _quantizer_config as cfg
+from ._affine_bias import AffineBiasState
 from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
 from ._pre_quant_scale import PreQuantScaleState
@@ -52,7 +53,7 @@ def _bool(v, what: str, label: str) -> bool:
     return v
 
 
-class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
+class TensorQuantizer(AffineBiasState, PreQuantScaleState, AmaxStateMixin):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
 
     Args:
@@ -136,7 +137,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         """Patch the settings with a config dict (or replace them with a descriptor).
 
         Keys: any descriptor field (``num_bits, axis, block_sizes, unsigned, narrow_range, fake_quant, learn_amax,
-        calib_method, dynamic, amax, scale_amax, name, enable``) plus ``num_steps`` (int). A descriptor is a complete
+        calib_method, dynamic, amax, scale_amax, name, enable``) plus ``num_steps`` (int) and ModelOpt's ``bias`` (the
+        affine bias, see :mod:`._affine_bias`). A descriptor is a complete
         config: its ``enable`` (default True) switches the quantizer on or off, as a full ModelOpt config does. Unknown
         keys raise TypeError naming the key and the quantizer. Setting ``block_sizes`` clears ``axis`` (and vice
         versa), switching to E4M3 clears ``unsigned``/``narrow_range``, and going dynamic drops a fixed amax.
@@ -146,6 +148,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         changes, extra = cfg.split_patch(attrs, self._label())
         new = cfg.patched_descriptor(self._desc, changes, self._label()) if changes else self._desc
         steps = self._check_num_steps(extra.get("num_steps", self._num_steps))
+        bias = self._checked_bias_patch(extra, steps)  # the affine bias (nn/_affine_bias.py)
         self._peer.update({k: v for k, v in extra.items() if k in cfg.PEER_DEFAULTS})
         enable = new.enable if "enable" in changes else None
         reset = cfg.format_changed(self._desc, new) or steps != self._num_steps
@@ -155,6 +158,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         if reset:
             self._store_amax(None)
             self._calibrators = None
+            self.bias_value = None
+        self._set_bias_config(bias)
         if "amax" in changes and new.amax is not None and not reset:
             self._store_amax(None)
         if new.amax is not None and self._amax is None:
@@ -240,7 +245,9 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
     # --- calibration ------------------------------------------------------------------------------------------------
     def _calibrator_list(self) -> list:
         if self._calibrators is None:
-            self._calibrators = [make_calibrator(self._desc, self._name) for _ in range(self._num_steps)]
+            self._calibrators = [
+                self._wrap_calibrator(make_calibrator(self._desc, self._name)) for _ in range(self._num_steps)
+            ]
         return self._calibrators
 
     @property
@@ -280,11 +287,13 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         if self._amax is not None and self._amax.shape != full.shape:
             self._store_amax(None)
         self._write_amax(full)
+        self._load_calib_bias()
 
     def reset_amax(self) -> None:
         """Forget the amax and everything the calibrators collected (the quantizer becomes uncalibrated)."""
         self._store_amax(None)
         self._calibrators = None
+        self.bias_value = None
 
     def init_learn_amax(self) -> torch.nn.Parameter:
         """Turn the current (calibrated or fixed) amax into an ``nn.Parameter`` trained with the LSQ gradient."""
@@ -362,8 +371,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             return x
         if self._peer["pass_through_bwd"] and x.requires_grad and torch.is_grad_enabled():
             xd = x.detach()  # ModelOpt's pass_through_bwd=True: the gradient of x passes through unclipped
-            return self._quantize(xd) + (x - xd)
-        return self._quantize(x)
+            return self._affine_quantize(xd) + (x - xd)
+        return self._affine_quantize(x)  # self._quantize(x), or fq(x - b) + b with an affine bias
 
     trt_high_precision_dtype = property(
         lambda self: self._peer["trt_high_precision_dtype"],
@@ -421,7 +430,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         ``unsigned``, ``narrow_range``, ``axis`` (tuple of
         non-negative dims resolved against the last input rank, or None), ``block_sizes`` (axis keys made
         non-negative when the rank is known), ``amax`` (current step, ``scale_amax`` applied; None when dynamic),
-        ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``.
+        ``scale`` (positive float32, dead slices 1.0; None when dynamic), ``qmin``, ``qmax``, ``dynamic``, ``bias`` (the
+        stored static affine bias, float32, or None; see :mod:`._affine_bias`).
         """
         d = self._desc
         fmt = element_format(d.num_bits)
@@ -458,6 +468,7 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             "qmin": qmin,
             "qmax": qmax,
             "dynamic": d.dynamic,
+            "bias": None if self.bias_value is None else self.bias_value.detach().clone(),
         }
 
     def quantize_weight_codes(self, w: torch.Tensor):
@@ -468,6 +479,8 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
         scale is positive float32 with amax's shape. Uses the stored amax (or the dynamic one).
         """
         d = self._desc
+        if self.bias is not None:
+            raise ValueError(f"{self._label()}: a quantizer with an affine bias has no weight codes (fake quantize)")
         if not self.dynamic and self._amax is None:
             raise self._uncalibrated_error()
         try:
@@ -490,4 +503,4 @@ class TensorQuantizer(PreQuantScaleState, AmaxStateMixin):
             raise type(e)(f"{self._label()}: {e}") from e
 
     def extra_repr(self) -> str:
-        return cfg.describe(self)
+        return cfg.describe(self) + self._bias_text()

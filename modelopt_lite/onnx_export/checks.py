@@ -56,11 +56,15 @@ def _is_weight(name: str) -> bool:
 def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
     """Validate every enabled quantizer; raise one ValueError listing all problems of the first kind found."""
     p = Plan()
-    uncalibrated, calibrating, real, dynamic, problems = [], [], [], [], []
+    uncalibrated, calibrating, real, dynamic, problems, no_bias = [], [], [], [], [], []
     for name, q in quantizers(model):
         if not (q.is_enabled and q.is_quant_enabled):
             continue
         p.enabled += 1
+        if getattr(q, "bias_type", None) == "static" and q.bias_value is None:  # affine bias (nn/_affine_bias.py)
+            no_bias.append(name)
+        elif getattr(q, "bias_type", None) == "dynamic":
+            p.notes.append(f"{name}: dynamic affine bias computed in the graph (ReduceMean may round differently)")
         if q.is_calib_enabled:
             calibrating.append(name)
         if not q.fake_quant:
@@ -94,6 +98,7 @@ def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
                 "disable_calib) before export"
             ),
         ),
+        (no_bias, "quantizer(s) with an uncalibrated static affine bias; calibrate them or set bias_value"),
         (real, "quantizer(s) in real-quant mode (fake_quant=False); export needs fake quantization"),
         (dynamic, "activation quantizer(s) with dynamic amax; ONNX Q/DQ export needs static, calibrated scales"),
     ):

@@ -128,6 +128,8 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
 
 
 def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
+    if getattr(iq, "bias", None) is not None:  # nn/_affine_bias.py
+        _fail(name, "input_quantizer", f"has an affine bias {iq.bias}; real modules have no input offset")
     if microscaling.scheme_of(iq) is not None:
         return microscaling.input_part(name, iq)
     info = iq.export_info()

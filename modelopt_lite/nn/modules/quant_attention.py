@@ -78,7 +78,7 @@ def _mode_stack() -> list:
 
 def _per_tensor(q: TensorQuantizer) -> bool:
     d = q.quant_desc
-    return d.axis is None and not d.block_sizes
+    return d.axis is None and not d.block_sizes and q.bias is None  # an affine bias is per head and channel
 
 
 def quantize_key_transposed(q: TensorQuantizer, key_t: torch.Tensor) -> torch.Tensor:
