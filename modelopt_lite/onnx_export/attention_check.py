@@ -54,9 +54,11 @@ def _source(tensor: str, prod: dict, constants: set, depth: int = 0) -> tuple[st
             return "activation", quantized
         if node.op_type == "Constant":
             return "constant", quantized
-        if node.op_type in SLICE_OPS and depth < 4:  # a slice of a weight is a weight; of an activation, not a DQ
-            kind, q = _source(node.input[0], prod, constants, depth + 1)
-            return (kind, quantized or q) if kind == "constant" else ("activation", quantized)
+        if node.op_type in SLICE_OPS and depth < 4:  # a constant slice of a weight is a weight
+            parts = [_source(i, prod, constants, depth + 1) for i in node.input if i]
+            if all(kind == "constant" for kind, _ in parts):
+                return "constant", quantized or parts[0][1]
+            return "activation", quantized
         if node.op_type == "DequantizeLinear":
             quantized = True
         elif node.op_type not in LAYOUT_OPS:
