@@ -81,6 +81,8 @@ class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
     a quantized ``out_proj`` and ``q_bmm``/``k_bmm``/``v_bmm``/``softmax`` quantizers (disabled by default)."""
 
     _float_cls = nn.MultiheadAttention
+    in_proj_input_quantizer: TensorQuantizer
+    in_proj_weight_quantizer: TensorQuantizer
     default_quant_desc_input: ClassVar[ScaledQuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight: ClassVar[ScaledQuantDescriptor] = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 

@@ -57,7 +57,7 @@ RESIDUAL_OUTPUT_BODY = (
 
 
 @functools.cache
-def _forward_body(cls: type) -> tuple[str, ...] | None:
+def _forward_body(cls: Any) -> tuple[str, ...] | None:
     fwd = vars(cls).get("forward")
     if fwd is None:
         return None
@@ -79,7 +79,7 @@ def is_hf_residual_output_class(cls: type) -> bool:
         isinstance(cls, type)
         and issubclass(cls, nn.Module)
         and cls.__module__.startswith("transformers.models.")
-        and _forward_body(cls) == RESIDUAL_OUTPUT_BODY
+        and _forward_body(cls) == RESIDUAL_OUTPUT_BODY  # type: ignore[arg-type]
     )
 
 
@@ -88,6 +88,10 @@ class QuantHFResidualOutputMixin(_MixinBase):
 
     default_quant_desc_input: ClassVar[ScaledQuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
     _float_cls: ClassVar[type]
+    residual_input_quantizer: TensorQuantizer
+    dense: Any  # the float class's children
+    dropout: Any
+    LayerNorm: Any
 
     @classmethod
     def from_float(cls, module: nn.Module):
