@@ -225,3 +225,34 @@ def test_export_every_mha_gemm_has_qdq_and_ort_agrees(tmp_path, kind):
     assert "net.mha.out_proj.input_quantizer" in names
     if kind == "self":  # one Q/DQ on the shared input (cross-attention: one per tensor, see the module docstring)
         assert "net.mha.in_proj_input_quantizer" in names
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_fast_paths_do_not_bypass_the_quantizers(norm_first):
+    """In eval with autograd off torch runs nn.TransformerEncoderLayer as one fused op (and nn.TransformerEncoder on
+    nested tensors) on the raw parameters: quantized, the slow path runs, equal to the layer-by-layer computation."""
+    from modelopt_lite.nn import QuantTransformerEncoder, QuantTransformerEncoderLayer
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(E, H, 32, dropout=0.0, batch_first=True, norm_first=norm_first)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    x, pad = torch.randn(N, L, E), torch.zeros(N, L, dtype=torch.bool)
+    pad[1, 4:] = True
+    q = mtq.quantize(copy.deepcopy(model), mtq.INT8_ATTENTION_CFG, lambda m: m(x, src_key_padding_mask=pad))
+    assert type(q) is QuantTransformerEncoder and type(q.layers[0]) is QuantTransformerEncoderLayer
+    with torch.no_grad():
+        got = q(x, src_key_padding_mask=pad)
+        h = x
+        for lyr in q.layers:  # the slow path by hand, through the quantized children
+            kw = {"attn_mask": None, "key_padding_mask": pad, "need_weights": False}
+            if norm_first:
+                h = h + lyr.self_attn(lyr.norm1(h), lyr.norm1(h), lyr.norm1(h), **kw)[0]
+                h = h + lyr.linear2(F.relu(lyr.linear1(lyr.norm2(h))))
+            else:
+                h = lyr.norm1(h + lyr.self_attn(h, h, h, **kw)[0])
+                h = lyr.norm2(h + lyr.linear2(F.relu(lyr.linear1(h))))
+        assert torch.equal(got[pad.logical_not()], h[pad.logical_not()])
+        assert not torch.equal(got, model(x, src_key_padding_mask=pad))
+    off = mtq.quantize(copy.deepcopy(model), {"quant_cfg": {"default": {"enable": False}}, "algorithm": None})
+    with torch.no_grad():  # every quantizer off: the float model, fast paths included
+        assert torch.equal(off(x, src_key_padding_mask=pad), model(x, src_key_padding_mask=pad))

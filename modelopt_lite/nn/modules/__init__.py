@@ -66,6 +66,7 @@ from .quant_rnn import (
     QuantRNN,
     QuantRNNCell,
 )
+from .quant_transformer import QuantTransformerEncoder, QuantTransformerEncoderLayer
 
 #: every quantized module class defined here (the registry maps float classes to them)
 QUANT_MODULE_CLASSES = (
@@ -104,6 +105,8 @@ QUANT_MODULE_CLASSES = (
     QuantResidualAdd,
     QuantMultiheadAttention,
     QuantNonDynamicallyQuantizableLinear,
+    QuantTransformerEncoderLayer,
+    QuantTransformerEncoder,
 )
 
 __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
