@@ -22,7 +22,9 @@ the Add into the GEMM of ``dense``. ``residual_input_quantizer`` (QuantResidualA
 :data:`~modelopt_lite.conversion.preset_base.DEFAULT_DISABLED` turns it off again in every preset (the presets keep
 their behaviour); a later entry such as ``"*residual_input_quantizer": {"num_bits": 8, "axis": None, "enable":
 True}`` turns it on. With it disabled the module runs its own float forward (bit-identical). Nothing global is
-patched: only the converted instances change. The ``dense`` Linear child is converted as usual.
+patched: only the converted instances change. The ``dense`` Linear child is converted as usual. Exported, the skip
+branch is often also the input of the next GEMM (``BertSelfOutput``'s is the layer input, read by Q/K/V); with max
+calibration both quantizers get the same amax and the exporter merges the two Q/DQ into one.
 
 GPT-2 and Llama decoder layers add their residuals inline in the *layer's* forward (``residual + hidden_states``,
 mixed with attention, MLP, caches and norms), not in a small module of this shape: they are not converted here.
