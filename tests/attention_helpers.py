@@ -8,7 +8,10 @@ from modelopt_lite.nn import ATTENTION_QUANTIZERS
 
 
 def fake_int8(x: torch.Tensor, q) -> torch.Tensor:
-    """The numerics contract, written out: scale = amax / 127, round half to even, clamp, dequantize."""
+    """The numerics contract, written out: scale = amax / 127, round half to even, clamp, dequantize (``x`` itself
+    when ``q`` is disabled)."""
+    if not q.is_enabled:
+        return x
     scale = q.amax.float() / 127.0
     lo = -127 if q.quant_desc.narrow_range else -128
     return torch.clamp(torch.round(x / scale), lo, 127) * scale

@@ -45,7 +45,16 @@ def _mha_inputs(batch_first: bool):
     return x, pad, causal
 
 
-def _quantized_mha(batch_first: bool, cfg=mtq.INT8_ATTENTION_CFG):
+_INT8_A = {"num_bits": 8, "axis": None, "calib_method": "max", "enable": True}
+#: the attention matmul inputs only (the projections stay float; test_quant_mha_projections covers them)
+ATTENTION_ONLY_CFG = {
+    "quant_cfg": {"default": {"enable": False}, "*[qkv]_bmm_quantizer": _INT8_A, "*softmax_quantizer": _INT8_A},
+    "algorithm": "max",
+}
+ALL_OFF_CFG = {"quant_cfg": {"default": {"enable": False}}, "algorithm": "max"}
+
+
+def _quantized_mha(batch_first: bool, cfg=ATTENTION_ONLY_CFG):
     torch.manual_seed(1)
     model = MHAModel(batch_first).eval()
     x, pad, causal = _mha_inputs(batch_first)
@@ -56,9 +65,9 @@ def _quantized_mha(batch_first: bool, cfg=mtq.INT8_ATTENTION_CFG):
 
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_mha_quantizers_off_is_bit_identical(batch_first):
-    model, q, (x, pad, causal) = _quantized_mha(batch_first, mtq.INT8_DEFAULT_CFG)
+    model, q, (x, pad, causal) = _quantized_mha(batch_first, ALL_OFF_CFG)
     assert isinstance(q.mha, QuantMultiheadAttention)
-    assert not any(getattr(q.mha, n).is_enabled for n in ATTENTION_QUANTIZERS)
+    assert not any(m.is_enabled for m in q.mha.modules() if isinstance(m, mtq.TensorQuantizer))
     with torch.no_grad():
         for kw in ({}, {"pad": pad}, {"mask": causal}, {"pad": pad, "mask": causal}):
             for need_weights in (True, False):

@@ -100,10 +100,12 @@ def _attention_paths(model):
 def test_mha_export(tmp_path):
     _, report = _export_and_check(MHA(), _inputs("mha"), tmp_path / "mha.onnx", mtq.INT8_ATTENTION_CFG, 1)
     assert [r.name for r in report.rows] == [
+        "mha.in_proj_input_quantizer",
         "mha.q_bmm_quantizer",
         "mha.k_bmm_quantizer",
         "mha.v_bmm_quantizer",
         "mha.softmax_quantizer",
+        "mha.out_proj.input_quantizer",
     ]
 
 

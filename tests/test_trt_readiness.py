@@ -116,6 +116,30 @@ def test_gemm_with_weights_ready_weight_only_and_missing():
     assert "float ops left: MatMul 1" in text
 
 
+def test_a_slice_of_a_dequantized_weight_is_a_weight():
+    """nn.MultiheadAttention's cross-attention: the packed in-projection weight is dequantized once, then split into
+    its Q/K/V rows: each MatMul still reads a dequantized weight; a slice with run-time bounds is not a weight."""
+    inits, wdq = _wdq("w", [8, 12], axis=1)
+    inits += _common() + [_init(n, np.array([v], np.int64)) for n, v in (("s0", 0), ("s1", 4), ("ax", 1))]
+    nodes = [
+        *_qdq("x", "x"),
+        wdq,
+        helper.make_node("Slice", ["w_w", "s0", "s1", "ax"], ["wq"], name="slice"),
+        helper.make_node("MatMul", ["x_dq", "wq"], ["y"], name="fc"),
+        helper.make_node("Slice", ["w_w", "s0", "n", "ax"], ["wr"], name="dyn_slice"),
+        helper.make_node("MatMul", ["x_dq", "wr"], ["z"], name="fc_dyn"),
+    ]
+    model = _model(nodes, [("x", [3, 8])], ["y", "z"], inits)
+    model.graph.input.append(helper.make_tensor_value_info("n", TensorProto.INT64, [1]))
+    rep = check_readiness(model)
+    by = {c.node: c for c in rep.checks}
+    assert (by["MatMul 'fc'"].pattern, by["MatMul 'fc'"].status) == ("GEMM/MatMul with weights", "ready")
+    assert (by["MatMul 'fc_dyn'"].pattern, by["MatMul 'fc_dyn'"].status) == ("attention MatMul", "missing")
+    from modelopt_lite.onnx_export import attention_matmuls
+
+    assert [m.name for m in attention_matmuls(model)] == ["fc_dyn"]
+
+
 def test_shape_arithmetic_and_data_movement_are_not_float_ops():
     nodes = [
         helper.make_node("Shape", ["x"], ["shp"], name="shape"),

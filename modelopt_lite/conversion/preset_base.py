@@ -22,6 +22,8 @@ DEFAULT_DISABLED = {
     "nn.LeakyReLU": {"*": {"enable": False}},
     # QuantEmbedding is converted but off in every preset (they keep their behaviour): enable it by a config entry
     "nn.Embedding": {"*": {"enable": False}},
+    # Hugging Face inline residual adds (nn/modules/quant_residual_hf.py): off unless a later entry enables them
+    "QuantHFResidualOutputMixin": {"*residual_input_quantizer": {"enable": False}},
     "*lm_head*": {"enable": False},
     "*output_layer*": {"enable": False},
     "*router*": {"enable": False},

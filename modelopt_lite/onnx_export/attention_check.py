@@ -22,6 +22,9 @@ from .ort_divergence import DivergenceReport
 
 #: ops that only move or repeat values: a Q/DQ before them still feeds the MatMul
 LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Tile", "Flatten", "Identity"})
+#: ops that take part of a tensor: a part of a (dequantized) weight is a (dequantized) weight, e.g. the Q/K/V rows of
+#: ``nn.MultiheadAttention``'s packed in-projection weight in cross-attention
+SLICE_OPS = frozenset({"Slice", "Split", "Gather"})
 
 
 @dataclass
@@ -37,9 +40,9 @@ class AttentionMatMul:
         return all(self.quantized)
 
 
-def _source(tensor: str, prod: dict, constants: set) -> tuple[str, bool]:
-    """``(kind, quantized)``: kind "constant" when ``tensor`` is a weight (through layout ops / a DQ), else
-    "activation"; quantized when a DequantizeLinear is met before any other op."""
+def _source(tensor: str, prod: dict, constants: set, depth: int = 0) -> tuple[str, bool]:
+    """``(kind, quantized)``: kind "constant" when ``tensor`` is a weight (through layout ops, slices of a weight and
+    a DQ), else "activation"; quantized when a DequantizeLinear is met before any other op."""
     quantized = False
     seen: set[str] = set()
     while tensor not in seen:
@@ -51,6 +54,11 @@ def _source(tensor: str, prod: dict, constants: set) -> tuple[str, bool]:
             return "activation", quantized
         if node.op_type == "Constant":
             return "constant", quantized
+        if node.op_type in SLICE_OPS and depth < 4:  # a constant slice of a weight is a weight
+            parts = [_source(i, prod, constants, depth + 1) for i in node.input if i]
+            if all(kind == "constant" for kind, _ in parts):
+                return "constant", quantized or parts[0][1]
+            return "activation", quantized
         if node.op_type == "DequantizeLinear":
             quantized = True
         elif node.op_type not in LAYOUT_OPS:

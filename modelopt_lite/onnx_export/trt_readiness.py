@@ -5,8 +5,9 @@ inputs; it fuses the DequantizeLinear nodes into the consumer and propagates the
 (Reshape, Transpose, ...). Per pattern, what it needs:
 
 - **Conv / ConvTranspose**: the data input dequantized and the weight a DequantizeLinear of a constant.
-- **GEMM / MatMul with weights** (one operand constant): the weight a DequantizeLinear of a constant and the
-  activation dequantized (``ready``); a dequantized weight with a float activation is a weight-only GEMM
+- **GEMM / MatMul with weights** (one operand constant): the weight a DequantizeLinear of a constant (or a
+  Slice/Split/Gather of one: the Q/K/V rows of a packed in-projection weight, which TensorRT folds as constant
+  data) and the activation dequantized (``ready``); a dequantized weight with a float activation is a weight-only GEMM
   (``weight-only``: TensorRT's INT4/INT8 weight-only kernels, activations in float/half).
 - **attention MatMul** (both operands computed at run time: ``Q @ K^T``, ``P @ V``): both inputs dequantized.
 - **residual Add** (an Add of two run-time tensors where one is a Conv/GEMM output, possibly through
@@ -53,6 +54,8 @@ EPILOGUE_OPS = ("BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "T
 Q_OPS = ("QuantizeLinear", "TRT_FP8QuantizeLinear")
 DQ_OPS = ("DequantizeLinear", "TRT_FP8DequantizeLinear")
 LAYER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+#: ops taking part of a tensor: followed back from a weight operand only (a part of a constant is constant)
+WEIGHT_SLICE_OPS = ("Slice", "Split", "Gather")
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 
 PATTERNS = ("attention MatMul", "GEMM/MatMul with weights", "Conv", "residual Add")
@@ -130,8 +133,21 @@ class _View:
             return self.source(node.input[0], depth + 1)
         return name, node
 
+    def _unslice(self, name: str) -> str:
+        """``name`` followed back through pass-through ops and Slice/Split/Gather of a constant operand."""
+        for _ in range(4):
+            _, node = self.source(name)
+            if node is None or node.op_type not in WEIGHT_SLICE_OPS or not node.input:
+                return name
+            if not all(self.is_constant(i) for i in node.input[1:] if i):  # run-time slice bounds: not a weight
+                return name
+            name = node.input[0]
+        return name
+
     def is_constant(self, name: str) -> bool:
         src, node = self.source(name)
+        if node is not None and node.op_type in WEIGHT_SLICE_OPS and node.input:
+            return all(self.is_constant(i) for i in node.input if i)
         return src in self.inits or (node is not None and node.op_type == "Constant")
 
     def is_dequantized(self, name: str) -> bool:
@@ -139,8 +155,8 @@ class _View:
         return node is not None and node.op_type in DQ_OPS
 
     def is_weight_dq(self, name: str) -> bool:
-        """A DequantizeLinear of a constant (a quantized weight), possibly transposed/reshaped afterwards."""
-        _, node = self.source(name)
+        """A DequantizeLinear of a constant (a quantized weight), possibly transposed/reshaped/sliced afterwards."""
+        _, node = self.source(self._unslice(name))
         return node is not None and node.op_type in DQ_OPS and self.is_constant(node.input[0])
 
     def layer_output(self, name: str, depth: int = 0) -> onnx.NodeProto | None:

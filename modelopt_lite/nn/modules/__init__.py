@@ -20,7 +20,7 @@ from .quant_conv_transpose import (
 from .quant_embedding import Embedding, QuantEmbedding
 from .quant_functional import Add, MatMul, QuantAdd, QuantMatMul
 from .quant_linear import Linear, QuantLinear
-from .quant_mha import QuantMultiheadAttention
+from .quant_mha import QuantMultiheadAttention, QuantNonDynamicallyQuantizableLinear
 from .quant_norm import (
     BatchNorm1d,
     BatchNorm2d,
@@ -55,6 +55,7 @@ from .quant_pooling import (
     QuantMaxPool2d,
     QuantMaxPool3d,
 )
+from .quant_residual_hf import QuantHFResidualOutputMixin
 from .quant_rnn import (
     CellQuantizers,
     GemmQuantizers,
@@ -65,6 +66,7 @@ from .quant_rnn import (
     QuantRNN,
     QuantRNNCell,
 )
+from .quant_transformer import QuantTransformerEncoder, QuantTransformerEncoderLayer
 
 #: every quantized module class defined here (the registry maps float classes to them)
 QUANT_MODULE_CLASSES = (
@@ -102,6 +104,9 @@ QUANT_MODULE_CLASSES = (
     QuantAdd,
     QuantResidualAdd,
     QuantMultiheadAttention,
+    QuantNonDynamicallyQuantizableLinear,
+    QuantTransformerEncoderLayer,
+    QuantTransformerEncoder,
 )
 
 __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
@@ -115,6 +120,7 @@ __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "QuantAttentionModule",
     "quantized_sdpa",
     "register_attention_module",
+    "QuantHFResidualOutputMixin",
     "Clip",
     "MatMul",
     "Add",

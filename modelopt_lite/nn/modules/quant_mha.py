@@ -1,23 +1,57 @@
-"""``QuantMultiheadAttention``: ``nn.MultiheadAttention`` with quantized attention matmuls.
+"""``QuantMultiheadAttention``: ``nn.MultiheadAttention`` with quantized projections and attention matmuls.
 
-With every attention quantizer disabled (the default) it is ``nn.MultiheadAttention`` itself (same forward, fast
-path included: bit-identical). With one enabled, the forward computes the same attention explicitly (the
-projections, ``bias_k``/``bias_v``, ``add_zero_attn`` and the mask merging of ``F.multi_head_attention_forward``)
-and runs :func:`~.quant_attention.quantized_sdpa` on the heads: ``q_bmm_quantizer(Q)``, ``k_bmm_quantizer(K)``
-feed ``Q @ K^T`` (then ``* head_dim ** -0.5``, masks, softmax, dropout) and ``softmax_quantizer(P)``,
-``v_bmm_quantizer(V)`` feed ``P @ V``, whatever ``need_weights`` says (so one calibration serves both); the
-returned weights are the quantized ``P`` (averaged over heads when ``average_attn_weights``). The in/out
-projections stay float here.
+Every GEMM of the module gets Q/DQ on both inputs, with the names presets reach (``"*input_quantizer"``,
+``"*weight_quantizer"``, ``"*[qkv]_bmm_quantizer"``, ``"*softmax_quantizer"``):
+
+- the in-projection, on the module itself: ``in_proj_input_quantizer`` (8-bit per tensor) on its input and, on its
+  weight, ``in_proj_weight_quantizer`` (the packed ``in_proj_weight``, 8-bit per output channel: axis 0 over the
+  3E rows, so the Q, K and V rows each keep their own scales) or, when ``kdim``/``vdim`` differ from
+  ``embed_dim``, ``q_proj_weight_quantizer`` / ``k_proj_weight_quantizer`` / ``v_proj_weight_quantizer``. These
+  are enabled by default, as ``QuantLinear``'s. **One input quantizer for query, key and value**: in
+  self-attention they are one tensor projected by one packed GEMM (one Q/DQ); in cross-attention the query and the
+  key/value memory are different tensors and share its scale (max calibration takes the max over both), which
+  keeps every quantizer used by every forward (a quantizer per input would sit idle, uncalibrated, in every
+  self-attention and block its export). In cross-attention the packed weight is quantized once and then split
+  into its Q/K/V rows (per-channel scales are per row, so splitting commutes with the quantization);
+- the out-projection: ``out_proj`` (torch's ``NonDynamicallyQuantizableLinear``) becomes a
+  :class:`QuantNonDynamicallyQuantizableLinear`, a :class:`~.quant_linear.QuantLinear` (``out_proj.input_quantizer``,
+  ``out_proj.weight_quantizer``; class key ``"nn.Linear"`` reaches it too);
+- the two attention matmuls: ``q_bmm_quantizer(Q)``, ``k_bmm_quantizer(K)`` feed ``Q @ K^T`` (then
+  ``* head_dim ** -0.5``, masks, softmax, dropout) and ``softmax_quantizer(P)``, ``v_bmm_quantizer(V)`` feed
+  ``P @ V`` (disabled until a config enables them, see :mod:`.quant_attention`).
+
+With every quantizer of the module disabled it is ``nn.MultiheadAttention`` itself (same forward, fast path
+included: bit-identical). With one enabled, the forward computes the same attention explicitly (the projections,
+``bias_k``/``bias_v``, ``add_zero_attn`` and the mask merging of ``F.multi_head_attention_forward``) with the
+quantizers in place, whatever ``need_weights`` says (so one calibration serves both); the returned weights are
+the quantized ``P`` (averaged over heads when ``average_attn_weights``). Weight-only calibration
+(``calibrate_weights``, no forward loop) does not reach the in-projection weight quantizers (applied inside the
+forward, as the RNN families' are): they quantize dynamically until a forward loop calibrates them.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
+from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW, QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
+from ..tensor_quantizer import TensorQuantizer
+from ._base import _quantizers, module_device
 from ._registry import QuantModuleRegistry
-from .quant_attention import AttentionQuantMixin, quantized_sdpa
+from .quant_attention import ATTENTION_QUANTIZERS, AttentionQuantMixin, quantized_sdpa
+from .quant_linear import QuantLinear
+
+#: the in-projection weight quantizers: packed (``kdim == vdim == embed_dim``) or separate, by the weight they quantize
+PACKED_WEIGHT_QUANTIZERS = {"in_proj_weight": "in_proj_weight_quantizer"}
+SEPARATE_WEIGHT_QUANTIZERS = {
+    "q_proj_weight": "q_proj_weight_quantizer",
+    "k_proj_weight": "k_proj_weight_quantizer",
+    "v_proj_weight": "v_proj_weight_quantizer",
+}
 
 
 def _pad_key(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -33,15 +67,57 @@ def _same_map(fn, query, key, value):
     return q, k, v
 
 
+@QuantModuleRegistry.register({NonDynamicallyQuantizableLinear: "nn.NonDynamicallyQuantizableLinear"})
+class QuantNonDynamicallyQuantizableLinear(QuantLinear):
+    """``QuantLinear`` for torch's ``NonDynamicallyQuantizableLinear`` (``nn.MultiheadAttention.out_proj``: a plain
+    ``nn.Linear`` subclass that only marks the layer for torch's own dynamic quantization)."""
+
+    _float_cls = NonDynamicallyQuantizableLinear
+
+
 @QuantModuleRegistry.register({nn.MultiheadAttention: "nn.MultiheadAttention"})
 class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
-    """``nn.MultiheadAttention`` with ``q_bmm``/``k_bmm``/``v_bmm``/``softmax`` quantizers (disabled by default)."""
+    """``nn.MultiheadAttention`` with in-projection input/weight quantizers (enabled by default, as QuantLinear's),
+    a quantized ``out_proj`` and ``q_bmm``/``k_bmm``/``v_bmm``/``softmax`` quantizers (disabled by default)."""
 
     _float_cls = nn.MultiheadAttention
+    in_proj_input_quantizer: TensorQuantizer
+    in_proj_weight_quantizer: TensorQuantizer
+    default_quant_desc_input: ClassVar[ScaledQuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_weight: ClassVar[ScaledQuantDescriptor] = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_attention_quantizers()
+
+    def _init_attention_quantizers(self) -> None:
+        """The four attention quantizers, the in-projection ones and a quantized ``out_proj``."""
+        super()._init_attention_quantizers()
+        device = module_device(self)
+        self.in_proj_input_quantizer = TensorQuantizer(self.default_quant_desc_input).to(device)
+        weights = PACKED_WEIGHT_QUANTIZERS if self._qkv_same_embed_dim else SEPARATE_WEIGHT_QUANTIZERS
+        for qname in weights.values():
+            setattr(self, qname, TensorQuantizer(self.default_quant_desc_weight).to(device))
+        if type(self.out_proj) is NonDynamicallyQuantizableLinear:
+            self.out_proj = QuantNonDynamicallyQuantizableLinear.from_float(self.out_proj)
+
+    def projection_quantizer_names(self) -> tuple[str, ...]:
+        """The in-projection quantizers of this module (input first, then the weights)."""
+        weights = PACKED_WEIGHT_QUANTIZERS if self._qkv_same_embed_dim else SEPARATE_WEIGHT_QUANTIZERS
+        return ("in_proj_input_quantizer", *weights.values())
+
+    def quant_active(self) -> bool:
+        """True when a quantizer of the module (out_proj's included) is enabled: the explicit forward runs."""
+        return any(q.is_enabled for q in _quantizers(self))
+
+    def _check_quantizers(self) -> None:
+        for n in (*ATTENTION_QUANTIZERS, *self.projection_quantizer_names()):
+            q = getattr(self, n)
+            if q.is_enabled and not q.fake_quant:
+                raise ValueError(
+                    f"{type(self).__name__}: quantizer {n!r} ({q.name or 'unnamed'}) has fake_quant=False; "
+                    "the module is only fake-quantized (the float matmuls would run on integer codes)"
+                )
 
     def forward(
         self,
@@ -54,7 +130,7 @@ class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
         average_attn_weights=True,
         is_causal=False,
     ):
-        if not self.attention_quant_active():
+        if not self.quant_active():
             return super().forward(
                 query,
                 key,
@@ -65,7 +141,7 @@ class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
                 average_attn_weights=average_attn_weights,
                 is_causal=is_causal,
             )
-        self._check_attention_quantizers()
+        self._check_quantizers()
         if query.dim() not in (2, 3):
             raise ValueError(f"{type(self).__name__}: query must be 2-D or 3-D, got shape {tuple(query.shape)}")
         batched = query.dim() == 3
@@ -98,13 +174,18 @@ class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
         return out, (probs if batched else probs.squeeze(0))
 
     def _project(self, query, key, value):
+        """The quantized in-projection: one input quantizer on query/key/value (identity kept: self-attention
+        stays one packed GEMM), the weight quantizer(s) on the weight(s)."""
+        query, key, value = _same_map(self.in_proj_input_quantizer, query, key, value)
         if self._qkv_same_embed_dim:
+            w = self.in_proj_weight_quantizer(self.in_proj_weight)
             packed = F._in_projection_packed  # type: ignore[attr-defined]
-            return packed(query, key, value, self.in_proj_weight, self.in_proj_bias)
+            return packed(query, key, value, w, self.in_proj_bias)
         b = self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
+        wq, wk, wv = (getattr(self, qn)(getattr(self, wn)) for wn, qn in SEPARATE_WEIGHT_QUANTIZERS.items())
         separate = F._in_projection  # type: ignore[attr-defined]
-        return separate(query, key, value, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight, bq, bk, bv)
+        return separate(query, key, value, wq, wk, wv, bq, bk, bv)
 
     def _attention(self, query, key, value, key_padding_mask, attn_mask, is_causal):
         """Sequence-first ``(L, N, E)`` inputs -> ``(L, N, E)`` output and ``(N, H, L, S)`` quantized weights."""
@@ -144,5 +225,5 @@ class QuantMultiheadAttention(AttentionQuantMixin, nn.MultiheadAttention):
             dropout_p,
         )
         out = out.permute(2, 0, 1, 3).reshape(bsz * tgt_len, embed_dim)
-        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        out = self.out_proj(out)  # a QuantLinear: its own input/weight quantizers
         return out.view(tgt_len, bsz, out.size(1)), probs
