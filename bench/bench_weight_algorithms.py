@@ -79,7 +79,7 @@ def ours_awq_gptq(model, loop):
     from modelopt_lite.demo.minilm import INT4_BEST_ALGORITHM
 
     steps = [dict(st, progress=False) if st["method"].startswith("awq") else st for st in INT4_BEST_ALGORITHM]
-    return mtq.quantize(model, _with_algorithm(mtq.INT4_AWQ_CFG, steps), loop)
+    return mtq.quantize(model, _with_algorithm(mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, steps), loop)
 
 
 def peer_awq_gptq(model, loop):

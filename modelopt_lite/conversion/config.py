@@ -3,7 +3,8 @@
 A config is a plain dict::
 
     {"quant_cfg": {pattern: attrs, ...}, "algorithm": "max" | "histogram" | "percentile" | "mse" | "entropy"
-                                                      | "smoothquant" | {"method": ..., **params} | None}
+                                                      | "smoothquant" | {"method": ..., **params} | None
+                                                      | [any of those, ...]  (applied in order, as ModelOpt)}
 
 ``quant_cfg`` keys (applied in this order: ``"default"`` first, then the others in dict order; later ones win):
 

@@ -25,7 +25,12 @@ Passes stay short: a pass stops inside the model once the group's input is seen,
 an earlier group already reached (an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that
 block on its recorded inputs (:class:`BlockCache`), so the loop runs once per block, not once per group.
 ``clip_search=True`` (not in ModelOpt) picks each scale among shrunk ranges by the Hessian-weighted rounding error
-(:func:`~.gptq_solver.search_amax`). Only one group's Hessian exists at a time. The loop's batches must run the
+(:func:`~.gptq_solver.search_amax`). ``scale_refit=k`` (not in ModelOpt) then re-fits each row's block scales by
+least squares for the chosen codes and re-runs GPTQ under them, up to ``k`` rounds while the layer-output error
+falls (:mod:`.gptq_refit`). ``float_target=True`` (not in ModelOpt; the "asymmetric calibration" of GPTAQ) fits the
+float model's layer output ``W X_float`` instead of ``W X``: a copy of the model taken before any weight changes
+gives the float inputs of each group (one more stopped pass per block), and the loop must feed the same batches in
+the same order on every call (checked). Only one group's Hessian exists at a time. The loop's batches must run the
 model (``model(...)``) without using its output: a stopped pass returns None to the loop. If anything raises,
 ``quantize`` puts the weights and quantizers back exactly.
 """
