@@ -282,7 +282,7 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
         method = algorithm["method"]
     else:
         raise QuantConfigError(
-            f"algorithm must be None, a method name, a dict with 'method' or a list of those, got {algorithm!r}"
+            f"algorithm must be None, a method name or a dict with 'method' (or a list of those), got {algorithm!r}"
         )
     if method in ALGORITHMS:
         alg = ALGORITHMS[method]
