@@ -75,11 +75,24 @@ def peer_awq_full(model, loop):
     return PEER.quantize(model, _with_algorithm(PEER.INT4_AWQ_CFG, {"method": "awq_full"}), loop)
 
 
+def ours_awq_gptq(model, loop):
+    from modelopt_lite.demo.minilm import INT4_BEST_ALGORITHM
+
+    steps = [dict(st, progress=False) if st["method"].startswith("awq") else st for st in INT4_BEST_ALGORITHM]
+    return mtq.quantize(model, _with_algorithm(mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, steps), loop)
+
+
+def peer_awq_gptq(model, loop):
+    # ModelOpt 0.47 takes the same list form; its GPTQ has no clip_search/scale_refit (its defaults)
+    return PEER.quantize(model, _with_algorithm(PEER.INT4_AWQ_CFG, ["awq_lite", {"method": "gptq"}]), loop)
+
+
 #: (name, ours, peer): every row of the table; append to add an algorithm
 ROWS = [
     ("RTN (max)", ours_rtn, peer_rtn),
     ("AWQ lite (INT4_AWQ_CFG)", ours_awq_lite, peer_awq_lite),
     ("AWQ full (lite + clip)", ours_awq_full, peer_awq_full),
+    ("AWQ lite, then GPTQ (list)", ours_awq_gptq, peer_awq_gptq),
 ]
 
 

@@ -3,6 +3,7 @@
 The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quantize`` etc.).
 """
 
+from . import algorithm_sequence  # noqa: F401  (registers "sequence": a list under "algorithm")
 from .algorithm_registry import ALGORITHMS, register_algorithm
 from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .config import QuantConfigError, normalize_config

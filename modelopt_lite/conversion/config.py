@@ -3,7 +3,8 @@
 A config is a plain dict::
 
     {"quant_cfg": {pattern: attrs, ...}, "algorithm": "max" | "histogram" | "percentile" | "mse" | "entropy"
-                                                      | "smoothquant" | {"method": ..., **params} | None}
+                                                      | "smoothquant" | {"method": ..., **params} | None
+                                                      | [any of those, ...]  (applied in order, as ModelOpt)}
 
 ``quant_cfg`` keys (applied in this order: ``"default"`` first, then the others in dict order; later ones win):
 
@@ -251,10 +252,27 @@ def _class_rules(key, label: str, value: Any) -> list[Rule]:
     return rules
 
 
+def _sequence(steps: list) -> tuple[str, dict]:
+    """ModelOpt's list of algorithms (applied in order) as the registered ``"sequence"`` algorithm
+    (:mod:`.algorithm_sequence`): every entry validated here, before anything runs."""
+    if not steps:
+        raise QuantConfigError("algorithm list must not be empty")
+    for i, a in enumerate(steps):
+        if isinstance(a, list):
+            raise QuantConfigError(f"algorithm list entry {i} is itself a list (nested lists are not allowed): {a!r}")
+    return "sequence", {"steps": tuple(normalize_algorithm(a) for a in steps)}
+
+
 def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
-    """``(method, params)`` from ``"max"``, ``{"method": "percentile", "percentile": 99.9}``, ... or None."""
+    """``(method, params)`` from ``"max"``, ``{"method": "percentile", "percentile": 99.9}``, ... or None; a list
+    (ModelOpt's sequential form) gives ``("sequence", {"steps": (each entry normalized, ...)})``."""
     if algorithm is None:
         return None
+    if isinstance(algorithm, list):
+        return _sequence(algorithm)
+    if isinstance(algorithm, dict) and set(algorithm) == {"method", "steps"} and algorithm["method"] == "sequence":
+        if isinstance(algorithm["steps"], list):
+            return _sequence(algorithm["steps"])
     if isinstance(algorithm, str):
         method, params = algorithm, {}
     elif isinstance(algorithm, dict):
@@ -263,7 +281,9 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
         params = {k: v for k, v in algorithm.items() if k != "method"}
         method = algorithm["method"]
     else:
-        raise QuantConfigError(f"algorithm must be None, a method name or a dict with 'method', got {algorithm!r}")
+        raise QuantConfigError(
+            f"algorithm must be None, a method name or a dict with 'method' (or a list of those), got {algorithm!r}"
+        )
     if method in ALGORITHMS:
         alg = ALGORITHMS[method]
         unknown = sorted(set(params) - alg.params)

@@ -25,13 +25,19 @@ Passes stay short: a pass stops inside the model once the group's input is seen,
 an earlier group already reached (an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that
 block on its recorded inputs (:class:`BlockCache`), so the loop runs once per block, not once per group.
 ``clip_search=True`` (not in ModelOpt) picks each scale among shrunk ranges by the Hessian-weighted rounding error
-(:func:`~.gptq_solver.search_amax`). Only one group's Hessian exists at a time. The loop's batches must run the
+(:func:`~.gptq_solver.search_amax`). ``scale_refit=k`` (not in ModelOpt) then re-fits each row's block scales by
+least squares for the chosen codes and re-runs GPTQ under them, up to ``k`` rounds while the layer-output error
+falls (:mod:`.gptq_refit`). ``float_target=True`` (not in ModelOpt; the "asymmetric calibration" of GPTAQ) fits the
+float model's layer output ``W X_float`` instead of ``W X``: a copy of the model taken before any weight changes
+gives the float inputs of each group (one more stopped pass per block), and the loop must feed the same batches in
+the same order on every call (checked). Only one group's Hessian exists at a time. The loop's batches must run the
 model (``model(...)``) without using its output: a stopped pass returns None to the loop. If anything raises,
 ``quantize`` puts the weights and quantizers back exactly.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import numbers
 
@@ -46,11 +52,12 @@ from .block_replay import Stop as _Stop
 from .block_replay import copied as _copied
 from .block_replay import replay as _replay
 from .block_replay import stoppable as _stoppable
+from .gptq_refit import float_target, refine
 from .gptq_solver import Grid, gptq_quantize, grid_for, hessian_factor
 
 log = logging.getLogger(__name__)
 
-PARAMS = ("perc_damp", "block_size", "desc_act", "clip_search")
+PARAMS = ("perc_damp", "block_size", "desc_act", "clip_search", "scale_refit", "float_target")
 
 
 def check_params(params: dict) -> None:
@@ -63,7 +70,11 @@ def check_params(params: dict) -> None:
         b = params["block_size"]
         if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1:
             raise ValueError(f"gptq block_size must be a positive int, got {b!r}")
-    for flag in ("desc_act", "clip_search"):
+    if "scale_refit" in params:
+        r = params["scale_refit"]
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r <= 100:
+            raise ValueError(f"gptq scale_refit must be an int in [0, 100], got {r!r}")
+    for flag in ("desc_act", "clip_search", "float_target"):
         if flag in params and not isinstance(params[flag], bool):
             raise TypeError(f"gptq {flag} must be a bool, got {params[flag]!r}")
 
@@ -148,35 +159,9 @@ def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return buf.to(t.device)
 
 
-def collect_hessian(
-    model: nn.Module,
-    group: list[nn.Module],
-    forward_loop,
-    label: str,
-    block: nn.Module | None = None,
-    cache: BlockCache | None = None,
-) -> tuple[torch.Tensor, int]:
-    """``(X^T X summed over every token, token count)`` of the group's input, in float64, over ``forward_loop``
-    (each pass stopped right after the group's first layer is reached), summed over the distributed ranks.
-
-    With a ``block`` (see :func:`blocks_of`) and a ``cache``: if the cache holds that block's inputs, only the block
-    is replayed on them; else the loop runs and the block's inputs are recorded into the cache."""
-    n_in = group[0].weight.shape[1]
-    acc = {"h": torch.zeros(n_in, n_in, dtype=torch.float64), "n": 0}
-    first = group[0]
-
-    def hook(m, inp):
-        x = inp[0]
-        iq = getattr(m, "input_quantizer", None)
-        if iq is not None:
-            x = iq(x)
-        x = x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float64)
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"gptq: the input of {label} contains NaN or Inf")
-        acc["h"].addmm_(x.t(), x)
-        acc["n"] += x.shape[0]
-        raise _Stop
-
+def _passes(model: nn.Module, first: nn.Module, hook, forward_loop, block, cache) -> None:
+    """Run the loop (or replay the cached block) with ``hook`` as the forward pre-hook of ``first``, which ends each
+    pass by raising :class:`_Stop` (see :func:`collect_hessian`)."""
     handles = [first.register_forward_pre_hook(hook)]
     try:
         with torch.no_grad():
@@ -199,8 +184,76 @@ def collect_hessian(
     finally:
         for h in handles:
             h.remove()
+
+
+def collect_inputs(
+    model: nn.Module, layer: nn.Module, forward_loop, block: nn.Module | None = None, cache: BlockCache | None = None
+) -> list[torch.Tensor]:
+    """The input of ``layer`` (after its input quantizer), one ``(tokens, features)`` float32 tensor per pass of
+    ``forward_loop`` (each pass stopped there; ``block``/``cache`` as :func:`collect_hessian`)."""
+    out: list[torch.Tensor] = []
+
+    def hook(m, inp):
+        x = inp[0]
+        iq = getattr(m, "input_quantizer", None)
+        if iq is not None:
+            x = iq(x)
+        out.append(x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float32, copy=True))
+        raise _Stop
+
+    _passes(model, layer, hook, forward_loop, block, cache)
+    return out
+
+
+def collect_hessian(
+    model: nn.Module,
+    group: list[nn.Module],
+    forward_loop,
+    label: str,
+    block: nn.Module | None = None,
+    cache: BlockCache | None = None,
+    cross: dict | None = None,
+) -> tuple[torch.Tensor, int]:
+    """``(X^T X summed over every token, token count)`` of the group's input, in float64, over ``forward_loop``
+    (each pass stopped right after the group's first layer is reached), summed over the distributed ranks.
+
+    With a ``block`` (see :func:`blocks_of`) and a ``cache``: if the cache holds that block's inputs, only the block
+    is replayed on them; else the loop runs and the block's inputs are recorded into the cache.
+
+    ``cross``: ``{"inputs": [X_f per pass]}`` (the float model's inputs of the group, :func:`collect_inputs`); its
+    ``"m"`` is set to ``(X_f - X) ^T X`` summed over the tokens (float64, summed over the ranks)."""
+    n_in = group[0].weight.shape[1]
+    acc = {"h": torch.zeros(n_in, n_in, dtype=torch.float64), "n": 0, "pass": 0}
+    if cross is not None:
+        cross["m"] = torch.zeros(n_in, n_in, dtype=torch.float64)
+    first = group[0]
+
+    def hook(m, inp):
+        x = inp[0]
+        iq = getattr(m, "input_quantizer", None)
+        if iq is not None:
+            x = iq(x)
+        x = x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"gptq: the input of {label} contains NaN or Inf")
+        acc["h"].addmm_(x.t(), x)
+        acc["n"] += x.shape[0]
+        if cross is not None:
+            xf = cross["inputs"][acc["pass"]] if acc["pass"] < len(cross["inputs"]) else None
+            if xf is None or xf.shape != x.shape:
+                raise ValueError(
+                    f"gptq float_target: the calibration loop fed {label} different data than in the float pass "
+                    "(the loop must yield the same batches in the same order every time)"
+                )
+            cross["m"].addmm_(xf.double().sub_(x).t(), x)
+        acc["pass"] += 1
+        raise _Stop
+
+    _passes(model, first, hook, forward_loop, block, cache)
     h = _sum_over_ranks(acc["h"])
     n = int(_sum_over_ranks(torch.tensor([acc["n"]], dtype=torch.float64)).item())
+    if cross is not None:
+        cross["m"] = _sum_over_ranks(cross["m"])
     return h, n
 
 
@@ -211,8 +264,13 @@ def _stack_key(m: nn.Module, grid: Grid):
     return (grid.e4m3, grid.qmin, grid.qmax, grid.bound, grid.col_group)
 
 
-def solve_group(group, names, h, n, *, perc_damp, block_size, desc_act, clip_search=False) -> None:
-    """GPTQ every layer of ``group`` with the Hessian ``h / n`` and write weights and amaxes back."""
+def solve_group(
+    group, names, h, n, *, perc_damp, block_size, desc_act, clip_search=False, scale_refit=0, cross=None
+) -> None:
+    """GPTQ every layer of ``group`` with the Hessian ``h / n`` and write weights and amaxes back.
+
+    ``cross`` (``(X_f - X)^T X`` summed, see :func:`collect_hessian`): the target is the float model's output
+    (:func:`~.gptq_refit.float_target`); ``scale_refit``: rounds of :func:`~.gptq_refit.refine`."""
     label = ", ".join(names[m] for m in group)
     if n == 0:
         log.warning("gptq: %s saw no calibration tokens; keeping max calibration", label)
@@ -229,22 +287,49 @@ def solve_group(group, names, h, n, *, perc_damp, block_size, desc_act, clip_sea
         if len(mods) > 1:  # one scale per row: the stacked amax is (rows, column groups)
             n_cg = grid.n_groups(w.shape[0], w.shape[1])[1]
             grid = Grid(grid.e4m3, grid.qmin, grid.qmax, grid.bound, 1, grid.col_group, (w.shape[0], n_cg))
-        q, amax = gptq_quantize(
-            w,
-            h,
-            grid,
-            block_size=block_size,
-            perc_damp=perc_damp,
-            desc_act=desc_act,
-            clip_search=clip_search,
-            label=label,
-            factor=factor,
-        )
+        if cross is not None:
+            w = float_target(w, h / n, cross / n, perc_damp).float()
+
+        def solve(fixed, w=w, grid=grid):
+            return gptq_quantize(
+                w,
+                h,
+                grid,
+                block_size=block_size,
+                perc_damp=perc_damp,
+                desc_act=desc_act,
+                clip_search=clip_search,
+                label=label,
+                factor=factor,
+                amax=fixed,
+            )
+
+        q, amax = solve(None)
+        if scale_refit:
+            q, amax = refine(w, h / n, grid, q, amax, scale_refit, solve)
         parts = amax.split(rows, 0) if len(mods) > 1 else [amax]
         for m, qm, am in zip(mods, q.split(rows, 0), parts):
             with torch.no_grad():
                 m.weight.copy_(qm.to(m.weight.device, m.weight.dtype))
             m.weight_quantizer.amax = am.reshape(grids[m].amax_shape).to(m.weight.device)
+
+
+class _FloatTwin:
+    """A copy of the model taken before GPTQ changes any weight, its GPTQ layers' weight quantizers disabled: it
+    gives each group's inputs as the float model sees them (``float_target``)."""
+
+    def __init__(self, model: nn.Module, mods: dict[nn.Module, str]):
+        self.model = copy.deepcopy(model)
+        self.by_name = dict(self.model.named_modules())
+        for name in mods.values():
+            self.by_name[name].weight_quantizer.disable()
+        twin_mods = {self.by_name[name]: name for name in mods.values()}
+        self.block_of = {twin_mods[m]: blk for m, blk in blocks_of(self.model, twin_mods).items()}
+        self.cache = BlockCache()
+
+    def inputs(self, name: str, forward_loop) -> list[torch.Tensor]:
+        layer = self.by_name[name]
+        return collect_inputs(self.model, layer, forward_loop, self.block_of[name], self.cache)
 
 
 @register_algorithm(
@@ -262,22 +347,35 @@ def run_gptq(
     block_size: int = 128,
     desc_act: bool = False,
     clip_search: bool = False,
+    scale_refit: int = 0,
+    float_target: bool = False,
 ) -> None:
     """The config algorithm (see the module docstring)."""
-    check_params({"perc_damp": perc_damp, "block_size": block_size, "desc_act": desc_act, "clip_search": clip_search})
+    check_params(
+        {
+            "perc_damp": perc_damp,
+            "block_size": block_size,
+            "desc_act": desc_act,
+            "clip_search": clip_search,
+            "scale_refit": scale_refit,
+            "float_target": float_target,
+        }
+    )
     mods = candidates(model)
     for m, name in mods.items():  # fail before any pass for a grid GPTQ cannot honour
         grid_for(m.weight_quantizer.quant_desc, tuple(m.weight.shape), name)
     groups = _record_groups(model, mods, calibrate)
     block_of = blocks_of(model, mods)
     cache = BlockCache()
+    twin = _FloatTwin(model, mods) if float_target else None
     bar = _progress(len(groups))
     try:
         for group in groups:
             label = ", ".join(mods[m] for m in group)
             if bar is not None:
                 bar.set_postfix_str(label[-60:], refresh=False)
-            h, n = collect_hessian(model, group, forward_loop, label, block_of[group[0]], cache)
+            cross = None if twin is None else {"inputs": twin.inputs(mods[group[0]], forward_loop)}
+            h, n = collect_hessian(model, group, forward_loop, label, block_of[group[0]], cache, cross)
             solve_group(
                 group,
                 mods,
@@ -287,12 +385,16 @@ def run_gptq(
                 block_size=int(block_size),
                 desc_act=desc_act,
                 clip_search=clip_search,
+                scale_refit=int(scale_refit),
+                cross=None if cross is None else cross["m"],
             )
-            del h
+            del h, cross
             if bar is not None:
                 bar.update(1)
     finally:
         cache.calls.clear()
+        if twin is not None:
+            twin.cache.calls.clear()
         if bar is not None:
             bar.close()
     log.info("gptq: %d layer(s) in %d group(s) quantized", sum(map(len, groups)), len(groups))

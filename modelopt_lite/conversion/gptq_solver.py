@@ -198,6 +198,7 @@ def gptq_quantize(
     clip_search: bool = False,
     label: str = "weight",
     factor: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ-quantize ``weight`` (out, in): returns ``(Q, amax)``, ``Q`` float32 fake-quantized values of the
     weight's shape and ``amax`` float32 in ``grid.amax_shape``, with ``grid.fake(Q, scale(amax)) == Q``.
@@ -217,10 +218,15 @@ def gptq_quantize(
     if u.shape != (n, n):
         raise ValueError(f"gptq: {label}: Hessian of shape {tuple(u.shape)} does not match the weight {(out, n)}")
     n_rg, n_cg = grid.n_groups(out, n)
-    amax = torch.zeros(n_rg, n_cg, dtype=torch.float32)
-    known_l = [False] * n_cg
     w0 = weight.detach().double()
-    if grid.col_group is None:  # one scale over all columns: from the original weight
+    given = amax is not None
+    if amax is not None:  # the scales are given: GPTQ only picks the codes
+        amax = amax.detach().to(torch.float32).reshape(n_rg, n_cg).clone()
+        known_l = [True] * n_cg
+    else:
+        amax = torch.zeros(n_rg, n_cg, dtype=torch.float32)
+        known_l = [False] * n_cg
+    if grid.col_group is None and not given:  # one scale over all columns: from the original weight
         if clip_search:
             amax[:, 0] = search_amax(w0, diag, grid, n_rg)
         else:

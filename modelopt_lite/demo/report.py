@@ -174,7 +174,7 @@ def format_minilm(result) -> str:
     else:
         lines.append(
             f"targets: all {len(checks)} met (W8A8 cosine >= 0.99 and top-1 agreement >= 95%, FP8 cosine >= 0.995, "
-            "NVFP4 W4A16 >= 0.975, MXFP8 >= 0.997; INT4 AWQ >= 0.967; NVFP4/MX rows: torch only)"
+            "NVFP4 W4A16 >= 0.975, MXFP8 >= 0.997; INT4 AWQ >= 0.967, INT4 AWQ+GPTQ >= 0.98; NVFP4/MX rows: torch only)"
         )
     for label, layers in result.sensitivity.items():
         worst = ", ".join(f"{name} (cosine {c:.4f})" for name, c in layers)
