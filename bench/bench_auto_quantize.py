@@ -102,7 +102,9 @@ def main():
         default="gradient,layer_error,sensitivity,kl_div",
         help="sensitivity and kl_div: 72 model runs per batch each",
     )
+    p.add_argument("--peer-methods", default="gradient,kl_div", help="nvidia-modelopt's methods to run")
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--no-uniform", action="store_true", help="skip the uniform INT4/INT8 rows")
     p.add_argument("--table", action="store_true", help="print the per-layer table of each search")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -127,7 +129,8 @@ def main():
     loop = lambda m: [forward_step(m, b) for b in batches]  # noqa: E731
     formats = [mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, mtq.INT8_DEFAULT_CFG]
     rows = [("FP32", 16.0, 1.0, 0.0)]
-    for name, cfg in (("uniform INT4 (weight-only blocks 128)", formats[0]), ("uniform INT8 (W8A8)", formats[1])):
+    uniform = (("uniform INT4 (weight-only blocks 128)", formats[0]), ("uniform INT8 (W8A8)", formats[1]))
+    for name, cfg in () if args.no_uniform else uniform:
         t0 = time.perf_counter()
         q = mtq.quantize(copy.deepcopy(model), cfg, loop)
         rows.append((name, effective_bits(q), cosine(q, feed, ref), time.perf_counter() - t0))
@@ -157,7 +160,7 @@ def main():
         if args.table:
             print(f"--- {method}\n{format_table(st)}", flush=True)
     if not args.no_peer:
-        for method in ("gradient", "kl_div"):
+        for method in [m for m in args.peer_methods.split(",") if m]:
             rows.append(_peer(model, formats, batches, feed, ref, args.bits, method))
             print(f"done: {rows[-1][0]}: cosine {rows[-1][2]:.5f}, {rows[-1][3]:.1f} s", flush=True)
     print(
