@@ -34,6 +34,22 @@ else:
     _MixinBase = object
 
 
+def recast_copy(cls: type, module: nn.Module) -> Any:
+    """A deep copy of ``module`` recast as the quantized class ``cls`` (the ``from_float`` of every quant module).
+
+    ``module`` must be exactly ``cls._float_cls``: a subclass may have its own forward, which the quantized class would
+    silently drop (register a quantized class for the subclass instead)."""
+    float_cls = cls._float_cls  # type: ignore[attr-defined]
+    if type(module) is not float_cls:
+        raise TypeError(
+            f"{cls.__name__}.from_float expects a {float_cls.__module__}.{float_cls.__qualname__}, "
+            f"got {type(module).__qualname__}"
+        )
+    new: Any = copy.deepcopy(module)
+    new.__class__ = cls
+    return new
+
+
 def module_device(module: nn.Module) -> torch.device:
     """Device of the first parameter or buffer (CPU for a module without tensors)."""
     for p in module.parameters():
@@ -126,13 +142,7 @@ class QuantModuleMixin(_MixinBase):
         other attributes are copied too. ``module`` must be exactly ``cls._float_cls`` (a subclass may have its own
         forward, which the quantized class would silently drop): register a quantized class for subclasses.
         """
-        if type(module) is not cls._float_cls:
-            raise TypeError(
-                f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}."
-                f"{cls._float_cls.__qualname__}, got {type(module).__qualname__}"
-            )
-        new: Any = copy.deepcopy(module)
-        new.__class__ = cls
+        new = recast_copy(cls, module)
         new._init_quantizers(quant_desc_input, quant_desc_weight)
         return new
 

@@ -26,7 +26,6 @@ With every attention quantizer disabled, the module runs its float forward untou
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -38,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
 from ..tensor_quantizer import TensorQuantizer
-from ._base import module_device
+from ._base import module_device, recast_copy
 
 if TYPE_CHECKING:
     _MixinBase = nn.Module
@@ -237,13 +236,7 @@ class AttentionQuantMixin(_MixinBase):
     @classmethod
     def from_float(cls, module: nn.Module):
         """A quantized deep copy of ``module`` (exactly ``cls._float_cls``), attention quantizers disabled."""
-        if type(module) is not cls._float_cls:
-            raise TypeError(
-                f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}.{cls._float_cls.__qualname__}, "
-                f"got {type(module).__qualname__}"
-            )
-        new: Any = copy.deepcopy(module)
-        new.__class__ = cls
+        new = recast_copy(cls, module)
         new._init_attention_quantizers()
         return new
 

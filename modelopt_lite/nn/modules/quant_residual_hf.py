@@ -32,7 +32,6 @@ mixed with attention, MLP, caches and norms), not in a small module of this shap
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -41,7 +40,7 @@ from torch import nn
 
 from ...descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
 from ..tensor_quantizer import TensorQuantizer
-from ._base import module_device
+from ._base import module_device, recast_copy
 from ._registry import QuantModuleRegistry
 
 if TYPE_CHECKING:
@@ -98,13 +97,7 @@ class QuantHFResidualOutputMixin(_MixinBase):
     @classmethod
     def from_float(cls, module: nn.Module):
         """A quantized deep copy of ``module`` (exactly ``cls._float_cls``), residual quantizer disabled."""
-        if type(module) is not cls._float_cls:
-            raise TypeError(
-                f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}.{cls._float_cls.__qualname__}, "
-                f"got {type(module).__qualname__}"
-            )
-        new: Any = copy.deepcopy(module)
-        new.__class__ = cls
+        new = recast_copy(cls, module)
         new.residual_input_quantizer = TensorQuantizer(cls.default_quant_desc_input, disabled=True).to(
             module_device(new)
         )

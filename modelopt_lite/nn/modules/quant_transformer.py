@@ -11,13 +11,10 @@ quantizer disabled they are the float modules (fast paths included: bit-identica
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import torch.nn.functional as F
 from torch import nn
 
-from ._base import _quantizers
+from ._base import _quantizers, recast_copy
 from ._registry import QuantModuleRegistry
 
 
@@ -43,14 +40,7 @@ class _FromFloat:
     @classmethod
     def from_float(cls, module: nn.Module):
         """A deep copy of ``module`` (exactly ``cls._float_cls``) as ``cls``; its children are converted as usual."""
-        if type(module) is not cls._float_cls:
-            raise TypeError(
-                f"{cls.__name__}.from_float expects a {cls._float_cls.__module__}.{cls._float_cls.__qualname__}, "
-                f"got {type(module).__qualname__}"
-            )
-        new: Any = copy.deepcopy(module)
-        new.__class__ = cls
-        return new
+        return recast_copy(cls, module)
 
 
 @QuantModuleRegistry.register({nn.TransformerEncoderLayer: "nn.TransformerEncoderLayer"})
