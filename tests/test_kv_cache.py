@@ -17,36 +17,10 @@ from modelopt_lite.onnx_export.ort_runner import ort_session
 from modelopt_lite.onnx_export.trt_readiness import check_readiness
 
 transformers = pytest.importorskip("transformers")
-
-VOCAB = 40
-
-
-def _decoder(arch: str, attn: str = "eager", seed: int = 0):
-    torch.manual_seed(seed)
-    if arch == "gpt2":
-        cfg = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0
-        )
-        cls = transformers.GPT2LMHeadModel
-    else:
-        cfg = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,  # grouped-query attention: the keys are repeated per head
-            max_position_embeddings=32,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        cls = transformers.LlamaForCausalLM
-    cfg._attn_implementation = attn
-    return cls(cfg).eval()
-
-
-def _prompt(batch=2, length=5, seed=1):
-    return torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+from decoder_helpers import generate_new as _generate  # noqa: E402
+from decoder_helpers import kv_quantizers as _kv_quantizers  # noqa: E402
+from decoder_helpers import prompt as _prompt
+from decoder_helpers import tiny_decoder as _decoder
 
 
 def _ref(q, x):
@@ -57,15 +31,6 @@ def _ref(q, x):
     if q.num_bits == (4, 3):
         return reference.fake_e4m3(x, amax / 448.0)
     return reference.fake_quant_int(x, amax / 127.0, -128, 127)
-
-
-def _kv_quantizers(model):
-    return {n: q for n, q in named_quantizers(model) if n.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))}
-
-
-def _generate(model, prompt, n=4):
-    out = model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
-    return out[:, prompt.shape[1] :]
 
 
 # --- presets ---------------------------------------------------------------------------------------------------------
