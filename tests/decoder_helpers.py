@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import transformers
 
 from modelopt_lite.conversion.utils import named_quantizers
 
@@ -11,8 +12,6 @@ VOCAB = 40
 
 def tiny_decoder(arch: str, attn: str = "eager", seed: int = 0, llama_hidden: int = 16):
     """A 2-layer ``arch`` ("gpt2" or "llama") causal LM with random weights, in eval mode."""
-    import transformers
-
     torch.manual_seed(seed)
     if arch == "gpt2":
         cfg = transformers.GPT2Config(

@@ -14,10 +14,14 @@ import modelopt_lite as mtq
 NAMES = ["INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "INT8_DEFAULT_CFG"]
 
 
-def test_gradient_scores_costs_and_recipe_match_modelopt():
+def _peer():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mtq_peer = pytest.importorskip("modelopt.torch.quantization")
+        return pytest.importorskip("modelopt.torch.quantization")
+
+
+def _problem():
+    """A 3-Linear MLP, 3 batches and a squared-error loss to noisy targets (the same for ours and the peer)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
     g = torch.Generator().manual_seed(1)
@@ -27,6 +31,13 @@ def test_gradient_scores_costs_and_recipe_match_modelopt():
 
     def loss(out, b):
         return ((out - target[id(b)]) ** 2).sum()
+
+    return model, data, loss
+
+
+def test_gradient_scores_costs_and_recipe_match_modelopt():
+    mtq_peer = _peer()
+    model, data, loss = _problem()
 
     args = ({"effective_bits": 6},)
     kw = dict(data_loader=data, forward_step=lambda m, b: m(b), loss_func=loss, num_calib_steps=3, num_score_steps=3)
@@ -49,13 +60,8 @@ def test_gradient_scores_costs_and_recipe_match_modelopt():
 
 
 def test_kl_div_scores_and_costs_match_modelopt():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mtq_peer = pytest.importorskip("modelopt.torch.quantization")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
-    g = torch.Generator().manual_seed(1)
-    data = [torch.randn(8, 256, generator=g) for _ in range(3)]
+    mtq_peer = _peer()
+    model, data, _ = _problem()
     with torch.no_grad():  # sharp logits: KL divergences far above float32 rounding of log-probabilities
         model[4].weight.mul_(30)
     kw = dict(data_loader=data, forward_step=lambda m, b: m(b), num_calib_steps=3, num_score_steps=3, method="kl_div")
@@ -77,18 +83,8 @@ def test_kl_div_scores_and_costs_match_modelopt():
 
 @pytest.mark.parametrize("case", ["fixed", "spaces"])
 def test_search_spaces_and_fixed_config_match_modelopt(case):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mtq_peer = pytest.importorskip("modelopt.torch.quantization")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 16))
-    g = torch.Generator().manual_seed(1)
-    data = [torch.randn(8, 256, generator=g) for _ in range(3)]
-    with torch.no_grad():
-        target = {id(x): model(x) + torch.randn(8, 16, generator=g) for x in data}
-
-    def loss(out, b):
-        return ((out - target[id(b)]) ** 2).sum()
+    mtq_peer = _peer()
+    model, data, loss = _problem()
 
     def options(lib):
         int4, int8 = (getattr(lib, n) for n in NAMES)
