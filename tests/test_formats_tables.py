@@ -144,6 +144,7 @@ def test_layers_use_the_formats_functions():
         for n in (
             "tensor_quant",
             "nn.tensor_quantizer",
+            "nn._quantizer_export",
             "functional.lowlevel",
             "functional.scales",
             "functional.reference",
@@ -155,7 +156,8 @@ def test_layers_use_the_formats_functions():
     }
     assert mods["tensor_quant"].float_codes is formats.float_codes  # E4M3, E5M2, E2M1 codes
     assert mods["tensor_quant"].torch_dtype_range is formats.torch_dtype_range
-    assert mods["nn.tensor_quantizer"].torch_code_dtype is formats.torch_code_dtype
+    assert mods["nn._quantizer_export"].torch_code_dtype is formats.torch_code_dtype  # TensorQuantizer's code export
+    assert mods["nn._quantizer_export"].format_range is formats.format_range
     assert mods["nn.tensor_quantizer"].format_range is formats.format_range
     assert mods["functional.lowlevel"].smallest_code_type is formats.smallest_code_type
     assert mods["functional.scales"].format_range is formats.format_range
@@ -167,6 +169,7 @@ def test_layers_use_the_formats_functions():
     for mod, old in (
         ("tensor_quant", "_INT_DTYPES"),
         ("nn.tensor_quantizer", "_CODE_DTYPES"),
+        ("nn._quantizer_export", "_CODE_DTYPES"),
         ("functional.lowlevel", "_CODE_DTYPES"),
     ):
         assert not hasattr(mods[mod], old), f"{mod} keeps its own table {old}"
