@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..functional.division import true_div
+
 BIAS_METHODS = ("mean", "max_min")
 
 
@@ -58,7 +60,7 @@ def compute_bias(x: torch.Tensor, axes: tuple[int, ...], method: str = "mean") -
         b = torch.mean(xf, dim=dims, keepdim=True)
     else:
         hi, lo = _max_min(xf, dims)
-        b = (hi + lo) / 2
+        b = true_div(hi + lo, 2)
     if not bool(torch.isfinite(b).all()):
         raise ValueError("the input contains NaN or Inf, so its bias is not finite")
     return b
@@ -107,7 +109,7 @@ class BiasCalibrator:
             if self._bias is None:
                 self._bias = b
             else:
-                self._bias = (self._bias.to(b.device) * self._count + b) / (self._count + 1)
+                self._bias = true_div(self._bias.to(b.device) * self._count + b, self._count + 1)
         else:
             dims = reduce_dims(self._axes, x.dim())
             if x.numel() == 0:
@@ -121,7 +123,7 @@ class BiasCalibrator:
             else:
                 self._max = torch.maximum(self._max.to(hi.device), hi)
                 self._min = torch.minimum(self._min.to(lo.device), lo)
-            self._bias = (self._max + self._min) / 2
+            self._bias = true_div(self._max + self._min, 2)
         self._count += 1
         return self._bias
 

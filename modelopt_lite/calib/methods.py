@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import element_format, is_float_format
+from ..functional.division import true_div
 from .grid import E_MIN, widths
 
 #: Elements per chunk of the candidates x bins (mse) or candidates x levels (entropy) matrices: cache sized on
@@ -77,7 +78,7 @@ def percentile_amax(counts: torch.Tensor, exp: torch.Tensor, percentile: float) 
     """amax per row at ``percentile`` (0 < p <= 100): left edge of the bin where the cumulative count reaches p%."""
     cum = counts.cumsum(dim=1)
     total = cum[:, -1:].to(torch.float64)
-    target = total * float(percentile) / 100.0
+    target = true_div(total * float(percentile), 100.0)
     idx = torch.searchsorted(cum.to(torch.float64), target, side="left").squeeze(1)
     idx = torch.clamp(idx, max=counts.shape[1] - 1)
     amax = idx.to(torch.float64) * widths(exp)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import float_levels, int_range, scaled_float_format
+from ..functional.division import true_div
 
 
 class ErrorIntegral:
@@ -40,16 +41,16 @@ class ErrorIntegral:
             self.top, self.top_start = float(self.qmax), self.qmax - 0.5
             return
         lv = float_levels(fmt, device)
-        start = torch.cat([lv.new_zeros(1), (lv[1:] + lv[:-1]) / 2])  # cell i = [start_i, start_{i+1})
+        start = torch.cat([lv.new_zeros(1), true_div(lv[1:] + lv[:-1], 2)])  # cell i = [start_i, start_{i+1})
         end = torch.cat([start[1:], lv.new_full((1,), float("inf"))])
-        cell = ((end[:-1] - lv[:-1]) ** 3 - (start[:-1] - lv[:-1]) ** 3) / 3
+        cell = true_div((end[:-1] - lv[:-1]) ** 3 - (start[:-1] - lv[:-1]) ** 3, 3)
         self.levels, self.start = lv, start
         self.prefix = torch.cat([lv.new_zeros(1), cell.cumsum(0)])  # integral from 0 to start_i
         self.top, self.top_start = float(lv[-1]), float(start[-1])
 
     def __call__(self, v: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """``G(v)`` elementwise (float64); ``inplace=True`` may overwrite ``v`` (saves memory traffic)."""
-        return self.g12(v, inplace) / 12
+        return true_div(self.g12(v, inplace), 12)
 
     def g12(self, v: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """``12 * G(v)`` (fewer operations; G is continuous, so rounding ties at cell borders do not matter)."""

@@ -81,6 +81,7 @@ from ..formats import (
     e5m2_round,
 )
 from .checks import _compiling, check_input
+from .division import true_div, true_div_
 
 __all__ = [
     "E2M1_MAX", "E2M1_VALUES", "E5M2_MAX", "MX_ELEMENTS", "NVFP4_BLOCK_SIZES", "MX_BLOCK_SIZES", "MX_ROUNDINGS",
@@ -143,7 +144,7 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 def int8_mx_round(v: torch.Tensor) -> torch.Tensor:
     """MXINT8 element: ``clamp(rne(v * 64), -127, 127) / 64`` as float32."""
-    return (v.float() * 64.0).round_().clamp_(-127.0, 127.0).div_(64.0)
+    return true_div_((v.float() * 64.0).round_().clamp_(-127.0, 127.0), 64.0)
 
 
 _ELEM_ROUND = {"e4m3": e4m3_round, "e5m2": e5m2_round, "e2m1": e2m1_round, "int8": int8_mx_round}
@@ -203,7 +204,7 @@ def nvfp4_global_scale(amax) -> torch.Tensor:
         bad = ~torch.isfinite(a) | (a < 0)
         if bool(bad.any()):
             raise ValueError(f"NVFP4 global amax must be finite and >= 0, got {a[bad].flatten()[0].item()!r}")
-    gs = a / NVFP4_GLOBAL_BOUND
+    gs = true_div(a, NVFP4_GLOBAL_BOUND)  # a tensor divisor: on CUDA, `a / 2688.0` multiplies by the reciprocal
     return torch.where(a <= AMAX_EPS, torch.zeros_like(gs), gs)
 
 
@@ -334,7 +335,7 @@ def dequantize_mx(codes: torch.Tensor, scales: torch.Tensor, elem: str, block: i
     if elem == "e2m1":
         vals = e2m1_decode(codes)
     elif elem == "int8":
-        vals = codes.float() / 64.0
+        vals = true_div(codes.float(), 64.0)
     else:
         vals = codes.float()
     k = scales.to(torch.int32) - E8M0_BIAS

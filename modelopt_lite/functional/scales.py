@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import AMAX_EPS, format_range, int_range
+from .division import true_div
 
 _ONE_ULP_DOWN = 1.0 - 2.0**-24  # s * this == the float32 just below s (for any normal s > 0)
 
@@ -55,7 +56,7 @@ def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: in
     scale = scale_from_amax(width, float(2**num_bits - 1))
     wide = torch.isinf(width) & torch.isfinite(lo) & torch.isfinite(hi)
     if bool(wide.any()):  # float32(hi - lo) overflowed: the float64 width and division, rounded once to float32
-        wide_scale = ((hi.double() - lo.double()) / float(2**num_bits - 1)).float()
+        wide_scale = true_div(hi.double() - lo.double(), float(2**num_bits - 1)).float()
         scale = torch.where(wide, wide_scale, scale)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     zp = torch.clamp(torch.round(qmin - lo / safe), qmin, qmax).add_(0.0)

@@ -28,6 +28,7 @@ import torch
 from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
 from ..formats import element_format, format_range
 from ..functional.checks import check_axes
+from ..functional.division import true_div
 from ..functional.library_mx import scheme_fake_quant
 from ..functional.microscaling import nvfp4_global_scale
 from ..functional.scales import positive_scale, scale_from_amax
@@ -196,7 +197,7 @@ class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, Amax
     def step_size(self) -> torch.Tensor | None:
         """``amax / maxbound`` (float32, detached; ``scale_amax`` applied); None before calibration."""
         a = self._effective_amax()
-        return None if a is None else a.detach().float() / float(self.maxbound)
+        return None if a is None else true_div(a.detach().float(), float(self.maxbound))
 
     @property
     def scale(self) -> torch.Tensor | None:
