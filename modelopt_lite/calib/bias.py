@@ -44,6 +44,12 @@ def _max_min(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torc
     return torch.amax(x, dim=dims, keepdim=True), torch.amin(x, dim=dims, keepdim=True)
 
 
+def _not_finite(what: str, *stats: torch.Tensor) -> ValueError:
+    """The error for a bias statistic that NaN/Inf in the input made non-finite, naming the first bad value."""
+    v = next(t[~torch.isfinite(t)].flatten()[0].item() for t in stats if not bool(torch.isfinite(t).all()))
+    return ValueError(f"the input contains NaN or Inf, so its bias is not finite ({what} got {v!r}); clean the input")
+
+
 def compute_bias(x: torch.Tensor, axes: tuple[int, ...], method: str = "mean") -> torch.Tensor:
     """The bias of one tensor: float32, ``x``'s rank with size 1 on the reduced dimensions.
 
@@ -62,7 +68,7 @@ def compute_bias(x: torch.Tensor, axes: tuple[int, ...], method: str = "mean") -
         hi, lo = _max_min(xf, dims)
         b = true_div(hi + lo, 2)
     if not bool(torch.isfinite(b).all()):
-        raise ValueError("the input contains NaN or Inf, so its bias is not finite")
+        raise _not_finite(f"the {method!r} bias", b)
     return b
 
 
@@ -116,7 +122,7 @@ class BiasCalibrator:
                 raise ValueError(f"cannot compute a bias of an empty tensor of shape {tuple(x.shape)}")
             hi, lo = _max_min(x.detach().float(), dims)
             if not bool(torch.isfinite(hi).all() and torch.isfinite(lo).all()):
-                raise ValueError("the input contains NaN or Inf, so its bias is not finite")
+                raise _not_finite(f"the {self._method!r} bias" + (f" of {self.name!r}" if self.name else ""), hi, lo)
             self._check_shape(hi)
             if self._max is None or self._min is None:
                 self._max, self._min = hi, lo

@@ -65,7 +65,12 @@ def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
     if _compiling() or x.numel() == 0:
         return
     m = torch.amin(x.detach()).item()
-    if m < 0:
+    if not m >= 0:  # written so that a NaN minimum fails too: `nan < 0` is False
+        if m != m:
+            raise ValueError(
+                f"unsigned quantization of {what}: the input contains NaN (minimum {m!r}), which cannot be checked "
+                "for negative values; clean the input"
+            )
         raise ValueError(f"unsigned quantization of {what} with negative values (minimum {m!r}); use signed")
 
 

@@ -47,7 +47,7 @@ def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: in
     ``[-3e38, 3e38]``) gets the same scale computed in float64 (``hi - lo`` of two float32 values is exact there,
     and rounding it to float32 first gives the float32 result whenever that is finite, so ordinary ranges keep their
     bit pattern). A range whose grid ends ``(qmin - zp) * scale`` / ``(qmax - zp) * scale`` overflow float32 (only
-    ranges reaching ~3.4e38) raises ValueError.
+    ranges reaching ~3.4e38) raises ValueError, as does a NaN or Inf ``min_range`` / ``max_range``.
     """
     _, qmin, qmax = int_range(num_bits, False, False)
     lo = torch.clamp(min_range.float(), max=0.0)
@@ -63,7 +63,12 @@ def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: in
     zp = torch.where(scale == 0, torch.zeros_like(zp), zp)
     if not torch.compiler.is_compiling():
         ends = torch.stack([(qmin - zp) * scale, (qmax - zp) * scale])
-        if not bool(torch.isfinite(ends).all()):
+        if not bool(torch.isfinite(ends).all()):  # NaN/Inf in the range make the ends non-finite too: no extra sync
+            for name, t in (("min_range", min_range), ("max_range", max_range)):
+                nonfinite = ~torch.isfinite(t.detach())
+                if bool(nonfinite.any()):
+                    v = t.detach()[nonfinite].flatten()[0].item()
+                    raise ValueError(f"affine quantization: {name} must be finite, got {v!r}")
             bad = (~torch.isfinite(ends)).any(dim=0)
             raise ValueError(
                 f"the affine range [{lo[bad].flatten()[0].item()!r}, {hi[bad].flatten()[0].item()!r}] is too wide "

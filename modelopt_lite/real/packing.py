@@ -16,6 +16,10 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Pack integer codes in ``[-8, 15]`` (signed ``[-8, 7]`` or unsigned ``[0, 15]``) two per uint8 byte."""
     if q.dim() == 0:
         raise ValueError("pack_int4 needs at least one dimension")
+    if q.is_floating_point() and q.numel():  # float codes: a NaN or a fraction would be cast to some integer silently
+        bad = ~torch.isfinite(q) | (q != torch.round(q))
+        if bool(bad.any()):
+            raise ValueError(f"pack_int4: codes must be finite integers, got {q[bad].flatten()[0].item()!r}")
     qi = q.to(torch.int16)
     if qi.numel() and (int(qi.min()) < -8 or int(qi.max()) > 15):
         raise ValueError(f"pack_int4: codes must lie in [-8, 15], got [{int(qi.min())}, {int(qi.max())}]")
