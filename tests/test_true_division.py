@@ -94,6 +94,9 @@ def test_guard_sees_inside_the_custom_ops():
         (torch.float64, 255),
         (torch.int64, 3),
         (torch.int32, 2.5),
+        (torch.int32, 3),
+        (torch.bool, 2),
+        (torch.uint8, 2.0),
     ],
 )
 def test_true_div_keeps_the_dtype_and_value_of_the_plain_division(dtype, number):
@@ -104,6 +107,7 @@ def test_true_div_keeps_the_dtype_and_value_of_the_plain_division(dtype, number)
         inplace = t.clone()
         assert true_div_(inplace, number) is inplace and torch.equal(inplace, want)
     d = divisor_like(t, number)
+    assert d.dtype == torch.result_type(t, number) or not dtype.is_floating_point
     assert d.dim() == 0 and d.device == t.device and float(d) == float(number)
 
 

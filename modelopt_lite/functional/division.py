@@ -17,9 +17,17 @@ from __future__ import annotations
 import torch
 
 
+def _divisor_dtype(t: torch.Tensor, number: float) -> torch.dtype:
+    """``torch.result_type(t, number)``, spelled so that torch.compile traces it (a Python number never promotes a
+    floating tensor; an integer or bool tensor divided by a float computes in the default float dtype)."""
+    if t.is_floating_point():
+        return t.dtype
+    return torch.get_default_dtype() if isinstance(number, float) else torch.int64
+
+
 def divisor_like(t: torch.Tensor, number: float) -> torch.Tensor:
     """``number`` as a 0-dim tensor on ``t``'s device, in the dtype ``t / number`` computes in."""
-    return torch.tensor(number, dtype=torch.result_type(t, number), device=t.device)
+    return torch.tensor(number, dtype=_divisor_dtype(t, number), device=t.device)
 
 
 def true_div(t: torch.Tensor, number: float) -> torch.Tensor:
