@@ -1,9 +1,13 @@
-"""The CUDA binding (modelopt_lite/csrc/quant_cuda_binding.cpp) built for the CPU, against the reference.
+"""The CUDA bindings (modelopt_lite/csrc/quant_cuda_binding.cpp, mx_cuda_binding.cpp) built for the CPU, against
+the reference.
 
-With ``MODELOPT_LITE_EMULATE_ON_HOST`` the binding takes CPU tensors and the launchers of quant_kernels.cu run
-the kernel bodies on the host, so its validation, broadcast description, dtype handling and dispatch run here
-exactly as on a GPU, over the whole matrix of tests/gpu/cuda_cases.py. The build (torch/extension.h, ~1 min on
-2 cores) is opt-in: set ``MODELOPT_LITE_TEST_EMULATED=1``. Needs the CUDA headers (cuda_fp8.h), not a GPU.
+With ``MODELOPT_LITE_EMULATE_ON_HOST`` the bindings take CPU tensors and the launchers of quant_kernels.cu and
+mx_kernels.cu run the kernel bodies on the host, so their validation, error raising (binding_errors.h), broadcast
+description, dtype handling and dispatch run here exactly as on a GPU, over the whole matrices of
+tests/gpu/cuda_cases.py and tests/gpu/mx_cases.py (forward, backward through the public autograd ops, errors). The
+build (torch/extension.h, ~1 min on 2 idle cores) is opt-in: set ``MODELOPT_LITE_TEST_EMULATED=1``. Needs the CUDA
+headers (cuda_fp8.h), not a GPU. The same switch also parses the real (non-emulated) bindings with ``g++
+-fsyntax-only`` against the CPU wheel's c10/cuda headers.
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -30,7 +38,7 @@ DEPS = (
         CSRC / n
         for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h")
     ]
-    + [CSRC / n for n in ("mx_kernels.cu", "mx_kernels_api.h", "mx_elem.h", "mx_checks.h")]
+    + [CSRC / n for n in ("mx_kernels.cu", "mx_kernels_api.h", "mx_elem.h", "mx_checks.h", "binding_errors.h")]
 )
 
 pytestmark = pytest.mark.skipif(
@@ -46,11 +54,14 @@ def _cuda_include():
     return None
 
 
-def _load_cases():
-    spec = importlib.util.spec_from_file_location("cuda_cases", HERE / "gpu" / "cuda_cases.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _load(name: str):
+    """A module of tests/gpu under its own name (mx_cases imports cuda_cases), loaded once per session."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "gpu" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +86,8 @@ def emulated():
     )
 
 
-cases = _load_cases()
+cases = _load("cuda_cases")
+mx_cases = _load("mx_cases")
 GROUPS = {
     "int": cases.int_checks,
     "e4m3": cases.e4m3_checks,
@@ -97,9 +109,21 @@ def test_matrix_equals_reference(emulated, group):
 
 
 def test_errors(emulated):
-    for call, exc, msg in cases.error_cases("cpu"):
-        with pytest.raises(exc, match=msg):
+    """Every bad-argument case raises its ValueError / TypeError with its message (no crash, no RuntimeError)."""
+    lists = (
+        cases.error_cases("cpu"),
+        cases.device_error_cases("cpu"),
+        mx_cases.error_cases("cpu"),
+        mx_cases.value_error_cases("cpu"),
+    )
+    n = 0
+    for call, exc, msg in (case for lst in lists for case in lst):
+        with pytest.raises(exc, match=msg) as info:
             call(emulated)
+        assert type(info.value) is exc  # not a subclass: the exact builtin type
+        assert "Exception raised from" not in str(info.value)  # the message without the C++ backtrace
+        n += 1
+    assert n == 8 + 3 + 11 + 18
 
 
 def test_histograms_equal_calibrator_grid(emulated):
@@ -117,26 +141,56 @@ def test_histograms_equal_calibrator_grid(emulated):
         assert torch.equal(emulated.histogram(a[0], cap, m), want)
 
 
-def test_microscaling_ops_equal_reference(emulated):
-    """fake_nvfp4 / fake_mx / fake_e5m2 / fake_e2m1 of mx_cuda_binding.cpp (bodies: tests/test_native_mx_cuda_host.py)."""
-    from modelopt_lite.functional import microscaling as ms
+@pytest.mark.parametrize("group", list(mx_cases.GROUPS))
+def test_mx_matrix_equals_reference(emulated, group):
+    failures = []
+    for check in mx_cases.GROUPS[group]():
+        try:
+            mx_cases.run_check(emulated, "cpu", check)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(6, 83, generator=g) * 2.0 ** torch.randint(-12, 8, (6, 1), generator=g)
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        xd = x.to(dtype)
-        gs = ms.nvfp4_global_scale(xd.float().abs().amax())
-        for block in (16, 32):
-            assert torch.equal(emulated.fake_nvfp4(xd, gs, block), ms.fake_nvfp4(xd, gs, block))
-        for elem in ("e4m3", "e5m2", "e2m1", "int8"):
-            for rounding in ("floor", "rceil"):
-                assert torch.equal(emulated.fake_mx(xd, elem, 32, rounding), ms.fake_mx(xd, elem, 32, rounding))
-        s = torch.rand(6, 1, generator=g) + 0.1
-        assert torch.equal(emulated.fake_e5m2(xd, s), (ms.e5m2_round(xd.float() / s) * s).to(dtype))
-        assert torch.equal(emulated.fake_e2m1(xd, s), (ms.e2m1_round(xd.float() / s) * s).to(dtype))
-    bad = x.clone()
-    bad[2, 5] = float("nan")
-    with pytest.raises(ValueError, match="NVFP4 input contains NaN or Inf"):
-        emulated.fake_nvfp4(bad, torch.tensor(0.01), 16)
-    with pytest.raises(ValueError, match="MX block size must be one of"):
-        emulated.fake_mx(x, "e4m3", 16, "floor")
+
+def test_mx_gradients_equal_reference(emulated, monkeypatch):
+    """The public autograd ops with their forward in the emulated binding (routed as the CUDA kernels, argument
+    checks of functional/cuda_args.py included) against the reference backend."""
+    from modelopt_lite.functional import backend, library_minifloat, library_mx
+
+    failures = []
+    for check in mx_cases.grad_checks():
+        with monkeypatch.context() as m:
+            m.setitem(backend._loaded, "cuda", emulated)
+            for lib in (library_mx, library_minifloat):
+                m.setattr(lib, "kernels_for", lambda device_type: emulated)
+            got = check.run("cpu")
+        with backend.use_backend("reference"):
+            want = check.run("cpu")
+        try:
+            mx_cases.compare_grads(got, want, check.what)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("source", ["quant_cuda_binding.cpp", "mx_cuda_binding.cpp"])
+def test_real_binding_parses(source, tmp_path):
+    """The non-emulated binding (CUDAGuard, getCurrentCUDAStream, cudaGetErrorString) is valid C++ against this
+    torch's headers: g++ -fsyntax-only (it is compiled and run only on a GPU host)."""
+    inc = _cuda_include()
+    gxx = shutil.which("g++") or shutil.which("c++")
+    if inc is None or gxx is None:
+        pytest.skip("needs g++ and the CUDA headers")
+    from torch.utils import cpp_extension
+
+    system = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], str(inc)]
+    flags = [f for p in system for f in ("-isystem", p)]  # as cpp_extension does: warnings of ours only
+    # the CPU wheel ships c10/cuda without its generated cuda_cmake_macros.h: a stand-in (the wheel's own wins)
+    (tmp_path / "c10" / "cuda" / "impl").mkdir(parents=True)
+    (tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    flags += ["-idirafter", str(tmp_path)]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", abi, "-DTORCH_EXTENSION_NAME=parse_only", *flags]
+    proc = subprocess.run([*cmd, str(CSRC / source)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr, proc.stderr[-3000:]  # -Wall, on our sources only (torch's: -isystem)

@@ -1,6 +1,7 @@
 // Torch binding of the CUDA kernels of the 4-bit and microscaling formats (mx_kernels.cu): fake_nvfp4, fake_mx
 // (the functions of functional/microscaling.py, same signatures, errors and results), fake_e5m2 and fake_e2m1
-// (as fake_e4m3 of quant_cuda_binding.cpp). Registered into that module by register_mx_cuda_ops.
+// (as fake_e4m3 of quant_cuda_binding.cpp). Registered into that module by register_mx_cuda_ops; every function
+// raises its Python exception itself (binding_errors.h: python_errors).
 //
 // Host side only: validates arguments (the reference's messages, mx_checks.h), makes x contiguous, launches on x's
 // device and current stream, and reads back the kernels' non-finite flag (one int; the reference raises
@@ -16,6 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "binding_errors.h"
 #include "mx_checks.h"
 #include "mx_kernels_api.h"
 
@@ -161,13 +163,15 @@ namespace mol {
 
 void register_mx_cuda_ops(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("fake_nvfp4", &fake_nvfp4, "NVFP4 fake quant along the last axis (microscaling.fake_nvfp4)", py::arg("x"),
-        py::arg("global_scale"), py::arg("block") = 16);
-  m.def("fake_mx", &fake_mx, "OCP MX fake quant along the last axis (microscaling.fake_mx)", py::arg("x"),
-        py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
-  m.def("fake_e5m2", &fake_e5m2, "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
+  using mol::python_errors;
+  m.def("fake_nvfp4", python_errors(&fake_nvfp4), "NVFP4 fake quant along the last axis (microscaling.fake_nvfp4)",
+        py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
+  m.def("fake_mx", python_errors(&fake_mx), "OCP MX fake quant along the last axis (microscaling.fake_mx)",
+        py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
+  m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
         py::arg("scale"));
-  m.def("fake_e2m1", &fake_e2m1, "e2m1_round(x / s) * s in x's dtype", py::arg("x"), py::arg("scale"));
+  m.def("fake_e2m1", python_errors(&fake_e2m1), "e2m1_round(x / s) * s in x's dtype", py::arg("x"),
+        py::arg("scale"));
 }
 
 }  // namespace mol

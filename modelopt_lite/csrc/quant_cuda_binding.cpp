@@ -5,6 +5,8 @@
 // and launches the extern "C" launchers of quant_kernels.cu on x's device and current stream. Outputs are new
 // contiguous tensors; the caller's tensors are never modified.
 //
+// Every bound function raises its Python exception itself (binding_errors.h: python_errors).
+//
 // Built by modelopt_lite/functional/native_build.py. With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it takes
 // CPU tensors and the launchers run the kernel bodies on the host.
 #include <torch/extension.h>
@@ -20,6 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "binding_errors.h"
 #include "quant_kernels_api.h"
 
 namespace mol {
@@ -278,26 +281,29 @@ Tensor histogram(const Tensor& x_abs, int64_t num_bins, double max) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "modelopt_lite CUDA kernels (the functions of modelopt_lite.functional.reference, bit-exact)";
   namespace py = pybind11;
-  m.def("fake_quant_int", &fake_quant_int, "clamp(rint(x / s), qmin, qmax) * s in x's dtype", py::arg("x"),
-        py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
-  m.def("quantize_int", &quantize_int, "integer codes as float32", py::arg("x"), py::arg("scale"), py::arg("qmin"),
-        py::arg("qmax"));
-  m.def("fake_e4m3", &fake_e4m3, "e4m3(clamp(x / s, -448, 448)) * s in x's dtype", py::arg("x"), py::arg("scale"));
-  m.def("fake_affine", &fake_affine, "(clamp(rint(x / s) + zp, qmin, qmax) - zp) * s", py::arg("x"),
+  using mol::python_errors;
+  m.def("fake_quant_int", python_errors(&fake_quant_int), "clamp(rint(x / s), qmin, qmax) * s in x's dtype",
+        py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
+  m.def("quantize_int", python_errors(&quantize_int), "integer codes as float32", py::arg("x"), py::arg("scale"),
+        py::arg("qmin"), py::arg("qmax"));
+  m.def("fake_e4m3", python_errors(&fake_e4m3), "e4m3(clamp(x / s, -448, 448)) * s in x's dtype", py::arg("x"),
+        py::arg("scale"));
+  m.def("fake_affine", python_errors(&fake_affine), "(clamp(rint(x / s) + zp, qmin, qmax) - zp) * s",
+        py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"));
+  m.def("quantize_affine", python_errors(&quantize_affine), "affine codes as float32", py::arg("x"),
         py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"));
-  m.def("quantize_affine", &quantize_affine, "affine codes as float32", py::arg("x"), py::arg("scale"),
-        py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"));
-  m.def("int_backward", &int_backward, "(grad_x, per-element scale gradient or None)", py::arg("grad"),
-        py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"), py::arg("need_scale_grad"));
-  m.def("e4m3_backward", &e4m3_backward, "(grad_x, per-element scale gradient or None)", py::arg("grad"),
-        py::arg("x"), py::arg("scale"), py::arg("need_scale_grad"));
-  m.def("affine_backward", &affine_backward, "grad_x of affine quantization", py::arg("grad"), py::arg("x"),
-        py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"));
-  m.def("histogram_rows", &histogram_rows,
+  m.def("int_backward", python_errors(&int_backward), "(grad_x, per-element scale gradient or None)",
+        py::arg("grad"), py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"),
+        py::arg("need_scale_grad"));
+  m.def("e4m3_backward", python_errors(&e4m3_backward), "(grad_x, per-element scale gradient or None)",
+        py::arg("grad"), py::arg("x"), py::arg("scale"), py::arg("need_scale_grad"));
+  m.def("affine_backward", python_errors(&affine_backward), "grad_x of affine quantization", py::arg("grad"),
+        py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"));
+  m.def("histogram_rows", python_errors(&histogram_rows),
         "int64 (rows, cap) counts of floor(v * 2**-exp[row]) (calib.grid.histogram_rows; out-of-range values "
         "are not counted)",
         py::arg("a"), py::arg("exp"), py::arg("cap"));
-  m.def("histogram", &histogram,
+  m.def("histogram", python_errors(&histogram),
         "int64 counts of x_abs on the calibrator's grid for max: bin width 2**e, e = calib.grid.needed_exp(max, "
         "num_bins)",
         py::arg("x_abs"), py::arg("num_bins"), py::arg("max"));

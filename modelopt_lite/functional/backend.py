@@ -87,6 +87,11 @@ def native_error(kind: str) -> str | None:
     return _errors.get(kind)
 
 
+def is_native_cuda(mod) -> bool:
+    """Whether ``mod`` is the loaded CUDA extension (the ops check its arguments in Python before calling it)."""
+    return mod is not None and mod is _loaded.get("cuda")
+
+
 def kernels_for(device_type: str) -> ModuleType:
     """The module whose functions run the kernels for tensors on ``device_type``."""
     choice = get_backend()

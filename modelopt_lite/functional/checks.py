@@ -52,6 +52,23 @@ def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
     return amax
 
 
+def check_broadcast(t: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """``t`` (one element, or any rank up to x's, aligned to x's trailing dims) broadcasts to ``x``: ValueError
+    ``"{what} of shape [..] does not broadcast to x of shape [..]"`` otherwise (shapes printed as lists)."""
+    if t.numel() == 1:
+        return
+    if t.numel() == 0:
+        raise ValueError(f"{what} is empty")
+    if t.dim() > x.dim():
+        raise ValueError(f"{what} of shape {list(t.shape)} does not broadcast to x of shape {list(x.shape)}")
+    lead = x.dim() - t.dim()
+    for d, n in enumerate(t.shape):
+        if n not in (1, x.shape[lead + d]):
+            raise ValueError(
+                f"{what} of shape {list(t.shape)} does not broadcast to x of shape {list(x.shape)} (dim {d})"
+            )
+
+
 def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
     if _compiling():  # data-dependent: cannot run on the fake tensors of torch.compile / torch.export
         return

@@ -17,14 +17,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import onnx_qdq
-from .backend import kernels_for
+from . import cuda_args, onnx_qdq
+from .backend import is_native_cuda, kernels_for
 
 _EMPTY = ()
 
 
-def _k(x: Tensor):
-    return kernels_for(x.device.type)
+def _k(x: Tensor, fn: str, scale: Tensor, zero_point=None, qrange=None, grad=None):
+    """The kernel ``fn`` for x's device; the CUDA extension's arguments are checked here first (see .cuda_args)."""
+    mod = kernels_for(x.device.type)
+    if is_native_cuda(mod):
+        cuda_args.check_quant(fn, x, scale, zero_point, qrange, grad)
+    return getattr(mod, fn)
 
 
 def _like(x: Tensor) -> Tensor:
@@ -34,7 +38,7 @@ def _like(x: Tensor) -> Tensor:
 # --- integer -------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("modelopt_lite::fake_quant_int", mutates_args=())
 def fake_quant_int(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
-    return _k(x).fake_quant_int(x, scale, qmin, qmax)
+    return _k(x, "fake_quant_int", scale, qrange=(qmin, qmax))(x, scale, qmin, qmax)
 
 
 @fake_quant_int.register_fake
@@ -44,7 +48,7 @@ def _(x, scale, qmin, qmax):
 
 @torch.library.custom_op("modelopt_lite::quantize_int", mutates_args=())
 def quantize_int(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
-    return _k(x).quantize_int(x, scale, qmin, qmax)
+    return _k(x, "quantize_int", scale, qrange=(qmin, qmax))(x, scale, qmin, qmax)
 
 
 @quantize_int.register_fake
@@ -56,7 +60,8 @@ def _(x, scale, qmin, qmax):
 def int_backward(
     grad: Tensor, x: Tensor, scale: Tensor, qmin: int, qmax: int, need_scale_grad: bool
 ) -> tuple[Tensor, Tensor]:
-    gx, gs = _k(x).int_backward(grad, x, scale, qmin, qmax, need_scale_grad)
+    kernel = _k(x, "int_backward", scale, qrange=(qmin, qmax), grad=grad)
+    gx, gs = kernel(grad, x, scale, qmin, qmax, need_scale_grad)
     return gx, (gs if gs is not None else x.new_empty(0, dtype=torch.float32))
 
 
@@ -69,7 +74,7 @@ def _(grad, x, scale, qmin, qmax, need_scale_grad):
 # --- FP8 E4M3 -------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("modelopt_lite::fake_e4m3", mutates_args=())
 def fake_e4m3(x: Tensor, scale: Tensor) -> Tensor:
-    return _k(x).fake_e4m3(x, scale)
+    return _k(x, "fake_e4m3", scale)(x, scale)
 
 
 @fake_e4m3.register_fake
@@ -79,7 +84,7 @@ def _(x, scale):
 
 @torch.library.custom_op("modelopt_lite::e4m3_backward", mutates_args=())
 def e4m3_backward(grad: Tensor, x: Tensor, scale: Tensor, need_scale_grad: bool) -> tuple[Tensor, Tensor]:
-    gx, gs = _k(x).e4m3_backward(grad, x, scale, need_scale_grad)
+    gx, gs = _k(x, "e4m3_backward", scale, grad=grad)(grad, x, scale, need_scale_grad)
     return gx, (gs if gs is not None else x.new_empty(0, dtype=torch.float32))
 
 
@@ -92,7 +97,7 @@ def _(grad, x, scale, need_scale_grad):
 # --- affine ---------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("modelopt_lite::fake_affine", mutates_args=())
 def fake_affine(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
-    return _k(x).fake_affine(x, scale, zero_point, qmin, qmax)
+    return _k(x, "fake_affine", scale, zero_point, (qmin, qmax))(x, scale, zero_point, qmin, qmax)
 
 
 @fake_affine.register_fake
@@ -102,7 +107,7 @@ def _(x, scale, zero_point, qmin, qmax):
 
 @torch.library.custom_op("modelopt_lite::quantize_affine", mutates_args=())
 def quantize_affine(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
-    return _k(x).quantize_affine(x, scale, zero_point, qmin, qmax)
+    return _k(x, "quantize_affine", scale, zero_point, (qmin, qmax))(x, scale, zero_point, qmin, qmax)
 
 
 @quantize_affine.register_fake
@@ -112,7 +117,8 @@ def _(x, scale, zero_point, qmin, qmax):
 
 @torch.library.custom_op("modelopt_lite::affine_backward", mutates_args=())
 def affine_backward(grad: Tensor, x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
-    return _k(x).affine_backward(grad, x, scale, zero_point, qmin, qmax)
+    kernel = _k(x, "affine_backward", scale, zero_point, (qmin, qmax), grad)
+    return kernel(grad, x, scale, zero_point, qmin, qmax)
 
 
 @affine_backward.register_fake

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import cuda_args, onnx_qdq
 from . import microscaling as ms
-from . import onnx_qdq
-from .backend import kernels_for
+from .backend import is_native_cuda, kernels_for
 
 
 def _scaled_reference(x: Tensor, scale: Tensor, rnd) -> Tensor:
@@ -50,7 +50,12 @@ _ROUND = {"fake_e5m2": ms.e5m2_round, "fake_e2m1": ms.e2m1_round}
 
 
 def _run(name: str, x: Tensor, scale: Tensor) -> Tensor:
-    fn = getattr(kernels_for(x.device.type), name, None) or _REFERENCE[name]
+    mod = kernels_for(x.device.type)
+    fn = getattr(mod, name, None)
+    if fn is None:
+        return _REFERENCE[name](x, scale)
+    if is_native_cuda(mod):  # the CUDA extension's checks, in Python first (see .cuda_args)
+        cuda_args.check_minifloat(name, x, scale)
     return fn(x, scale)
 
 

@@ -20,13 +20,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import cuda_args
 from . import microscaling as ref
-from .backend import kernels_for
+from .backend import is_native_cuda, kernels_for
 from .checks import check_input
 
 
 def _impl(x: Tensor, name: str):
     return getattr(kernels_for(x.device.type), name, None) or getattr(ref, name)
+
+
+def _cuda_checked(x: Tensor, name: str) -> bool:
+    """Whether ``name`` runs in the CUDA extension for x (whose arguments the caller then checks first)."""
+    mod = kernels_for(x.device.type)
+    return is_native_cuda(mod) and hasattr(mod, name)
 
 
 def _like(x: Tensor) -> Tensor:
@@ -35,6 +42,8 @@ def _like(x: Tensor) -> Tensor:
 
 @torch.library.custom_op("modelopt_lite::fake_nvfp4", mutates_args=())
 def fake_nvfp4(x: Tensor, global_scale: Tensor, block: int) -> Tensor:
+    if _cuda_checked(x, "fake_nvfp4"):
+        cuda_args.check_nvfp4(x, global_scale, block)
     return _impl(x, "fake_nvfp4")(x.contiguous(), global_scale, block)
 
 
@@ -55,6 +64,8 @@ def _(grad, x, global_scale, block):
 
 @torch.library.custom_op("modelopt_lite::fake_mx", mutates_args=())
 def fake_mx(x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
+    if _cuda_checked(x, "fake_mx"):
+        cuda_args.check_mx(x, elem, block, rounding)
     return _impl(x, "fake_mx")(x.contiguous(), elem, block, rounding)
 
 

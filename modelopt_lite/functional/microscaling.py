@@ -172,10 +172,15 @@ def _element(elem) -> MXElement:
     return MX_ELEMENTS[elem]
 
 
-def _prepare(x, what: str) -> None:
+def _check_blocked_input(x, what: str) -> None:
+    """x's dtype and rank (blocks run along the last axis); no pass over the data."""
     check_input(x, what)
     if x.dim() == 0:
         raise ValueError(f"{what} must have at least one dimension (blocks run along the last axis), got a scalar")
+
+
+def _prepare(x, what: str) -> None:
+    _check_blocked_input(x, what)
     _check_finite(x, what)
 
 

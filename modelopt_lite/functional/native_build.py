@@ -45,6 +45,7 @@ HEADERS = {
         "mx_kernels_api.h",
         "mx_elem.h",
         "mx_checks.h",
+        "binding_errors.h",
     ],
 }
 # Strict IEEE float math: no fast-math, no FMA contraction (results must be bit-exact with the reference).

@@ -360,3 +360,16 @@ def error_cases(device: str):
         ),
         (lambda m: m.histogram(x.abs(), 16, math.nan), ValueError, "max must be finite"),
     ]
+
+
+def device_error_cases(device: str):
+    """Tensors on the wrong device: ValueError from the quantization and the microscaling bindings. ``device`` is
+    where the binding runs ("cuda"; "cpu" for the host-emulated build, which is handed meta tensors instead)."""
+    other = "meta" if device == "cpu" else "cpu"
+    wrong = "must be a CPU tensor in the host-emulated build" if device == "cpu" else "must be a CUDA tensor"
+    x = torch.ones(2, 32, device=other)
+    return [
+        (lambda m: m.fake_quant_int(x, torch.ones(1, device=other), -8, 7), ValueError, wrong),
+        (lambda m: m.fake_mx(x, "e4m3", 32, "floor"), ValueError, wrong),
+        (lambda m: m.fake_e2m1(x, torch.ones(1, device=other)), ValueError, wrong),
+    ]

@@ -1,33 +1,57 @@
 #!/usr/bin/env bash
-# One GPU session: build the CUDA kernels, run the GPU tests, then the GPU benchmarks, each under its own time
-# limit so that one slow step cannot eat the others. Logs go to $OUT (or ./gpu_logs) as gpu_*.log.
-#   bash tests/gpu/run_session.sh            # everything (about 8 minutes on an H200)
-#   STEPS="build tests" bash tests/gpu/run_session.sh
+# One GPU session: build the CUDA kernels, run every GPU test, the calibration parity and the GPU benchmarks, each
+# under its own time limit (so that one slow or hung step cannot eat the others). Limits sum to 465 s (+2 s kill grace each) (the last
+# H100 run: build 51 s, tests ~22 s before the NVFP4/MX matrix was added). Logs go to $OUT (or ./gpu_logs) as
+# gpu_<step>.log, and a one-line summary per step to stdout and $OUT/gpu_summary.log. Exit status: 0 when every
+# step that ran passed, 1 otherwise (a step killed by its limit reports rc=124).
+#   bash tests/gpu/run_session.sh                       # everything
+#   STEPS="build tests" bash tests/gpu/run_session.sh   # some steps
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu_logs}
 mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 steps=${STEPS:-"build tests calib_parity bench_fake_quant bench_real_int8 bench_cuda"}
+summary="$out/gpu_summary.log"
+: >"$summary"
+failed=0
 
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
   case " $steps " in *" $name "*) ;; *) return 0 ;; esac
-  local t0=$SECONDS
-  echo "=== $name (limit ${limit}s)"
-  timeout "$limit" "$@" >"$out/gpu_$name.log" 2>&1
+  local t0=$SECONDS log="$out/gpu_$name.log"
+  echo "=== $name (limit ${limit}s): $*"
+  timeout -k 2 "$limit" "$@" >"$log" 2>&1
   local rc=$?
-  echo "=== $name: rc=$rc in $((SECONDS - t0))s"
-  tail -n 40 "$out/gpu_$name.log"
+  local verdict=ok
+  if [ "$rc" -ne 0 ]; then
+    verdict=FAILED
+    failed=1
+  fi
+  [ "$rc" -eq 124 ] && verdict="FAILED (time limit ${limit}s)"
+  tail -n 30 "$log"
+  # the one-line summary: pytest's result line where there is one, else the log's last line
+  local last
+  last=$(grep -E "[0-9]+ (passed|failed|error)" "$log" | tail -n 1)
+  [ -z "$last" ] && last=$(tail -n 1 "$log")
+  printf '%-16s %-28s rc=%-3s %4ss  %s\n' "$name" "$verdict" "$rc" "$((SECONDS - t0))" "${last:0:120}" | tee -a "$summary"
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"; } 2>&1
-step build 200 python3 -m modelopt_lite precompile
-step tests 200 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/test_quant_modules_cuda.py
-step calib_parity 40 python3 bench/calib_cuda_parity.py
-step bench_fake_quant 120 python3 bench/bench_fake_quant.py --device cuda --dtype fp32
-step bench_real_int8 60 python3 bench/bench_real_int8.py --device cuda
-step bench_cuda 100 python3 bench/bench_cuda.py --no-peers
+  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"; } 2>&1 |
+  tee "$out/gpu_env.log"
+step build 120 python3 -c "
+import sys, time
+from modelopt_lite.functional import backend
+t = time.perf_counter(); r = backend.precompile(('cpu', 'cuda')); print(r, f'{time.perf_counter() - t:.1f} s')
+sys.exit(0 if set(r.values()) == {'ok'} else 1)"
+step tests 130 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu tests/test_quant_modules_cuda.py
+step calib_parity 30 python3 bench/calib_cuda_parity.py
+step bench_fake_quant 70 python3 bench/bench_fake_quant.py --device cuda --dtype fp32
+step bench_real_int8 45 python3 bench/bench_real_int8.py --device cuda
+step bench_cuda 70 python3 bench/bench_cuda.py --no-peers
+echo "=== summary"
+cat "$summary"
+exit "$failed"

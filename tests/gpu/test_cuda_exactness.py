@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+import cuda_cases
 import pytest
 import torch
 from cuda_cases import (
@@ -16,10 +17,10 @@ from cuda_cases import (
     binding_checks,
     e4m3_checks,
     edge_checks,
-    error_cases,
     int_checks,
     run_check,
 )
+from isolated_cases import run_isolated
 
 from modelopt_lite.functional import backend
 from modelopt_lite.functional import reference as ref
@@ -49,13 +50,13 @@ def test_matrix_equals_reference(cuda_module, group):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
-def test_errors_are_raised_on_the_host(cuda_module):
-    for call, exc, msg in error_cases("cuda"):
-        with pytest.raises(exc, match=msg):
-            call(cuda_module)
-    with pytest.raises(ValueError, match="must be a CUDA tensor"):
-        cuda_module.fake_quant_int(torch.ones(3), torch.ones(1), -8, 7)
-    torch.cuda.synchronize()  # no device-side assert left the context broken
+@pytest.mark.parametrize("function", ["error_cases", "device_error_cases"])
+def test_errors_are_raised_on_the_host(cuda_module, function):
+    """Each bad-argument case raises its exception; they run in child processes (isolated_cases.py), so a case that
+    crashes the process (SIGSEGV on the first GPU run) fails with its signal instead of ending the session."""
+    total, failures = run_isolated("cuda_cases", function, "cuda")
+    assert total == len(getattr(cuda_cases, function)("cpu"))
+    assert not failures, f"{len(failures)} of {total} cases failed:\n" + "\n".join(failures)
 
 
 def test_backend_routes_cuda_tensors_to_the_kernels(cuda_module):

@@ -1,0 +1,298 @@
+"""The NVFP4 / MX / E5M2 / E2M1 exactness matrix, shared by tests/gpu/test_cuda_mx.py (real GPU) and the
+host-emulated binding test (tests/test_cuda_binding_emulated.py).
+
+Forward (:func:`forward_checks`): the extension's fake_nvfp4 / fake_mx / fake_e5m2 / fake_e2m1 against the CPU
+reference (:mod:`modelopt_lite.functional.microscaling`, :mod:`modelopt_lite.functional.library_minifloat`), bit
+for bit, over fp32 / fp16 / bf16 (fp32 matters: a one-ulp float32 error vanishes when rounded to 16 bits),
+partial last blocks, blocks smaller than one block, 3-D inputs, non-contiguous / strided / misaligned views, zero,
+tiny and saturating blocks, E2M1 ties, both NVFP4 block sizes, every MX element with floor and rceil scales, and
+per-tensor / per-channel / lower-rank / dead-channel / per-element E5M2 and E2M1 scales.
+
+Backward (:func:`grad_checks`): the public autograd ops (``nvfp4_fake_quant``, ``mx_fake_quant``, ``fake_e5m2`` /
+``fake_e2m1`` with a learned scale) run on the device against the same code on the CPU with the reference backend:
+the output, x's gradient and the scale's gradient (the NVFP4 case also computes its global scale on the device).
+
+Errors (:func:`error_cases`, :func:`value_error_cases`): bad arguments the binding rejects before any launch, and
+NaN / Inf inputs that the kernels flag and the host turns into ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from cuda_cases import DTYPES, assert_same
+
+from modelopt_lite.functional import library_minifloat as lm
+from modelopt_lite.functional import library_mx as lx
+from modelopt_lite.functional import microscaling as ms
+
+REFERENCE: dict[str, Callable] = {
+    "fake_nvfp4": ms.fake_nvfp4,
+    "fake_mx": ms.fake_mx,
+    "fake_e5m2": lm.fake_e5m2_reference,
+    "fake_e2m1": lm.fake_e2m1_reference,
+}
+ELEMS = ("e4m3", "e5m2", "e2m1", "int8")
+ROUNDINGS = ("floor", "rceil")
+
+
+class Check(NamedTuple):
+    what: str
+    fn: str
+    make: Callable[[str], tuple]  # device -> positional args of the binding function / its reference
+
+
+class GradCheck(NamedTuple):
+    what: str
+    run: Callable[[str], tuple]  # device -> (y, x.grad[, scale.grad]); the caller picks the backend
+
+
+def run_check(mod, device: str, check: Check) -> None:
+    got = getattr(mod, check.fn)(*check.make(device))
+    want = REFERENCE[check.fn](*check.make("cpu"))
+    assert_same(got, want, check.what)
+
+
+def compare_grads(got: tuple, want: tuple, what: str) -> None:
+    """Output and x's gradient bit for bit; a scale's gradient (a sum over its elements, reduced by torch in an order
+    that differs across devices) to float32 rounding."""
+    assert_same(got[:2], want[:2], what)
+    if len(want) > 2:
+        torch.testing.assert_close(got[2].cpu(), want[2], rtol=1e-5, atol=1e-7, msg=f"{what}: scale gradient")
+
+
+# --- inputs ----------------------------------------------------------------------------------------------------------
+def _top(dtype) -> int:
+    return 12 if dtype == torch.float16 else 40  # dynamic range in powers of two (fp16 overflows past 65504)
+
+
+def _data(shape, dtype, seed: int) -> torch.Tensor:
+    """Random values over a wide dynamic range (one power of two per row), with the edge blocks written in."""
+    g = torch.Generator().manual_seed(seed)
+    rows = math.prod(shape[:-1])
+    top = _top(dtype)
+    x = torch.randn(rows, shape[-1], generator=g) * 2.0 ** torch.randint(-top // 2, top // 2, (rows, 1), generator=g)
+    n = shape[-1]
+    if rows >= 4:
+        x[0, : min(n, 32)] = 0.0  # a zero block (both block sizes)
+        x[1, : min(n, 32)] = torch.tensor([6.0, -6.0, 5.0, 3.5, 2.5, 1.25, 0.75, 0.25, -0.0, 0.5, 1.5, 3.0] * 3)[
+            : min(n, 32)
+        ]  # ties and grid points of E2M1 (times a power of two: the block max is 6)
+        x[2, : min(n, 32)] = 1e-30 if dtype != torch.float16 else 1e-8  # a tiny block (fp16/bf16: flushes to 0)
+        x[3, : min(n, 16)] *= 2.0 ** (top // 2)  # a block far above the others
+    return x.reshape(shape).to(dtype)
+
+
+SHAPES = {
+    "6x83 partial last block": (6, 83),
+    "4x64 full blocks": (4, 64),
+    "2x3x48 3-D": (2, 3, 48),
+    "5x7 shorter than a block": (5, 7),
+}
+VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "transposed": lambda t: t.reshape(-1, 40)[:, :40].t(),  # (40, rows): non-contiguous
+    "strided": lambda t: t[..., ::2],
+    "misaligned": lambda t: t.reshape(-1)[1 : 1 + 17 * 37].reshape(17, 37),  # storage offset of 1 element
+}
+
+
+def _inputs(dtype):
+    """(name, x maker(device)) over shapes and views, for one dtype."""
+    out = []
+    for si, (name, shape) in enumerate(SHAPES.items()):
+        out.append((name, lambda d, s=shape, k=si: _data(s, dtype, 100 + k).to(d)))
+    for vi, (name, view) in enumerate(VIEWS.items()):
+        out.append((name, lambda d, v=view, k=vi: v(_data((8, 80), dtype, 200 + k).to(d))))
+    return out
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().float().abs().amax().cpu()
+
+
+# --- forward ---------------------------------------------------------------------------------------------------------
+def nvfp4_checks(dtypes=DTYPES):
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in (16, 32):
+                for gname, factor in (("", 1.0), (" gs from amax/4 (saturating block scales)", 0.25)):
+
+                    def make(d, mk=mk, block=block, factor=factor):
+                        x = mk(d)
+                        gs = ms.nvfp4_global_scale(_amax(x) * factor)  # computed on the CPU: the kernel's exactness
+                        return x, gs.to(d), block
+
+                    out.append(Check(f"nvfp4 block={block}{gname} {name} {dtype}", "fake_nvfp4", make))
+        out.append(
+            Check(
+                f"nvfp4 global scale 0 {dtype}",
+                "fake_nvfp4",
+                lambda d, dtype=dtype: (_data((4, 48), dtype, 7).to(d), torch.tensor(0.0, device=d), 16),
+            )
+        )
+    return out
+
+
+def mx_checks(dtypes=DTYPES):
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for elem in ELEMS:
+                for rounding in ROUNDINGS:
+                    out.append(
+                        Check(
+                            f"mx {elem} {rounding} {name} {dtype}",
+                            "fake_mx",
+                            lambda d, mk=mk, e=elem, r=rounding: (mk(d), e, 32, r),
+                        )
+                    )
+    return out
+
+
+def _scales(bound: float):
+    """(name, scale maker(x on the CPU) -> float32 scale) for the elementwise formats."""
+
+    def per_tensor(x):
+        return (_amax(x) / bound).reshape(1)
+
+    def dim0(x):
+        s = x.detach().float().abs().amax(dim=-1, keepdim=True) / bound
+        s.view(-1)[0] = 0.0  # a dead channel: +0.0 outputs
+        return s
+
+    def last(x):
+        return x.detach().float().abs().amax(dim=tuple(range(x.dim() - 1)), keepdim=True) / bound
+
+    def lower_rank(x):
+        return last(x).reshape(-1)
+
+    def per_element(x):
+        return x.detach().float().abs().clamp(min=1e-3) / bound  # two live dims: expanded to x's shape
+
+    return [
+        ("per-tensor", per_tensor),
+        ("per-channel dim 0", dim0),
+        ("per-channel last", last),
+        ("lower-rank scale", lower_rank),
+        ("per-element", per_element),
+    ]
+
+
+def minifloat_checks(dtypes=DTYPES):
+    out = []
+    for fn, bound in (("fake_e5m2", ms.E5M2_MAX), ("fake_e2m1", ms.E2M1_MAX)):
+        for dtype in dtypes:
+            for name, mk in _inputs(dtype):
+                for sname, scale_of in _scales(bound):
+
+                    def make(d, mk=mk, scale_of=scale_of):
+                        x = mk(d)
+                        return x, scale_of(x.cpu()).to(d)
+
+                    out.append(Check(f"{fn} {sname} {name} {dtype}", fn, make))
+            x_nan = lambda d, dtype=dtype: _with_specials(_data((4, 40), dtype, 9)).to(d)  # noqa: E731
+            out.append(
+                Check(
+                    f"{fn} NaN/Inf propagate {dtype}", fn, lambda d, xm=x_nan: (xm(d), torch.tensor([0.01], device=d))
+                )
+            )
+    return out
+
+
+def _with_specials(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    x.view(-1)[5:9] = torch.tensor([math.nan, math.inf, -math.inf, -0.0]).to(x.dtype)
+    return x
+
+
+def forward_checks():
+    return nvfp4_checks() + mx_checks() + minifloat_checks()
+
+
+GROUPS: dict[str, Callable[[], list]] = {"nvfp4": nvfp4_checks, "mx": mx_checks, "minifloat": minifloat_checks}
+
+
+# --- backward through the public autograd ops -----------------------------------------------------------------------
+def _grad_run(x0: torch.Tensor, op: Callable, scale0: torch.Tensor | None = None):
+    def run(device):
+        x = x0.to(device).requires_grad_()
+        s = scale0.to(device).requires_grad_() if scale0 is not None else None
+        y = op(x, s) if s is not None else op(x)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y.dtype)
+        y.backward(g.to(device))
+        return (y.detach(), x.grad) + ((s.grad,) if s is not None else ())
+
+    return run
+
+
+def grad_checks(dtypes=DTYPES):
+    out = []
+    for dtype in dtypes:
+        x0 = _data((6, 83), dtype, 11)
+        for block in (16, 32):
+            out.append(
+                GradCheck(
+                    f"nvfp4_fake_quant block={block} {dtype} (global scale computed on the device)",
+                    _grad_run(x0, lambda x, b=block: lx.nvfp4_fake_quant(x, x.detach().float().abs().amax() * 0.5, b)),
+                )
+            )
+        for elem in ELEMS:
+            for rounding in ROUNDINGS:
+                out.append(
+                    GradCheck(
+                        f"mx_fake_quant {elem} {rounding} {dtype}",
+                        _grad_run(x0, lambda x, e=elem, r=rounding: lx.mx_fake_quant(x, e, 32, r)),
+                    )
+                )
+        for name, op, bound in (("fake_e5m2", lm.fake_e5m2, ms.E5M2_MAX), ("fake_e2m1", lm.fake_e2m1, ms.E2M1_MAX)):
+            per_row = x0.float().abs().amax(dim=1, keepdim=True) * 0.5 / bound  # clips: both gradient branches
+            per_row[2] = 0.0
+            for sname, s0 in (("per-tensor", per_row.amax().reshape(1)), ("per-channel", per_row)):
+                out.append(
+                    GradCheck(
+                        f"{name} learned {sname} scale {dtype}",
+                        _grad_run(x0, lambda x, s, op=op: op(x, s), s0),
+                    )
+                )
+    return out
+
+
+# --- errors ----------------------------------------------------------------------------------------------------------
+def error_cases(device: str):
+    """(callable(mod), exception type, message fragment): bad arguments the binding rejects before any launch."""
+    x = torch.randn(4, 32, device=device)
+    gs = torch.tensor(0.01, device=device)
+    s = torch.tensor([0.1], device=device)
+    return [
+        (lambda m: m.fake_nvfp4(x.to(torch.int32), gs, 16), TypeError, "float32, float16 or bfloat16"),
+        (lambda m: m.fake_nvfp4(x, gs, 8), ValueError, r"NVFP4 block size must be one of \(16, 32\)"),
+        (lambda m: m.fake_nvfp4(x, torch.ones(2, device=device), 16), ValueError, "single \\(per-tensor\\) value"),
+        (lambda m: m.fake_nvfp4(x[0, 0], gs, 16), ValueError, "at least one dimension"),
+        (lambda m: m.fake_mx(x, "e3m4", 32, "floor"), ValueError, "MX element format must be one of"),
+        (lambda m: m.fake_mx(x, "e4m3", 32, "round"), ValueError, "MX scale rounding must be one of"),
+        (lambda m: m.fake_mx(x, "e4m3", 16, "floor"), ValueError, r"MX block size must be one of \(32,\)"),
+        (lambda m: m.fake_mx(x.double(), "e2m1", 32, "floor"), TypeError, "float32, float16 or bfloat16"),
+        (lambda m: m.fake_e5m2(x.to(torch.int32), s), TypeError, "float32, float16 or bfloat16"),
+        (lambda m: m.fake_e2m1(x, torch.ones(3, 1, device=device)), ValueError, "does not broadcast"),
+        (lambda m: m.fake_e5m2(x, torch.ones(1, 1, 32, device=device)), ValueError, "does not broadcast"),
+    ]
+
+
+def value_error_cases(device: str):
+    """NaN / Inf inputs (fp32, fp16, bf16): the kernels flag them, the host raises ValueError naming the value."""
+    out = []
+    for dtype in DTYPES:
+        for v, text in ((math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")):
+            x = torch.randn(3, 70).to(dtype)
+            x[2, 65] = v  # in the partial last block
+            xd = x.to(device)
+            gs = torch.tensor(0.01, device=device)
+            out.append((lambda m, xd=xd, gs=gs: m.fake_nvfp4(xd, gs, 16), ValueError, rf"NVFP4 input .*\({text}\)"))
+            out.append(
+                (lambda m, xd=xd: m.fake_mx(xd, "e2m1", 32, "rceil"), ValueError, rf"MX \(e2m1\) input .*\({text}\)")
+            )
+    return out
