@@ -226,7 +226,7 @@ def test_model_weights_are_their_own_fake_quant_and_sequential():
     float_model = _model()
     calls: list = []
     q = mtq.quantize(copy.deepcopy(float_model), _cfg(perc_damp=0.02), _loop(batches, calls))
-    assert len(calls) == 1 + 4  # max calibration, then one stopped pass per group: qkv, o, up, down
+    assert len(calls) == 1 + 4  # max calibration, then one (whole-model) pass per group: qkv, o, up, down
     rtn = mtq.quantize(copy.deepcopy(float_model), {**_cfg(), "algorithm": "max"}, _loop(batches))
     for name in ("q", "k", "v", "o", "up", "down"):
         m = getattr(q, name)

@@ -29,7 +29,6 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -187,15 +186,6 @@ def agree(plan: Plan) -> Plan:
     return Plan(list(seen[0][0]), list(seen[0][1]), True)
 
 
-def _all_true(flag: bool) -> bool:
-    if not distributed.is_active():
-        return flag
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([0.0 if flag else 1.0], device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item()) == 0.0
-
-
 def gather(
     model: nn.Module,
     mods: dict[str, nn.Module],
@@ -232,7 +222,7 @@ def gather(
                 yield item.units[0], one_pass(item.units[0])
                 continue
             calls = recorded.pop(item.list_name, None)
-            if not _all_true(calls is not None):
+            if not distributed.all_true(calls is not None):
                 calls = None
                 for names in item.units:
                     yield names, one_pass(names)

@@ -200,29 +200,6 @@ class ChainWatch:
                 st.args = st.kwargs = st.out = None
 
 
-@contextlib.contextmanager
-def recording(model: nn.Module, block: nn.Module):
-    """Record (copies of) the arguments of every call of ``block`` during the forwards of ``model`` run inside
-    this block, one list per forward: yields the :class:`BlockCache`."""
-    cache = BlockCache(block)
-
-    def root_pre(_m, _a):
-        cache.calls.append([])
-
-    def block_pre(_m, args, kwargs):
-        if not cache.modes:
-            cache.modes = [(m, m.training) for m in block.modules()]
-        if cache.calls:
-            cache.calls[-1].append((copied(args), copied(kwargs)))
-
-    handles = [model.register_forward_pre_hook(root_pre), block.register_forward_pre_hook(block_pre, with_kwargs=True)]
-    try:
-        yield cache
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def run_element(block: nn.Module, calls: list, modes: list, *, outputs: bool = True) -> list:
     """Run ``block`` on each recorded call (``[[(args, kwargs)], ...]``, one list per forward) with the training
     flags ``modes``; with ``outputs``, return the calls of the next element of a chain: the same arguments with the

@@ -10,7 +10,8 @@ the loop's sight). When the recorded block is an element of a chain (:class:`~.b
 element called once per forward, element ``k + 1`` reading element ``k``'s output and the same other arguments) and
 no layer outside it has changed since the recording, the next block's inputs are element ``k``'s outputs on its
 recorded inputs, with its current (GPTQ) weights (:func:`~.block_replay.run_element`): the numbers a pass of the
-loop would give, without one. So a chain of blocks costs one pass of the loop, plus one run of each block.
+loop would give, without one. So a chain of blocks costs one pass of the loop, plus one run of each block. Under
+``torch.distributed`` the ranks agree on whether a block is a chain (every rank runs the same passes of its loop).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..calib.distributed import all_true
 from .block_replay import BlockCache, ChainWatch, Stop, copied, elements, replay, run_element
 
 
@@ -128,6 +130,8 @@ def _loop_pass(model: nn.Module, first: nn.Module, hook, forward_loop, block, fe
     if feed is None:
         return
     chained = owner is not None and watch.chained(owner) and all(len(c) == 1 for c in rec.calls)
+    if owner is not None:  # every rank must run the same passes of the loop (it may hold collectives)
+        chained = all_true(chained)
     feed.block, feed.calls, feed.modes, feed.stale = rec.block, rec.calls, rec.modes, False
     feed.owner, feed.index = (owner, index) if chained else (None, -1)
     feed.modes_of = dict(watch.modes) if chained else {}
