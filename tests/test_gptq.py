@@ -226,7 +226,7 @@ def test_model_weights_are_their_own_fake_quant_and_sequential():
     float_model = _model()
     calls: list = []
     q = mtq.quantize(copy.deepcopy(float_model), _cfg(perc_damp=0.02), _loop(batches, calls))
-    assert len(calls) == 1 + 4  # max calibration, then one stopped pass per group: qkv, o, up, down
+    assert len(calls) == 1 + 4  # max calibration, then one (whole-model) pass per group: qkv, o, up, down
     rtn = mtq.quantize(copy.deepcopy(float_model), {**_cfg(), "algorithm": "max"}, _loop(batches))
     for name in ("q", "k", "v", "o", "up", "down"):
         m = getattr(q, name)
@@ -248,14 +248,25 @@ def test_model_weights_are_their_own_fake_quant_and_sequential():
     assert x.shape[0] == 120
 
 
-def test_qkv_share_one_hessian_and_the_pass_stops_early():
+def test_qkv_share_one_hessian_and_every_pass_runs_the_whole_model():
     batches = _batches()
     model = _model()
     seen = {"down": 0}
     model.down.register_forward_pre_hook(lambda *_: seen.__setitem__("down", seen["down"] + 1))
-    mtq.quantize(model, _cfg(), _loop(batches))
-    assert seen["down"] == 4 + 4  # the calibration pass, then only the pass for its own group reaches it
-    assert "forward" not in vars(model)  # the stop wrapper is gone
+    outs: list = []
+    calls: list = []
+
+    def loop(m):
+        calls.append(1)
+        for b in batches:
+            outs.append(m(b))
+
+    mtq.quantize(model, _cfg(), loop)
+    assert len(calls) == 1 + 4  # the calibration pass, then one pass per group: qkv (one), o, up, down
+    assert seen["down"] == 4 * len(calls)  # no pass ends early: every forward reaches the last layer
+    assert [type(o) for o in outs] == [torch.Tensor] * 4 * len(calls)
+    assert all(o.shape == (3, 10, 32) and o.dtype == torch.float32 for o in outs)
+    assert "forward" not in vars(model)  # the per-forward wrapper is gone
 
 
 def test_act_order_on_a_model_changes_the_result():
@@ -345,7 +356,8 @@ def test_block_replay_gives_the_whole_model_result_with_fewer_passes():
     calls_plain: list = []
     a = mtq.quantize(Stack(True).eval(), _cfg(desc_act=True), _loop(batches, calls_replay))
     b = mtq.quantize(Stack(False).eval(), _cfg(desc_act=True), _loop(batches, calls_plain))
-    assert len(calls_plain) == 1 + 8 and len(calls_replay) == 1 + 2  # one loop pass per block, not per group
+    # Sequential: one loop pass per group; ModuleList: one for the chain (block 1's inputs are block 0's outputs)
+    assert len(calls_plain) == 1 + 8 and len(calls_replay) == 1 + 1
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not torch.equal(a.blocks[1].down.weight, Stack(True).blocks[1].down.weight)

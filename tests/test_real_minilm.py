@@ -80,3 +80,33 @@ def test_minilm_real_int8_matches_fake_quant():
     lin = sum(m.weight.numel() for m in reals)
     outs = sum(m.out_features for m in reals)
     assert size32 - size8 == 3 * lin - 4 * outs - 4 * len(reals)  # + per-channel and input scales
+
+
+@pytest.mark.slow
+def test_minilm_gptq_int4_loop_sees_the_last_hidden_state():
+    """Issue 23 section 5, as a new user writes it: INT4 weights with GPTQ and a loop that pools
+    ``model(**batch).last_hidden_state``: every pass gets the real output (no None) and runs to its end."""
+    tok, fp32 = _load()
+    batches = [tok(CALIB[i : i + 4], padding=True, return_tensors="pt") for i in range(0, len(CALIB), 4)]
+    passes = {"started": 0, "finished": 0}
+    pooled: list = []
+
+    def loop(model):
+        passes["started"] += 1
+        for batch in batches:
+            out = model(**batch)
+            assert isinstance(out, transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions)
+            h = out.last_hidden_state
+            assert h.dtype == torch.float32 and h.shape == (*batch["input_ids"].shape, 384)
+            m = batch["attention_mask"].unsqueeze(-1).float()
+            pooled.append((h * m).sum(1) / m.sum(1))
+        passes["finished"] += 1
+
+    cfg = {**mtl.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": {"method": "gptq"}}
+    q = mtl.quantize(copy.deepcopy(fp32), cfg, loop)
+    # the max calibration, the chain of 6 encoder layers (one pass: each next layer's inputs are replayed), the pooler
+    assert passes == {"started": 3, "finished": 3}
+    assert len(pooled) == 3 * len(batches) and all(p.shape == (4, 384) and torch.isfinite(p).all() for p in pooled)
+    test = tok(TEST, padding=True, return_tensors="pt")
+    cos = (_embed(q, test) * _embed(fp32, test)).sum(-1)
+    assert cos.min() > 0.9, cos

@@ -25,6 +25,15 @@ def is_active(group=None) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
+def all_true(flag: bool, group=None) -> bool:
+    """``flag`` on every rank (True only if it is True on all of them); ``flag`` itself without torch.distributed.
+    Every rank must call it at the same point (a collective)."""
+    if not is_active(group):
+        return flag
+    t = _all_reduce(torch.tensor([0.0 if flag else 1.0]), dist.ReduceOp.SUM, group)
+    return float(t.item()) == 0.0
+
+
 def _comm_device(group) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())

@@ -12,16 +12,16 @@
 - ``awq_full``: both, the clip search on the scaled weights.
 
 Every parameter of every layer is scored on all calibration tokens at once (see :mod:`.awq_stats`), from the
-activations of the float model, one block at a time (:mod:`.awq_plan`): the first forward of the loop is probed
-(call order, fold groups, which ModuleLists are chains of blocks), then a chain of transformer blocks costs
-one pass of the loop plus one replay of each block on its recorded inputs, and every other layer group one pass;
+activations of the float model, one block at a time (:mod:`.awq_plan`): one pass of the loop probes the model (call
+order and fold groups from its first forward, which ModuleLists are chains of blocks, the inputs of each chain's
+first block), then a chain of transformer blocks costs one replay of each block, every other layer group one pass;
 each block's statistics are searched (:mod:`.awq_decide`) and dropped before the next block's are gathered, so at
 most one block's ``X^T X`` matrices exist at once. The model changes only after every search (the decisions are
 applied in order at the end), so the results are those of one float pass over the whole model. The loop runs once
 more inside a max calibration only when some input or output quantizer needs calibrating (weight-only configs
 calibrate the weights directly). Under ``torch.distributed`` each unit's statistics are summed over the ranks, so
-ranks that split the data agree with one process; the probe stops the loop (an exception it catches) after its
-first forward. ``progress`` (ours, default True) shows a per-layer bar on a terminal. With ``debug=True`` each layer keeps its
+ranks that split the data agree with one process. Every pass runs the loop to its end and every call of the model
+returns its real (float) output to the loop. ``progress`` (ours, default True) shows a per-layer bar on a terminal. With ``debug=True`` each layer keeps its
 search record as ``module.awq_lite`` / ``module.awq_clip`` (:class:`LiteRecord`, :class:`ClipRecord`).
 
 A weight quantizer that is a :class:`~modelopt_lite.nn.SequentialQuantizer` (``W4A8_AWQ_BETA_CFG``) is searched with
@@ -170,7 +170,8 @@ def _search(model, mods, forward_loop, p, lite: bool, clip: bool, holder) -> dic
     producers = trace.producers if trace is not None else {}
     groups = [(list(names), None if pn is None else (pn, *producers[pn])) for names, pn in plan.groups]
     decider = Decider(mods, groups, p, lite, clip, holder)
-    units = awq_plan.gather(model, mods, forward_loop, plan, holder, p["max_tokens_per_batch"] if clip else None)
+    mt = p["max_tokens_per_batch"] if clip else None
+    units = awq_plan.gather(model, mods, forward_loop, plan, holder, mt, probed=pr)
     for _names, stats in _progress(units, p["progress"], decider.desc, sum(len(it.units) for it in plan.items)):
         decider.add(stats)
     return decider.apply()

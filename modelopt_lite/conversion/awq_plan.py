@@ -1,18 +1,20 @@
 """The order in which AWQ gathers its statistics: one block (or layer group) at a time, so that at most one block's
 ``X^T X`` matrices exist at once (GPTQ's memory profile) instead of one per Linear input of the whole model.
 
-1. :func:`probe` runs the first forward of the loop (the loop is then ended by an exception caught here): it
-   records the order in which the candidate Linears are called, lets the fold :class:`~.awq_fold.Tracer` watch
-   that forward, and checks which ModuleLists are chains (:class:`~.block_replay.ChainWatch`: element
-   ``k + 1`` reads element ``k``'s output, as a transformer's layers do).
+1. :func:`probe` runs the loop once, on the float model, to its end (every call of the model returns its real
+   output to the loop): the first forward shows the order in which the candidate Linears are called and lets the
+   fold :class:`~.awq_fold.Tracer` watch it; every forward is checked for which ModuleLists are chains
+   (:class:`~.block_replay.ChainWatch`: element ``k + 1`` reads element ``k``'s output, as a transformer's layers
+   do), and the inputs of each chain's first element are recorded (dropped for a list as soon as it is no chain).
 2. :func:`make_plan` groups the layers into units: a layer inside an element of a chain belongs to the innermost
    such element (a transformer block), a layer inside an element of another ModuleList to the innermost element,
    any other layer group (those sharing one scale) is a unit of its own. Units are visited in call order.
-3. :func:`gather` yields the statistics of one unit at a time. A chain costs one pass of the loop, which gathers
-   its first block's statistics while recording the second block's inputs (:func:`~.block_replay.recording`);
-   every later block is then replayed alone (:func:`~.block_replay.run_element`), its outputs becoming the next
-   block's inputs. Any other unit costs one pass of the loop (a model without ModuleLists: one pass per layer
-   group). If a later batch breaks the chain (it is checked on every forward), the rest of it falls back to passes.
+3. :func:`gather` yields the statistics of one unit at a time. A chain costs no further pass of the loop: each of
+   its blocks is replayed alone (:func:`~.block_replay.run_element`), the first on the inputs the probe recorded,
+   each later one on the previous block's outputs. Any other unit costs one pass of the loop (a model without
+   ModuleLists: one pass per layer group). A chain some rank did not see (under ``torch.distributed``) falls back to
+   one pass per unit. The recorded inputs of a chain (all batches) are held until its blocks are gathered: one set
+   per chained ModuleList (an encoder-decoder holds two at once).
 
 AWQ changes no weight before every unit is gathered (its decisions are applied at the end, :mod:`.awq_decide`), so
 every pass and replay sees the float model the one-pass implementation saw: the statistics are the same numbers.
@@ -25,19 +27,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..calib import distributed
 from .awq_stats import LayerStats, StatsHolder, all_reduce, gathering
-from .block_replay import ChainWatch, elements, recording, run_element
-
-
-class _Abort(Exception):
-    """Ends the forward loop after its first forward (the probe)."""
+from .block_replay import ChainWatch, copied, elements, run_element
 
 
 @dataclass(frozen=True)
@@ -63,27 +60,37 @@ class Plan:
 
 @dataclass
 class Probe:
-    """What the first forward showed: the candidate layers in call order, the paths of the ModuleLists that were
-    chains, whether a forward ran at all."""
+    """What the probe showed: the candidate layers in call order (first forward), the paths of the ModuleLists that
+    were chains in every forward, whether a forward ran at all; for each chain, the calls of its first element (one
+    ``[(args, kwargs)]`` per forward) and the training flags of every element's modules (by ``id`` of the element)."""
 
     order: list[str]
     chained: set[str]
     seen: bool
+    calls: dict[str, list] = field(default_factory=dict)
+    modes: dict[int, list] = field(default_factory=dict)
 
 
 def probe(model: nn.Module, mods: dict[str, nn.Module], forward_loop, trace=None) -> Probe:
-    """Run the first forward of ``forward_loop`` on the float model (see the module docstring)."""
+    """Run ``forward_loop`` once on the float model (see the module docstring)."""
     elems = elements(model)
     list_name = {id(m): n for n, m in model.named_modules() if isinstance(m, nn.ModuleList)}
     lists = list({id(e.owner): e.owner for e in elems if any(_inside(n, e.name) for n in mods)}.values())
     watch = ChainWatch(model, lists)
     order: list[str] = []
+    seen: set[str] = set()
     state = {"n": 0}
+    rec: dict[int, list] = {id(lst): [] for lst in lists if len(lst) > 0}
+
+    def drop_broken():
+        for key in [k for k in rec if k in watch.broken]:
+            del rec[key]
 
     def root_pre(_m, _a):
         state["n"] += 1
-        if state["n"] > 1:
-            raise _Abort
+        drop_broken()
+        for calls in rec.values():
+            calls.append([])
 
     def layer_pre(name):
         def pre(_m, _inp):
@@ -93,7 +100,13 @@ def probe(model: nn.Module, mods: dict[str, nn.Module], forward_loop, trace=None
 
         return pre
 
-    seen: set[str] = set()
+    def head_pre(key):
+        def pre(_m, args, kwargs):  # runs after the ChainWatch's own hook of this element
+            if key in rec and key not in watch.broken and rec[key]:
+                rec[key][-1].append((copied(args), copied(kwargs)))
+
+        return pre
+
     handles = [model.register_forward_pre_hook(root_pre, prepend=True)]
     handles += [m.register_forward_pre_hook(layer_pre(n)) for n, m in mods.items()]
     try:
@@ -102,14 +115,21 @@ def probe(model: nn.Module, mods: dict[str, nn.Module], forward_loop, trace=None
             trace.active() if trace is not None else contextlib.nullcontext(),
             watch.watching(),
         ):
+            handles += [
+                lst[0].register_forward_pre_hook(head_pre(id(lst)), with_kwargs=True) for lst in lists if len(lst)
+            ]
             forward_loop(model)
-    except _Abort:
-        pass
     finally:
         for h in handles:
             h.remove()
+    drop_broken()
     chained = {list_name[id(lst)] for lst in lists if watch.chained(lst)}
-    return Probe(order, chained, state["n"] > 0)
+    calls = {
+        list_name[id(lst)]: rec[id(lst)]
+        for lst in lists
+        if list_name[id(lst)] in chained and id(lst) in rec and all(len(c) == 1 for c in rec[id(lst)])
+    }
+    return Probe(order, chained, state["n"] > 0, calls, dict(watch.modes))
 
 
 def _inside(layer: str, elem: str) -> bool:
@@ -166,15 +186,6 @@ def agree(plan: Plan) -> Plan:
     return Plan(list(seen[0][0]), list(seen[0][1]), True)
 
 
-def _all_true(flag: bool) -> bool:
-    if not distributed.is_active():
-        return flag
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([0.0 if flag else 1.0], device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item()) == 0.0
-
-
 def gather(
     model: nn.Module,
     mods: dict[str, nn.Module],
@@ -182,10 +193,16 @@ def gather(
     plan: Plan,
     holder: StatsHolder,
     max_tokens_per_batch: int | None = None,
+    probed: Probe | None = None,
 ) -> Iterator[tuple[tuple[str, ...], dict[str, LayerStats]]]:
     """Yield ``(unit names, their statistics)`` one unit at a time, in plan order (summed over the ranks under
-    ``torch.distributed``). The caller drops a unit's statistics from ``holder`` once it is done with them."""
+    ``torch.distributed``). The caller drops a unit's statistics from ``holder`` once it is done with them.
+    ``probed``: the :func:`probe` of this model (its recorded chain inputs are consumed, and dropped at the end)."""
     mt = max_tokens_per_batch
+    recorded = probed.calls if probed is not None else {}
+    modes = probed.modes if probed is not None else {}
+    for name in set(recorded) - {it.list_name for it in plan.items if it.kind == "chain" and len(it.units) > 1}:
+        del recorded[name]  # no chain item replays this list
 
     def done(stats):
         if distributed.is_active():
@@ -199,32 +216,29 @@ def gather(
             forward_loop(model)
         return done(stats)
 
-    for item in plan.items:
-        if item.kind == "pass" or len(item.units) == 1:
-            yield item.units[0], one_pass(item.units[0])
-            continue
-        lst = model.get_submodule(item.list_name)
-        assert isinstance(lst, nn.ModuleList)
-        k0, last = item.indices[0], item.indices[-1]
-        by_index = dict(zip(item.indices, item.units))
-        unit = {n: mods[n] for n in item.units[0]}
-        stats = holder.open(unit, mt)
-        watch = ChainWatch(model, [lst])
-        with gathering(model, unit, stats, mt), recording(model, lst[k0 + 1]) as cache, watch.watching():
-            forward_loop(model)
-        chained = _all_true(watch.chained(lst) and all(len(c) == 1 for c in cache.calls))
-        yield item.units[0], done(stats)
-        calls = cache.calls
-        for k in range(k0 + 1, last + 1):
-            names = by_index.get(k, ())
-            if not chained:
-                if names:
+    try:
+        for item in plan.items:
+            if item.kind == "pass" or len(item.units) == 1:
+                yield item.units[0], one_pass(item.units[0])
+                continue
+            calls = recorded.pop(item.list_name, None)
+            if not distributed.all_true(calls is not None):
+                calls = None
+                for names in item.units:
                     yield names, one_pass(names)
                 continue
-            unit = {n: mods[n] for n in names}
-            stats = holder.open(unit, mt)
-            with gathering(model, unit, stats, mt):
-                calls = run_element(lst[k], calls, watch.modes[id(lst[k])], outputs=k < last)
-            if names:
-                yield names, done(stats)
-        calls = []
+            lst = model.get_submodule(item.list_name)
+            assert isinstance(lst, nn.ModuleList) and calls is not None
+            last = item.indices[-1]
+            by_index = dict(zip(item.indices, item.units))
+            for k in range(last + 1):
+                names = by_index.get(k, ())
+                unit = {n: mods[n] for n in names}
+                stats = holder.open(unit, mt)
+                with gathering(model, unit, stats, mt):
+                    calls = run_element(lst[k], calls, modes[id(lst[k])], outputs=k < last)
+                if names:
+                    yield names, done(stats)
+            calls = None
+    finally:
+        recorded.clear()

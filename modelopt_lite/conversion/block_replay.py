@@ -2,8 +2,9 @@
 inputs, so that a calibration algorithm can work through a model block by block without running the whole model
 for every block. Shared by GPTQ (:mod:`.gptq`) and AWQ (:mod:`.awq_plan`).
 
-- :func:`stoppable` / :class:`Stop`: a pass of the model that ends early, once the inputs it was run for are seen;
-- :func:`blocks_of`, :class:`BlockCache`, :func:`replay`: a block's calls recorded during one pass, replayed alone;
+- :func:`blocks_of`, :class:`BlockCache`, :func:`replay`: a block's calls recorded during one pass, replayed alone
+  (:class:`Stop`, raised by a hook inside the replayed block, ends a replayed call early: replays run outside the
+  user's loop, and a pass of the loop always runs the whole model, so the loop sees every real output);
 - :class:`ChainWatch`, :func:`run_element`: consecutive elements of a ModuleList that feed each other (element
   ``k + 1`` reads element ``k``'s output, every other argument the same objects, each called once per forward), so
   element ``k``'s replayed outputs are element ``k + 1``'s inputs (the model runs once, then each block once).
@@ -19,35 +20,7 @@ from torch import nn
 
 
 class Stop(Exception):
-    """Raised inside the model to end a pass once the inputs it was run for have been seen."""
-
-
-@contextlib.contextmanager
-def stoppable(model: nn.Module, on_start=None):
-    """Let a pass of ``model`` end early: a :class:`Stop` raised inside its forward returns None to the caller
-    (``on_start()`` is called as each pass starts).
-
-    The wrapper is an attribute of this model instance only, removed afterwards (the class is never touched)."""
-    had = "forward" in vars(model)
-    saved = vars(model).get("forward")
-    inner = model.forward
-
-    def forward(*args, **kwargs):
-        if on_start is not None:
-            on_start()
-        try:
-            return inner(*args, **kwargs)
-        except Stop:
-            return None
-
-    model.forward = forward
-    try:
-        yield
-    finally:
-        if had:
-            model.forward = saved
-        else:
-            del model.forward
+    """Raised inside a replayed block (:func:`replay`) to end that call once the inputs it was run for are seen."""
 
 
 def blocks_of(model: nn.Module, mods: dict[nn.Module, str]) -> dict[nn.Module, nn.Module | None]:
@@ -225,29 +198,6 @@ class ChainWatch:
                 h.remove()
             for st in self._state.values():
                 st.args = st.kwargs = st.out = None
-
-
-@contextlib.contextmanager
-def recording(model: nn.Module, block: nn.Module):
-    """Record (copies of) the arguments of every call of ``block`` during the forwards of ``model`` run inside
-    this block, one list per forward: yields the :class:`BlockCache`."""
-    cache = BlockCache(block)
-
-    def root_pre(_m, _a):
-        cache.calls.append([])
-
-    def block_pre(_m, args, kwargs):
-        if not cache.modes:
-            cache.modes = [(m, m.training) for m in block.modules()]
-        if cache.calls:
-            cache.calls[-1].append((copied(args), copied(kwargs)))
-
-    handles = [model.register_forward_pre_hook(root_pre), block.register_forward_pre_hook(block_pre, with_kwargs=True)]
-    try:
-        yield cache
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def run_element(block: nn.Module, calls: list, modes: list, *, outputs: bool = True) -> list:

@@ -10,8 +10,8 @@ Flow of ``quantize(model, cfg, forward_loop)`` with this algorithm:
 1. a max calibration of every quantizer (one pass; activation ranges, and the weight ranges of layers GPTQ leaves
    alone), during which the quantized Linears with an enabled weight quantizer are recorded in call order
    and grouped by the input tensor they read (the query/key/value projections of an attention block share one);
-2. then, group by group in call order (sequential, as the reference algorithm): one more pass of the loop, stopped
-   inside the model as soon as the group's input has been seen, accumulates the Hessian ``X^T X`` of that input
+2. then, group by group in call order (sequential, as the reference algorithm): the group's input in each forward of
+   the loop (its first layer's first call; :mod:`.gptq_passes`) gives the Hessian ``X^T X`` of that input
    (after the layer's input quantizer, as the layer computes) in float64; the layers before it already carry their
    GPTQ weights, so the inputs reflect their quantization. With ``torch.distributed`` initialized, the Hessian and
    the token count are summed over the ranks (each rank runs its own share of the data), so every rank solves the
@@ -21,18 +21,20 @@ Flow of ``quantize(model, cfg, forward_loop)`` with this algorithm:
    with the same per-row grid are stacked into one matrix) and writes the quantized weight into the layer and the
    scales as the weight quantizer's static amax, so ``weight_quantizer(weight)`` equals the stored weight exactly.
 
-Passes stay short: a pass stops inside the model once the group's input is seen, and a group inside a block that
-an earlier group already reached (an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that
-block on its recorded inputs (:class:`BlockCache`), so the loop runs once per block, not once per group.
+Every pass of the loop runs the whole model, so the loop gets the model's real output from every call (it may pool,
+score or log it). Passes are few (:mod:`.gptq_passes`): a group inside a block that an earlier group already reached
+(an element of an ``nn.ModuleList``, e.g. a transformer layer) replays only that block on its recorded inputs, and
+when the blocks form a chain (a transformer's layers) each next block's inputs are the previous block's outputs on
+its recorded inputs, so a chain of blocks costs one pass of the loop, not one per block or per group.
 ``clip_search=True`` (not in ModelOpt) picks each scale among shrunk ranges by the Hessian-weighted rounding error
 (:func:`~.gptq_solver.search_amax`). ``scale_refit=k`` (not in ModelOpt) then re-fits each row's block scales by
 least squares for the chosen codes and re-runs GPTQ under them, up to ``k`` rounds while the layer-output error
 falls (:mod:`.gptq_refit`). ``float_target=True`` (not in ModelOpt; the "asymmetric calibration" of GPTAQ) fits the
 float model's layer output ``W X_float`` instead of ``W X``: a copy of the model taken before any weight changes
-gives the float inputs of each group (one more stopped pass per block), and the loop must feed the same batches in
-the same order on every call (checked). Only one group's Hessian exists at a time. The loop's batches must run the
-model (``model(...)``) without using its output: a stopped pass returns None to the loop. If anything raises,
-``quantize`` puts the weights and quantizers back exactly.
+gives the float inputs of each group (its own passes and replays, as the model's), and the loop must feed the same
+batches in the same order on every call (checked). Only one group's Hessian exists at a time. The loop must call the
+model as ``model(...)`` (the passes count its forwards). If anything raises, ``quantize`` puts the weights and
+quantizers back exactly.
 """
 
 from __future__ import annotations
@@ -47,11 +49,8 @@ from torch import nn
 
 from ..calib.distributed import is_active
 from .algorithm_registry import register_algorithm
-from .block_replay import BlockCache, blocks_of
-from .block_replay import Stop as _Stop
-from .block_replay import copied as _copied
-from .block_replay import replay as _replay
-from .block_replay import stoppable as _stoppable
+from .block_replay import blocks_of
+from .gptq_passes import Feed, passes
 from .gptq_refit import float_target, refine
 from .gptq_solver import Grid, gptq_quantize, grid_for, hessian_factor
 
@@ -159,38 +158,11 @@ def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return buf.to(t.device)
 
 
-def _passes(model: nn.Module, first: nn.Module, hook, forward_loop, block, cache) -> None:
-    """Run the loop (or replay the cached block) with ``hook`` as the forward pre-hook of ``first``, which ends each
-    pass by raising :class:`_Stop` (see :func:`collect_hessian`)."""
-    handles = [first.register_forward_pre_hook(hook)]
-    try:
-        with torch.no_grad():
-            if cache is not None and block is not None and cache.block is block:
-                _replay(cache)
-            else:
-                rec = BlockCache(block)
-
-                def block_pre(_m, args, kwargs):
-                    if not rec.modes:
-                        rec.modes = [(m, m.training) for m in rec.block.modules()]
-                    rec.calls[-1].append((_copied(args), _copied(kwargs)))
-
-                if block is not None and cache is not None:
-                    handles.append(block.register_forward_pre_hook(block_pre, with_kwargs=True))
-                with _stoppable(model, on_start=lambda: rec.calls.append([])):
-                    forward_loop(model)
-                if cache is not None:
-                    cache.block, cache.calls, cache.modes = rec.block, rec.calls, rec.modes
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def collect_inputs(
-    model: nn.Module, layer: nn.Module, forward_loop, block: nn.Module | None = None, cache: BlockCache | None = None
+    model: nn.Module, layer: nn.Module, forward_loop, block: nn.Module | None = None, cache: Feed | None = None
 ) -> list[torch.Tensor]:
     """The input of ``layer`` (after its input quantizer), one ``(tokens, features)`` float32 tensor per pass of
-    ``forward_loop`` (each pass stopped there; ``block``/``cache`` as :func:`collect_hessian`)."""
+    ``forward_loop`` (its first call in each forward; ``block``/``cache`` as :func:`collect_hessian`)."""
     out: list[torch.Tensor] = []
 
     def hook(m, inp):
@@ -199,9 +171,8 @@ def collect_inputs(
         if iq is not None:
             x = iq(x)
         out.append(x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float32, copy=True))
-        raise _Stop
 
-    _passes(model, layer, hook, forward_loop, block, cache)
+    passes(model, layer, hook, forward_loop, block, cache)
     return out
 
 
@@ -211,14 +182,15 @@ def collect_hessian(
     forward_loop,
     label: str,
     block: nn.Module | None = None,
-    cache: BlockCache | None = None,
+    cache: Feed | None = None,
     cross: dict | None = None,
 ) -> tuple[torch.Tensor, int]:
     """``(X^T X summed over every token, token count)`` of the group's input, in float64, over ``forward_loop``
-    (each pass stopped right after the group's first layer is reached), summed over the distributed ranks.
+    (the first call of the group's first layer in each forward), summed over the distributed ranks.
 
-    With a ``block`` (see :func:`blocks_of`) and a ``cache``: if the cache holds that block's inputs, only the block
-    is replayed on them; else the loop runs and the block's inputs are recorded into the cache.
+    With a ``block`` (see :func:`blocks_of`) and a ``cache``: if the cache holds (or, along a chain, can compute)
+    that block's inputs, only the block is replayed on them; else the loop runs and the block's inputs are recorded
+    into the cache (:func:`~.gptq_passes.passes`).
 
     ``cross``: ``{"inputs": [X_f per pass]}`` (the float model's inputs of the group, :func:`collect_inputs`); its
     ``"m"`` is set to ``(X_f - X) ^T X`` summed over the tokens (float64, summed over the ranks)."""
@@ -247,9 +219,8 @@ def collect_hessian(
                 )
             cross["m"].addmm_(xf.double().sub_(x).t(), x)
         acc["pass"] += 1
-        raise _Stop
 
-    _passes(model, first, hook, forward_loop, block, cache)
+    passes(model, first, hook, forward_loop, block, cache)
     h = _sum_over_ranks(acc["h"])
     n = int(_sum_over_ranks(torch.tensor([acc["n"]], dtype=torch.float64)).item())
     if cross is not None:
@@ -325,7 +296,7 @@ class _FloatTwin:
             self.by_name[name].weight_quantizer.disable()
         twin_mods = {self.by_name[name]: name for name in mods.values()}
         self.block_of = {twin_mods[m]: blk for m, blk in blocks_of(self.model, twin_mods).items()}
-        self.cache = BlockCache()
+        self.cache = Feed()
 
     def inputs(self, name: str, forward_loop) -> list[torch.Tensor]:
         layer = self.by_name[name]
@@ -366,7 +337,7 @@ def run_gptq(
         grid_for(m.weight_quantizer.quant_desc, tuple(m.weight.shape), name)
     groups = _record_groups(model, mods, calibrate)
     block_of = blocks_of(model, mods)
-    cache = BlockCache()
+    cache = Feed()
     twin = _FloatTwin(model, mods) if float_target else None
     bar = _progress(len(groups))
     try:
@@ -388,13 +359,14 @@ def run_gptq(
                 scale_refit=int(scale_refit),
                 cross=None if cross is None else cross["m"],
             )
+            cache.note_changed(group)
             del h, cross
             if bar is not None:
                 bar.update(1)
     finally:
-        cache.calls.clear()
+        cache.clear()
         if twin is not None:
-            twin.cache.calls.clear()
+            twin.cache.clear()
         if bar is not None:
             bar.close()
     log.info("gptq: %d layer(s) in %d group(s) quantized", sum(map(len, groups)), len(groups))
