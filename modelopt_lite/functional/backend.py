@@ -1,7 +1,9 @@
 """Backend selection: which implementation runs the kernels of the ``modelopt_lite`` ops.
 
 - ``"reference"``: the pure-torch definition in :mod:`modelopt_lite.functional.reference` (always there).
-- ``"native"``: the C++ (OpenMP) kernels on CPU and the CUDA kernels on GPU, JIT-built on first use.
+- ``"native"``: the C++ (OpenMP) kernels on CPU and the CUDA kernels on GPU: the modules ``setup.py`` prebuilt
+  (``MODELOPT_LITE_BUILD_EXT=1``) when present and compatible, else JIT-built on first use
+  (:mod:`~modelopt_lite.functional.native_prebuilt`).
 - ``"auto"`` (default): native where it builds, else the reference with ONE warning naming the reason.
 
 The environment variable ``MODELOPT_LITE_BACKEND`` (``reference|native|auto``) sets the initial choice; it is read,
@@ -64,10 +66,11 @@ def _load(kind: str) -> ModuleType | None:
     with _lock:
         if kind in _loaded:
             return _loaded[kind]
-        from . import native_build
+        from . import native_prebuilt
 
+        native_prebuilt.mode()  # a bad MODELOPT_LITE_NATIVE is the caller's mistake: raise it, do not fall back
         try:
-            mod = native_build.load(kind)
+            mod = native_prebuilt.load(kind)
         except Exception as e:  # noqa: BLE001 (a failed build must never break quantization: fall back, loudly, once)
             mod = None
             _errors[kind] = f"{type(e).__name__}: {e}"
