@@ -184,8 +184,8 @@ def _prepare_int_mm(m, x) -> dict:
         "divisor": divisor,
         "scale_row": scale_row,
         "bias": bias,
-        "qmin": qmin - shift,
-        "qmax": qmax - shift,
+        "qmin": qmin,
+        "qmax": qmax,
         "shift": shift,
     }
 
@@ -228,9 +228,10 @@ def prepared(m, path: str, x: torch.Tensor) -> dict:
 
 # --- forward ----------------------------------------------------------------------------------------------------------
 def int8_codes(x2d: torch.Tensor, divisor: torch.Tensor, qmin: int, qmax: int, shift: int) -> torch.Tensor:
-    """int8 ``clamp(rint(x / s), qmin, qmax) - shift`` in one op chain (div, round_, clamp_, _to_copy); ``qmin`` and
-    ``qmax`` already shifted. NaN inputs give unspecified codes (``validate=True`` rejects them)."""
-    return (x2d / divisor).round_().clamp_(qmin, qmax).to(torch.int8)
+    """int8 ``clamp(rint(x / s), qmin, qmax) - shift`` in one op chain (div, round_, clamp_, [sub_,] _to_copy;
+    ``shift`` is 128 for unsigned codes). NaN inputs give unspecified codes (``validate=True`` rejects them)."""
+    v = (x2d / divisor).round_().clamp_(qmin, qmax)
+    return (v.sub_(shift) if shift else v).to(torch.int8)
 
 
 def _scaled_mm(m, x2, p):
