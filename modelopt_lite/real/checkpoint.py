@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..conversion.utils import named_quantizers
+from . import fast_gemm
 from .pooling import pool_args
 from .real_types import FLOAT_CLASSES, REAL_CLASSES, WEIGHTED_TYPES, all_real_modules, build_real_module
 from .spec_checks import FORMAT, VERSION, bad, check_config, check_values
@@ -174,12 +175,16 @@ def _plan(model: nn.Module, cfg: dict, tensors: dict, backend: str, path=None):
             ) from None
         _check_float_module(path, name, spec, float_mod)
         inp = spec.get("input")
-        if inp is not None:  # its length sizes a buffer: check it before anything is allocated
+        if inp is not None and inp.get("dynamic") is None:  # its length sizes a buffer: checked before allocating
             t = tensors.get(f"{name}.input_scale")
             if t is None or tuple(t.shape) != (inp["num_steps"],):
                 got = None if t is None else tuple(t.shape)
                 raise bad(path, f"{name}.input_scale", f"has shape {got}, the spec declares ({inp['num_steps']},)")
+        why = fast_gemm.why_not(spec, backend) if spec["type"] in WEIGHTED_TYPES else None
+        if why is not None:
+            raise ValueError(f"load_real: module {name!r} ({fast_gemm.describe(spec)}): backend {backend!r}: {why}")
         built[name] = build_real_module(spec, None, backend, device=_module_device(float_mod))
+        built[name].label = name
     # the expected state dict: float tensors of the model, with real modules' buffers in place of theirs
     expected: dict[str, torch.Tensor] = {}
     for key, t in model.state_dict().items():

@@ -32,15 +32,30 @@ from ..functional import blocks, library
 from ..functional.checks import check_axes
 from ..functional.scales import scale_from_amax
 from ..nn.modules._registry import QuantModuleRegistry
-from . import microscaling
+from . import fast_gemm, fp8, microscaling
 from .checkpoint import save_real
 from .int8_gemm import check_backend
 from .packing import dequantize_weight, pack_int4
 from .pooling import pool_args
-from .real_types import FLOAT_CLASSES, REAL_CLASSES, WEIGHTED_TYPES, build_real_module, real_modules
+from .real_types import (
+    FLOAT_CLASSES,
+    REAL_CLASSES,
+    WEIGHTED_TYPES,
+    all_real_modules,
+    build_real_module,
+    real_modules,
+)
 from .seed_api import finish_calibration, has_pending_calibration
 
-__all__ = ["REAL_CLASSES", "build_real_module", "compress", "fake2real", "real_modules", "revert_to_float"]
+__all__ = [
+    "REAL_CLASSES",
+    "build_real_module",
+    "compress",
+    "fake2real",
+    "real_modules",
+    "revert_to_float",
+    "set_validate",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +93,8 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
             return microscaling.weight_part(name, module.weight, wq, wq(module.weight))
     info = wq.export_info()
     w = module.weight.detach()
+    if info["kind"] == "e4m3":  # FP8 E4M3 codes (see .fp8)
+        return fp8.weight_part(name, module.weight, wq, info)
     if info["kind"] not in ("int", "block"):
         _fail(name, "weight_quantizer", f"is {info['kind']}; only integer weights have real integer storage")
     if info["dynamic"]:
@@ -127,11 +144,13 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
     return spec, tensors
 
 
-def _input_scales(name: str, iq) -> tuple[dict, torch.Tensor]:
+def _input_scales(name: str, iq, in_features: int | None = None) -> tuple[dict, torch.Tensor | None]:
     if getattr(iq, "bias", None) is not None:  # nn/_affine_bias.py
         _fail(name, "input_quantizer", f"has an affine bias {iq.bias}; real modules have no input offset")
     if microscaling.scheme_of(iq) is not None:
         return microscaling.input_part(name, iq)
+    if iq.export_info()["kind"] == "e4m3" and in_features is not None:  # FP8 E4M3 activations (see .fp8)
+        return fp8.input_part(name, iq, in_features)
     info = iq.export_info()
     if info["kind"] != "int" or info["dynamic"] or info["axis"] is not None or info["num_bits"] > 8:
         _fail(
@@ -223,7 +242,10 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
             "enabled Linear input; keep this model fake-quantized (or export it to ONNX, where it is a Mul)",
         )
     if iq is not None and iq.is_enabled:
-        spec["input"], tensors["input_scale"] = _input_scales(name, iq)
+        k = module.weight.shape[1] if kind == "QuantizedLinear" else None
+        spec["input"], scales = _input_scales(name, iq, k)
+        if scales is not None:
+            tensors["input_scale"] = scales
     if pqs is not None:
         spec["input"]["pre_quant_scale"] = True
         tensors["pre_quant_scale"] = pqs.detach().clone()
@@ -306,8 +328,29 @@ def _targets(model: nn.Module, strict: bool):
             log.warning(msg)
 
 
+def set_validate(model: nn.Module, validate: bool = True) -> None:
+    """Turn the NaN/Inf scan of every real module's input on (ValueError naming the module) or off (the default:
+    a scan reads a value back to the host, which the inference path avoids, as TensorRT and torchao do)."""
+    for _, m in all_real_modules(model):
+        m.validate = bool(validate)
+
+
+def _check_backend_fits(name: str, spec: dict, backend: str) -> None:
+    why = fast_gemm.why_not(spec, backend) if spec["type"] in WEIGHTED_TYPES else None
+    if why is not None:
+        raise ValueError(
+            f"fake2real: module {name!r} ({fast_gemm.describe(spec)}): backend {backend!r} cannot compute it: {why}"
+        )
+
+
 def fake2real(
-    model: nn.Module, save_dir=None, *, backend: str = "auto", strict: bool = True, inplace: bool = True
+    model: nn.Module,
+    save_dir=None,
+    *,
+    backend: str = "auto",
+    strict: bool = True,
+    inplace: bool = True,
+    validate: bool = False,
 ) -> nn.Module:
     """Convert a calibrated fake-quant model into real INT8 (and packed INT4) modules; optionally save it.
 
@@ -317,7 +360,11 @@ def fake2real(
             ``model`` itself, even with ``inplace=False``).
         save_dir: if given, a directory where ``model_int8.safetensors`` and ``model_int8.json`` are written
             (see :func:`modelopt_lite.real.checkpoint.save_real`).
-        backend: integer GEMM backend (see :mod:`modelopt_lite.real.int8_gemm`), ``"auto"`` by default.
+        backend: GEMM backend, ``"auto"`` by default: the exact paths of :mod:`modelopt_lite.real.int8_gemm` on CPU
+            and for float32, the kernels of :mod:`modelopt_lite.real.fast_gemm` for CUDA bfloat16/float16 inputs.
+            ``"scaled_mm"`` (FP8), ``"int_mm"``, ``"int4pack"``, ``"int8pack"`` force a path on any device (a
+            module the backend cannot compute is a ValueError naming it, its format and why).
+        validate: scan every real module's input for NaN/Inf (ValueError); off by default (see :func:`set_validate`).
         strict: raise for quantized modules that cannot become real (otherwise they stay fake-quantized).
         inplace: convert ``model`` itself (default) or a deep copy.
 
@@ -346,12 +393,14 @@ def fake2real(
             continue
         if kind in WEIGHTED_TYPES:
             spec, tensors = _spec_and_tensors(name, m, kind)
+            _check_backend_fits(name, spec, backend)
             device = m.weight.device
         else:
             spec, tensors = _pool_spec_and_tensors(name, m, kind)
             device = _quantizers(m)["input_quantizer"].amax.device
         real = build_real_module(spec, tensors, backend, device=device)
         real.train(m.training)
+        real.label, real.validate = name, bool(validate)
         built.append((name, real))
     for name, new in built:
         parent, _, attr = name.rpartition(".")

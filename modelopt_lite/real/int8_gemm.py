@@ -36,7 +36,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "int_mm", "onednn", "float_exact", "reference")
+#: every backend name; the last three are the GPU-first paths of :mod:`.fast_gemm` (their modules never reach here)
+BACKENDS = ("auto", "int_mm", "onednn", "float_exact", "reference", "scaled_mm", "int4pack", "int8pack")
 _EXACT_F32 = 2.0**24
 
 

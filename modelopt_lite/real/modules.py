@@ -32,7 +32,7 @@ from torch import nn
 
 from ..formats import int_range
 from ..functional import blocks, library
-from . import int8_gemm, microscaling
+from . import fast_gemm, fp8, int8_gemm, microscaling
 from .packing import dequantize_weight, unpack_int4
 
 _FP32_BUFFERS = ("weight_scale", "input_scale", "pre_quant_scale", "weight_global_scale")
@@ -65,6 +65,21 @@ def block_sizes_from_json(bs: dict | None) -> dict | None:
     return None if bs is None else {int(k): (None if v is None else int(v)) for k, v in bs.items()}
 
 
+def check_input(module: nn.Module, x: torch.Tensor) -> None:
+    """Host-metadata checks of a real module's input (always), and the opt-in NaN/Inf scan (``module.validate``)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        got = type(x).__name__ if not isinstance(x, torch.Tensor) else str(x.dtype)
+        raise TypeError(f"{type(module).__name__} {module.label!r}: expected a floating-point tensor, got {got}")
+    anchor = next((t for t in module.buffers() if t is not None), None)
+    if anchor is not None and x.device != anchor.device:
+        raise ValueError(f"{type(module).__name__} {module.label!r}: input on {x.device}, weights on {anchor.device}")
+    k = getattr(module, "in_features", None)
+    if k is not None and (x.dim() == 0 or x.shape[-1] != k):
+        raise ValueError(f"{type(module).__name__} {module.label!r}: expected a last dim of {k}, got {tuple(x.shape)}")
+    if module.validate and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{type(module).__name__} {module.label!r}: the input contains NaN or Inf (validate=True)")
+
+
 class _RealQuantModule(nn.Module):
     """Shared state handling of the real modules (built from a JSON-able ``spec`` dict; see :mod:`.convert`)."""
 
@@ -78,8 +93,9 @@ class _RealQuantModule(nn.Module):
         if microscaling.is_microscaling(w):  # NVFP4 / MX (see .microscaling)
             for k, t in microscaling.weight_buffers(w, shape).items():
                 self.register_buffer(k, t)
-        elif w["storage"] == "int8":
-            self.register_buffer("weight", torch.zeros(shape, dtype=torch.int8))
+        elif w["storage"] in ("int8", "e4m3"):
+            dt = torch.int8 if w["storage"] == "int8" else torch.float8_e4m3fn
+            self.register_buffer("weight", torch.zeros(shape, dtype=dt))
         else:
             self.register_buffer("weight_packed", torch.zeros(shape[:-1] + ((shape[-1] + 1) // 2,), dtype=torch.uint8))
         if not microscaling.is_microscaling(w):
@@ -88,20 +104,30 @@ class _RealQuantModule(nn.Module):
         self.register_buffer("bias", None if bias is None else torch.zeros(shape[0], dtype=_dtype(bias)))
         inp = spec.get("input")
         self.num_steps = 1 if inp is None else int(inp["num_steps"])
-        self.register_buffer("input_scale", None if inp is None else torch.ones(self.num_steps, dtype=torch.float32))
+        static = inp is not None and inp.get("dynamic") is None
+        self.register_buffer("input_scale", torch.ones(self.num_steps, dtype=torch.float32) if static else None)
         pqs = inp is not None and inp.get("pre_quant_scale", False)
         self.register_buffer("pre_quant_scale", torch.ones(shape[-1], dtype=torch.float32) if pqs else None)
         if inp is not None and not microscaling.is_microscaling(inp):
             _, self._qmin, self._qmax = int_range(inp["num_bits"], inp["unsigned"], inp["narrow_range"])
         self._kernel = None
         self._kernel_key = None
+        self.fast_kind = fast_gemm.kind_of(spec)
+        why = fast_gemm.why_not(spec, backend)
+        if why is not None:
+            raise ValueError(f"{type(self).__name__}: backend {backend!r} cannot compute this module: {why}")
+        #: opt-in NaN/Inf scan of every input (a host read-back per call; see :func:`.convert.set_validate`)
+        self.validate = False
+        self.label = ""
 
     # --- properties ------------------------------------------------------------------------------------------------
     @property
     def compute(self) -> str:
         """``"int8"`` (integer GEMM) or ``"dequant"`` (float op on dequantized weights); see the module doc."""
         w, inp = self.spec["weight"], self.spec.get("input")
-        if microscaling.is_microscaling(w) or microscaling.is_microscaling(inp):
+        if microscaling.is_microscaling(w) or microscaling.is_microscaling(inp) or fp8.is_fp8_weight(w):
+            return "dequant"
+        if fp8.is_fp8_input(inp):
             return "dequant"
         ok_w = w["layout"] == "tensor" or (
             w["layout"] == "channel" and [a % len(self.spec["weight_shape"]) for a in w["axis"]] == [0]
@@ -112,8 +138,8 @@ class _RealQuantModule(nn.Module):
 
     @property
     def weight_codes(self) -> torch.Tensor:
-        """The int8 weight codes (unpacked from int4 storage if needed)."""
-        if self.spec["weight"]["storage"] == "int8":
+        """The int8 weight codes (unpacked from int4 storage if needed; E4M3 codes as they are)."""
+        if self.spec["weight"]["storage"] in ("int8", "e4m3"):
             return self.weight
         w = self.spec["weight"]
         return unpack_int4(self.weight_packed, self.spec["weight_shape"][-1], signed=not w["unsigned"])
@@ -123,6 +149,8 @@ class _RealQuantModule(nn.Module):
         if microscaling.is_microscaling(self.spec["weight"]):
             shape = tuple(self.spec["weight_shape"])
             return microscaling.dequantize(self.spec["weight"], dict(self.named_buffers()), shape).to(self.weight_dtype)
+        if fp8.is_fp8_weight(self.spec["weight"]):
+            return fp8.dequantize(self.weight, self.weight_scale).to(self.weight_dtype)
         bs = (
             block_sizes_from_json(self.spec["weight"]["block_sizes"])
             if self.spec["weight"]["layout"] == "block"
@@ -155,6 +183,9 @@ class _RealQuantModule(nn.Module):
             return x
         if microscaling.is_microscaling(inp):
             return microscaling.fake_quant(inp, self.input_scale, self._pre_scaled(x))
+        if fp8.is_fp8_input(inp):
+            scale = None if inp["dynamic"] else self.current_input_scale()
+            return fp8.fake_quant(self._pre_scaled(x), inp["dynamic"], scale)
         return library.fake_quant_int(self._pre_scaled(x), self.current_input_scale(), self._qmin, self._qmax)
 
     def _get_kernel(self, make):
@@ -181,17 +212,22 @@ class _RealQuantModule(nn.Module):
 
     def _apply(self, fn, recurse=True):
         keep = {n: self._buffers[n] for n in _FP32_BUFFERS if self._buffers.get(n) is not None}
+        w = self._buffers.get("weight")
+        if w is not None and w.dtype == torch.float8_e4m3fn:  # E4M3 codes are not a float dtype to convert
+            keep["weight"] = w
         out = super()._apply(fn, recurse)
         anchor = self._buffers.get("weight", self._buffers.get("weight_packed", self._buffers.get("weight_codes")))
         for n, t in keep.items():
             self._buffers[n] = t.to(anchor.device)
         self.weight_dtype = fn(torch.zeros((), dtype=self.weight_dtype)).dtype
         self._kernel = self._kernel_key = None
+        self.__dict__.pop("_fast_cache", None)
         return out
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_kernel"] = state["_kernel_key"] = None  # packed backend weights are rebuilt on demand
+        state.pop("_fast_cache", None)
         return state
 
     def extra_repr(self) -> str:
@@ -200,6 +236,11 @@ class _RealQuantModule(nn.Module):
             s = f"weight={w.get('scheme', 'int' + str(w.get('num_bits')))} ({w['storage']} storage)"
             s += "" if inp is None else f", input={inp.get('scheme', 'int' + str(inp.get('num_bits')))}"
             return s + f", compute={self.compute}"
+        if fp8.is_fp8_weight(w) or fp8.is_fp8_input(inp):
+            s = f"weight={'e4m3' if fp8.is_fp8_weight(w) else 'int' + str(w['num_bits'])} {w['layout']}"
+            s += "" if inp is None else f", input={inp.get('elem', 'int' + str(inp['num_bits']))}"
+            s += f" dynamic={inp['dynamic']}" if inp is not None and inp.get("dynamic") else ""
+            return s + f", compute={self.compute}, backend={self.backend}"
         s = f"weight=int{w['num_bits']} {w['layout']} ({w['storage']} storage), compute={self.compute}"
         if inp is not None:
             s += f", input=int{inp['num_bits']}{' unsigned' if inp['unsigned'] else ''}"
@@ -218,6 +259,10 @@ class QuantizedLinear(_RealQuantModule):
         return f"in_features={self.in_features}, out_features={self.out_features}, " + super().extra_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_input(self, x)
+        path = fast_gemm.route(self, x)
+        if path is not None:
+            return fast_gemm.forward(self, path, x)
         if self.compute == "dequant":
             return F.linear(self.fake_quant_input(x), self.dequantized_weight(), self.bias)
         kernel = self._get_kernel(lambda w, s: int8_gemm.LinearKernel(w, s, self.backend))
@@ -241,6 +286,9 @@ class QuantizedLinear(_RealQuantModule):
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Bound on ``|forward(x) - fake_quant_module(x)|`` per output (0 for the bit-identical dequant path)."""
+        path = fast_gemm.route(self, x)
+        if path is not None:
+            return fast_gemm.error_bound(self, path, x)
         if self.compute == "dequant":
             return torch.zeros(*x.shape[:-1], self.out_features, dtype=torch.float64, device=x.device)
         return int8_gemm.error_bound(self.abs_terms(x), self.in_features, x.dtype)
@@ -298,6 +346,7 @@ class QuantizedConv2d(_RealQuantModule):
         return q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_input(self, x)
         if self.compute == "dequant":
             return self._float_conv(self.fake_quant_input(x), self.dequantized_weight(), self.bias)
         kernel = self._get_kernel(

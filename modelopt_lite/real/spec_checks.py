@@ -14,7 +14,7 @@ import torch
 from ..formats import int_range
 from ..functional import blocks
 from ..functional.checks import check_axes
-from . import microscaling
+from . import fp8, microscaling
 from .modules import _DTYPES
 from .packing import unpack_int4
 from .real_types import REAL_CLASSES, WEIGHTED_TYPES
@@ -22,7 +22,7 @@ from .real_types import REAL_CLASSES, WEIGHTED_TYPES
 FORMAT, VERSION = "modelopt_lite.real", 1
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 _WEIGHT_KEYS = {"num_bits", "unsigned", "narrow_range", "layout", "axis", "block_sizes", "storage", "dtype"}
-_INPUT_KEYS = {"num_bits", "unsigned", "narrow_range", "num_steps", "pre_quant_scale"}
+_INPUT_KEYS = {"num_bits", "unsigned", "narrow_range", "num_steps", "pre_quant_scale", "elem", "dynamic"}
 _SPEC_KEYS = {
     "QuantizedLinear": {"type", "weight_shape", "weight", "input", "bias", "force_dequant"},
     "QuantizedConv2d": {"type", "weight_shape", "weight", "input", "bias", "conv", "force_dequant"},
@@ -81,11 +81,20 @@ def _check_input(path, entry: str, inp) -> None:
     if isinstance(inp, dict) and "format" in inp:
         _check_microscaling(path, entry, inp, weight=False)
         return
-    _keys(path, entry, inp, _INPUT_KEYS, _INPUT_KEYS - {"pre_quant_scale"})
+    _keys(path, entry, inp, _INPUT_KEYS, _INPUT_KEYS - {"pre_quant_scale", "elem", "dynamic"})
     _int_format(path, entry, inp)
     _bools(path, entry, inp, ("pre_quant_scale",))
     if not _is_int(inp["num_steps"]) or inp["num_steps"] < 1:
         raise bad(path, f"{entry}.num_steps", f"must be an int >= 1, got {inp['num_steps']!r}")
+    elem, dyn = inp.get("elem", "int"), inp.get("dynamic")
+    if elem not in ("int", "e4m3"):
+        raise bad(path, f"{entry}.elem", f"must be 'int' or 'e4m3', got {elem!r}")
+    if elem == "e4m3" and (inp["num_bits"] != 8 or inp["unsigned"] or inp["narrow_range"]):
+        raise bad(path, entry, "E4M3 inputs have num_bits 8, unsigned false, narrow_range false")
+    if dyn not in fp8.DYNAMIC or (dyn is not None and elem != "e4m3"):
+        raise bad(path, f"{entry}.dynamic", f"must be null, or 'tensor' / 'row' for E4M3 inputs, got {dyn!r}")
+    if dyn is not None and inp["num_steps"] != 1:
+        raise bad(path, f"{entry}.num_steps", f"must be 1 for a dynamic input, got {inp['num_steps']!r}")
 
 
 def _check_weight(path, entry: str, w, shape: list) -> None:
@@ -96,8 +105,12 @@ def _check_weight(path, entry: str, w, shape: list) -> None:
     _int_format(path, entry, w)
     if w["unsigned"]:
         raise bad(path, f"{entry}.unsigned", "real weights are signed")
-    if w["storage"] not in ("int8", "int4") or (w["storage"] == "int4" and w["num_bits"] > 4):
-        raise bad(path, f"{entry}.storage", f"must be 'int8' or (num_bits <= 4) 'int4', got {w['storage']!r}")
+    if w["storage"] not in ("int8", "int4", "e4m3") or (w["storage"] == "int4" and w["num_bits"] > 4):
+        raise bad(path, f"{entry}.storage", f"must be 'int8', 'e4m3' or (num_bits <= 4) 'int4', got {w['storage']!r}")
+    if w["storage"] == "e4m3" and (w["num_bits"] != 8 or w["narrow_range"] or w["layout"] == "block"):
+        raise bad(path, entry, "E4M3 weights have num_bits 8, narrow_range false and a tensor or channel layout")
+    if w["storage"] == "e4m3" and w["layout"] == "channel" and w["axis"] != [0]:
+        raise bad(path, f"{entry}.axis", f"E4M3 weights are per output channel (axis [0]), got {w['axis']!r}")
     if w["dtype"] not in _DTYPES:
         raise bad(path, f"{entry}.dtype", f"must be one of {sorted(_DTYPES)}, got {w['dtype']!r}")
     layout, axis, bs = w["layout"], w["axis"], w["block_sizes"]
@@ -196,10 +209,11 @@ def _fail_values(path, key: str, t: torch.Tensor, ok: torch.Tensor, what: str) -
 def check_values(path, name: str, spec: dict, tensors: dict) -> None:
     """Codes within the declared integer range; scales finite and positive (input scales may be 0: dead range)."""
     inp = spec.get("input")
-    if inp is not None:
+    if inp is not None and inp.get("dynamic") is None:
         key = f"{name}.input_scale"
         t = tensors[key]
         _fail_values(path, key, t, torch.isfinite(t) & (t >= 0), "input scales must be finite and >= 0")
+    if inp is not None:
         key = f"{name}.pre_quant_scale"
         if key in tensors:
             t = tensors[key]
@@ -212,14 +226,20 @@ def check_values(path, name: str, spec: dict, tensors: dict) -> None:
         if found is not None:
             _fail_values(path, *found)
         return
-    _, qmin, qmax = int_range(w["num_bits"], False, w["narrow_range"])
-    if w["storage"] == "int8":
-        key = f"{name}.weight"
-        codes = tensors[key]
+    if w["storage"] == "e4m3":
+        found = fp8.check_values(path, name, tensors)
+        if found is not None:
+            _fail_values(path, *found)
     else:
-        key = f"{name}.weight_packed"
-        codes = unpack_int4(tensors[key], spec["weight_shape"][-1], signed=True)
-    _fail_values(path, key, codes, (codes >= qmin) & (codes <= qmax), f"weight codes must lie in [{qmin}, {qmax}]")
+        _, qmin, qmax = int_range(w["num_bits"], False, w["narrow_range"])
+        if w["storage"] == "int8":
+            key = f"{name}.weight"
+            codes = tensors[key]
+        else:
+            key = f"{name}.weight_packed"
+            codes = unpack_int4(tensors[key], spec["weight_shape"][-1], signed=True)
+        ok = (codes >= qmin) & (codes <= qmax)
+        _fail_values(path, key, codes, ok, f"weight codes must lie in [{qmin}, {qmax}]")
     key = f"{name}.weight_scale"
     t = tensors[key]
     _fail_values(path, key, t, torch.isfinite(t) & (t > 0), "weight scales must be finite and > 0")
