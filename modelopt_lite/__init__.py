@@ -38,6 +38,7 @@ _LAZY = {
     "quant_nn": ("modelopt_lite.nn", None),
     "quant_modules": ("modelopt_lite.quant_modules", None),
     "calib": ("modelopt_lite.calib", None),
+    "opt": ("modelopt_lite.opt", None),
     "quantize": "modelopt_lite.conversion.model_quant",
     "calibrate": "modelopt_lite.conversion.model_quant",
     "calibrate_loop": "modelopt_lite.conversion.model_quant",

@@ -27,6 +27,8 @@ LAYERS = {
     "nn": 3,
     "quant_modules": 3,
     "conversion": 4,
+    "opt": 4,
+    "model_calib": 4,
     "onnx_export": 5,
     "real": 5,
     "analysis": 5,

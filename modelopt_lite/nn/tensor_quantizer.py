@@ -43,6 +43,7 @@ from . import _quantizer_config as cfg
 from ._affine_bias import AffineBiasState
 from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
+from ._modelopt_state import ModeloptStateMixin
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
 
@@ -53,7 +54,7 @@ def _bool(v, what: str, label: str) -> bool:
     return v
 
 
-class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, AmaxStateMixin):
+class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQuantScaleState, AmaxStateMixin):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
 
     Args:
