@@ -70,7 +70,7 @@ def test_linear_per_tensor_weight_and_output_quantizer():
 
 def test_linear_defaults_and_grad():
     m = quant_nn.QuantLinear(3, 2)
-    assert m.input_quantizer.quant_desc == QD() and m.weight_quantizer.axis == (0,)
+    assert m.input_quantizer.quant_desc == QD() and m.weight_quantizer.axis == 0
     assert not m.output_quantizer.is_enabled
     x = _x(4, 3).requires_grad_(True)
     calibrate(m, x)

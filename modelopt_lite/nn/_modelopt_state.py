@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..descriptor import _DEFAULTS, ScaledQuantDescriptor
+from . import _quantizer_config as cfg
 
 #: ModelOpt state key -> our attribute (descriptor field or extra setting)
 _ATTRS = {
@@ -170,6 +171,11 @@ class ModeloptStateMixin(nn.Module):
         def _effective_amax(self) -> torch.Tensor | None: ...
 
         def set_from_attribute_config(self, attrs) -> None: ...
+
+    def _replace_desc(self, **changes) -> None:
+        """Replace the descriptor with ``changes`` applied, keeping amax and calibrators (ModelOpt's writable
+        ``num_bits`` / ``unsigned``: the attribute changes, the state stays)."""
+        self._desc = cfg.patched_descriptor(self._desc, changes, self._label())
 
     def get_modelopt_state(self, properties_only: bool = False) -> dict[str, Any]:
         """The quantizer's settings as ModelOpt's state dict (plus the tensors' shapes unless ``properties_only``)."""

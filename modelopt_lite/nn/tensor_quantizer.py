@@ -171,10 +171,18 @@ class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQ
             self._disabled = not enable
 
     # --- read-only (through the descriptor) properties ------------------------------------------------------------
-    num_bits = property(lambda self: self._desc.num_bits, doc="int bits, or (E, M) for a float format.")
+    num_bits = property(
+        lambda self: self._desc.num_bits,
+        lambda self, v: self._replace_desc(num_bits=v),
+        doc="int bits, or (E, M) for a float format; settable (the descriptor is replaced, amax and calibrators kept).",
+    )
     axis = property(lambda self: self._desc.axis, doc="Per-channel axis/axes as configured (may be negative).")
     block_sizes = property(lambda self: self._desc.block_sizes, doc="Block quantization spec, or None.")
-    unsigned = property(lambda self: self._desc.unsigned, doc="Unsigned integer grid.")
+    unsigned = property(
+        lambda self: self._desc.unsigned,
+        lambda self, v: self._replace_desc(unsigned=v),
+        doc="Unsigned integer grid; settable like num_bits.",
+    )
     narrow_range = property(lambda self: self._desc.narrow_range, doc="Symmetric signed grid.")
     fake_quant = property(lambda self: self._desc.fake_quant, doc="False: forward returns integer codes.")
     learn_amax = property(lambda self: self._desc.learn_amax, doc="amax is an nn.Parameter trained by LSQ.")
