@@ -228,7 +228,7 @@ def test_convtranspose_per_channel_constants_mean_the_output_channel_axis():
     m = quant_nn.QuantConvTranspose2d(3, 5, 2)
     m.weight_quantizer(m.weight)  # uncalibrated: the input's own max per output channel
     w = m.weight.detach()
-    assert m.weight_quantizer.axis == (1,)
+    assert m.weight_quantizer.axis == 1
     assert tuple(w.shape) == (3, 5, 2, 2)
     assert isinstance(m, nn.ConvTranspose2d)
 
