@@ -168,3 +168,35 @@ def test_functional_ops_stay_unbound_as_attributes():
 def test_fake_quant_false_on_a_quant_module_says_only_fake_quantization():
     with pytest.raises(ValueError, match="Only fake quantization is supported"):
         QuantLinear(4, 4, quant_desc_weight=QD(fake_quant=False))
+
+
+class _HalfMax:
+    """A user calibrator: half the running max of |x|."""
+
+    def __init__(self, scale=0.5):
+        self.scale, self.m = scale, None
+
+    def collect(self, x):
+        a = x.detach().abs().amax().float()
+        self.m = a if self.m is None else torch.maximum(self.m, a)
+
+    def compute_amax(self):
+        return None if self.m is None else self.m * self.scale
+
+    def reset(self):
+        self.m = None
+
+
+@pytest.mark.parametrize("spec", [_HalfMax, (_HalfMax, (), {"scale": 0.25})])
+def test_a_calibrator_class_in_quant_cfg(spec):
+    x = _x()
+    cfg = {"quant_cfg": {"*input_quantizer": {"num_bits": 8, "calibrator": spec}}, "algorithm": "max"}
+    model = mtq.quantize(_mlp(), cfg, lambda m: m(x))
+    scale = 0.5 if spec is _HalfMax else 0.25
+    assert isinstance(model[0].input_quantizer.calibrator, _HalfMax)
+    assert torch.equal(model[0].input_quantizer.amax, x.abs().amax() * scale)
+    assert model[0].input_quantizer.calibrator.scale == scale
+    with pytest.raises(QuantConfigError, match="has no collect"):
+        mtq.quantize(_mlp(), {"quant_cfg": {"*input_quantizer": {"calibrator": int}}, "algorithm": "max"})
+    with pytest.raises(QuantConfigError, match="calibrator 'nope' is not supported"):
+        mtq.quantize(_mlp(), {"quant_cfg": {"*input_quantizer": {"calibrator": "nope"}}, "algorithm": "max"})

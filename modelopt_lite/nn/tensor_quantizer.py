@@ -98,6 +98,7 @@ class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQ
         self._num_steps = self._check_num_steps(num_steps)
         self._step = 0
         self._calibrators: list | None = None
+        self._calib_factory: tuple | None = None  # a user calibrator class (ModelOpt's ``calibrator``)
         self._peer = dict(cfg.PEER_DEFAULTS)  # ModelOpt's trt_high_precision_dtype / pass_through_bwd / effective_bits
         self._last_rank: int | None = None
         self._device = torch.device("cpu")
@@ -160,6 +161,8 @@ class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQ
             self._store_amax(None)
             self._calibrators = None
             self.bias_value = None
+        if "calibrator" in extra:
+            self._calib_factory, self._calibrators = extra["calibrator"], None
         self._set_bias_config(bias)
         if "amax" in changes and new.amax is not None and not reset:
             self._store_amax(None)
@@ -255,7 +258,8 @@ class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQ
     def _calibrator_list(self) -> list:
         if self._calibrators is None:
             self._calibrators = [
-                self._wrap_calibrator(make_calibrator(self._desc, self._name)) for _ in range(self._num_steps)
+                self._wrap_calibrator(make_calibrator(self._desc, self._name, self._calib_factory))
+                for _ in range(self._num_steps)
             ]
         return self._calibrators
 
