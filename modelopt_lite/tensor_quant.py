@@ -11,6 +11,8 @@ Data flows descriptor -> TensorQuantizer -> these functions -> ``torch.ops.model
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .descriptor import (  # noqa: F401  (re-exported API)
@@ -441,3 +443,27 @@ class LegacyFakeTensorQuantFunction(torch.autograd.Function):
 
 
 legacy_fake_tensor_quant = LegacyFakeTensorQuantFunction.apply
+
+
+class _Unbound:
+    """A function that stays unbound when stored as a class attribute, as ``torch.autograd.Function.apply`` does:
+    ModelOpt's tests and users write ``self.fn = tensor_quant.fake_tensor_quant`` (or set it on the class) and call
+    ``self.fn(x, amax)``. Name, docstring and signature are the function's."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<function {self.__wrapped__.__qualname__}>"
+
+
+fake_tensor_quant = _Unbound(fake_tensor_quant)  # type: ignore[assignment]
+tensor_quant = _Unbound(tensor_quant)  # type: ignore[assignment]
+scaled_e4m3 = _Unbound(scaled_e4m3)  # type: ignore[assignment]
+fake_affine_tensor_quant = _Unbound(fake_affine_tensor_quant)  # type: ignore[assignment]
+affine_tensor_quant = _Unbound(affine_tensor_quant)  # type: ignore[assignment]
+fake_block_quant = _Unbound(fake_block_quant)  # type: ignore[assignment]
+block_quant = _Unbound(block_quant)  # type: ignore[assignment]

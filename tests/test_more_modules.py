@@ -96,7 +96,7 @@ def test_embedding_rows_of_the_fake_quantized_table():
     f = nn.Embedding(10, 6, padding_idx=0)
     m = mtq.QuantModuleRegistry.convert(f)
     assert type(m) is quant_nn.QuantEmbedding and not hasattr(m, "input_quantizer")
-    assert m.weight_quantizer.axis == (0,)
+    assert m.weight_quantizer.axis == 0
     idx = torch.tensor([[1, 4, 0], [9, 9, 2]])
     _calibrate(m, idx)
     amax = f.weight.detach().abs().amax(1, keepdim=True)

@@ -101,7 +101,7 @@ def test_conversion_names_and_defaults():
     packed = QuantMultiheadAttention(E, H)
     assert type(packed.out_proj) is QuantNonDynamicallyQuantizableLinear and isinstance(packed.out_proj, QuantLinear)
     assert packed.projection_quantizer_names() == ("in_proj_input_quantizer", "in_proj_weight_quantizer")
-    assert packed.in_proj_weight_quantizer.quant_desc.axis == (0,) and packed.in_proj_input_quantizer.is_enabled
+    assert packed.in_proj_weight_quantizer.quant_desc.axis == 0 and packed.in_proj_input_quantizer.is_enabled
     sep = QuantMultiheadAttention(E, H, kdim=8, vdim=12)
     assert sep.projection_quantizer_names() == (
         "in_proj_input_quantizer",

@@ -70,7 +70,7 @@ def test_linear_per_tensor_weight_and_output_quantizer():
 
 def test_linear_defaults_and_grad():
     m = quant_nn.QuantLinear(3, 2)
-    assert m.input_quantizer.quant_desc == QD() and m.weight_quantizer.axis == (0,)
+    assert m.input_quantizer.quant_desc == QD() and m.weight_quantizer.axis == 0
     assert not m.output_quantizer.is_enabled
     x = _x(4, 3).requires_grad_(True)
     calibrate(m, x)
@@ -126,7 +126,7 @@ _CT = [
 def test_conv_transpose_equals_composition_axis1(cls, fn, shape, float_cls):
     m = cls(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
     assert m.weight.shape[:2] == (4, 3)  # (in, out / groups, *k)
-    assert m.weight_quantizer.axis == (1,)  # per output channel, as the peers' CONVTRANSPOSE constants
+    assert m.weight_quantizer.axis == 1  # per output channel, as the peers' CONVTRANSPOSE constants
     x = _x(*shape)
     calibrate(m, x)
     assert m.weight_quantizer.amax.shape == (1, 3) + (1,) * (m.weight.dim() - 2)
@@ -134,7 +134,7 @@ def test_conv_transpose_equals_composition_axis1(cls, fn, shape, float_cls):
     assert torch.equal(m(x), expect)
     assert m.weight_quantizer.export_info()["axis"] == (1,)
     f = float_cls(4, 6, 3)
-    assert quant_nn.__dict__[cls.__name__].from_float(f).weight_quantizer.axis == (1,)
+    assert quant_nn.__dict__[cls.__name__].from_float(f).weight_quantizer.axis == 1
 
 
 def test_conv_transpose_output_size_and_axis0_override():

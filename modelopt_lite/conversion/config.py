@@ -56,7 +56,7 @@ from torch import nn
 
 from ..calib import HistogramCalibrator, MaxCalibrator
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
-from ..nn._quantizer_config import PEER_DEFAULTS, translate_peer
+from ..nn._quantizer_config import PEER_DEFAULTS, check_calibrator_factory, translate_peer
 from ..nn.modules._integer_requant import REQUANT_MODES
 from .algorithm_registry import ALGORITHMS
 from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS  # noqa: F401  (re-exported: the presets' ConvTranspose axis)
@@ -74,7 +74,9 @@ from .presets import (  # noqa: F401  (re-exported: the presets used to live her
 
 #: attributes a quant_cfg entry may set
 DESCRIPTOR_KEYS = tuple(k for k in _DESC_DEFAULTS if k != "name")
-ATTR_KEYS = frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps", "bias"} | frozenset(PEER_DEFAULTS)  # bias: affine
+ATTR_KEYS = (
+    frozenset(DESCRIPTOR_KEYS) | {"enable", "num_steps", "bias", "calibrator"} | frozenset(PEER_DEFAULTS)
+)  # bias: affine
 #: ModelOpt attribute names, translated on normalization: ``type`` -> ``dynamic``, ``calibrator`` -> ``calib_method``
 MODELOPT_KEYS = frozenset({"type", "calibrator"})
 #: the calibrators a config may name (``"calibrator": "max"`` or ``"calibrator": MaxCalibrator``)
@@ -160,6 +162,12 @@ def _modelopt_calibrator(label: str, attrs: dict) -> None:
     class or a ModelOpt constructor tuple (a quantizer builds its calibrator from ``calib_method``).
     """
     c = attrs.pop("calibrator")
+    if (isinstance(c, type) and c not in CALIBRATORS.values()) or isinstance(c, (tuple, list)):
+        try:  # a user calibrator class, or ModelOpt's (cls, args, kwargs): built by each quantizer
+            attrs["calibrator"] = check_calibrator_factory(c, f"quant_cfg[{label}]")
+        except TypeError as e:
+            raise QuantConfigError(str(e)) from e
+        return
     if isinstance(c, str):
         name = c if c in CALIBRATORS else None
     else:

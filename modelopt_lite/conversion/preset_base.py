@@ -12,7 +12,7 @@ from ..nn.modules.quant_conv_transpose import QUANT_DESC_8BIT_CONVTRANSPOSE_WEIG
 
 #: the per-channel axis of ConvTranspose weights, shaped (in, out / groups, *kernel): the quantized modules' default
 #: (axis 1, one scale per output channel, as the peers' constants; see quant_conv_transpose.py)
-CONVTRANSPOSE_WEIGHT_AXIS = _CT_DESC.axis[0] if len(_CT_DESC.axis) == 1 else _CT_DESC.axis
+CONVTRANSPOSE_WEIGHT_AXIS = _CT_DESC.axis
 
 #: entries every preset ends with, so they win: quantizers the peers leave off by default
 DEFAULT_DISABLED = {

@@ -194,7 +194,10 @@ class AmaxStateMixin(nn.Module):
             label = f"{self._label()} at {where!r}"
             checked = _to_amax_tensor(src, self._device_now(), label)
             cur = self._amax
-            if cur is None:
+            if cur is not None and _is_flat_block_layout(self, tuple(src.shape), tuple(cur.shape)):
+                # ModelOpt stores a block amax flat, one row per block: (rows * blocks, 1) -> ours (rows, blocks)
+                state_dict = {**state_dict, key: checked.reshape(cur.shape)}
+            elif cur is None:
                 self._store_amax(checked)  # a fresh quantizer: take the saved shape, on this quantizer's device
             elif tuple(cur.shape) != tuple(src.shape):
                 raise ValueError(
@@ -205,3 +208,12 @@ class AmaxStateMixin(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+
+def _is_flat_block_layout(q, src: tuple, cur: tuple) -> bool:
+    """True when ``src`` is ModelOpt's flat ``(n_blocks, 1)`` layout of a static block amax stored here as ``cur``."""
+    d = getattr(q, "_desc", None)
+    if d is None or not d.block_sizes or d.block_scheme is not None or getattr(q, "_num_steps", 1) != 1:
+        return False
+    n = int(torch.Size(cur).numel())
+    return src != cur and len(src) == 2 and src[1] == 1 and src[0] == n

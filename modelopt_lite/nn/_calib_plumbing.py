@@ -59,10 +59,14 @@ class BlockMaxCollector:
         return f"BlockMaxCollector(block_sizes={self._block_sizes})"
 
 
-def make_calibrator(desc, name: str | None = None):
-    """A fresh collector for a descriptor (None for dynamic quantizers)."""
+def make_calibrator(desc, name: str | None = None, factory: tuple | None = None):
+    """A fresh collector for a descriptor (None for dynamic quantizers); ``factory``: a user calibrator
+    ``(cls, args, kwargs)`` (ModelOpt's ``calibrator`` attribute) built as ``cls(*args, **kwargs)``."""
     if desc.dynamic:
         return None
+    if factory is not None:
+        cls, args, kwargs = factory
+        return cls(*args, **kwargs)
     if desc.block_sizes and desc.block_scheme is None:  # NVFP4 calibrates a per-tensor (global) amax
         return BlockMaxCollector(desc.block_sizes, name=name)
     # imported lazily: most quantizers never calibrate in a given process

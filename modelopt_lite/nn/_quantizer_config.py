@@ -11,7 +11,7 @@ from ..formats import element_format, is_float_format
 from ._affine_bias import check_bias_config
 
 #: keys besides the descriptor fields (``enable`` is one) that ``set_from_attribute_config`` accepts
-EXTRA_KEYS = ("num_steps", "trt_high_precision_dtype", "pass_through_bwd", "effective_bits", "bias")
+EXTRA_KEYS = ("num_steps", "trt_high_precision_dtype", "pass_through_bwd", "effective_bits", "bias", "calibrator")
 #: defaults of the settings a quantizer keeps besides its descriptor (ModelOpt's names and defaults, except
 #: ``pass_through_bwd``: ours is False, the clipped straight-through estimator of pytorch-quantization)
 PEER_DEFAULTS = {"trt_high_precision_dtype": "Float", "pass_through_bwd": False, "effective_bits": None}
@@ -40,6 +40,23 @@ def check_peer_extra(key: str, value, label: str):
             raise ValueError(f"{label}: effective_bits must be None or a number in (0, 16], got {value!r}")
         value = float(value)
     return value
+
+
+def check_calibrator_factory(value, label: str) -> tuple | None:
+    """ModelOpt's ``calibrator`` given as a class or ``(cls, args, kwargs)`` (the quantizer builds ``cls(*args,
+    **kwargs)``); returns ``(cls, args, kwargs)``. The class must have ``collect``, ``compute_amax`` and ``reset``."""
+    if value is None:
+        return None
+    parts = (value,) if isinstance(value, type) else value
+    if not isinstance(parts, (tuple, list)) or not 1 <= len(parts) <= 3 or not isinstance(parts[0], type):
+        raise TypeError(f"{label}: calibrator must be a class or (class, args, kwargs), got {value!r}")
+    cls, args, kwargs = (*parts, (), {})[:3]
+    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, Mapping):
+        raise TypeError(f"{label}: calibrator (class, args, kwargs) needs a tuple of args and a dict of kwargs")
+    for method in ("collect", "compute_amax", "reset"):
+        if not callable(getattr(cls, method, None)):
+            raise TypeError(f"{label}: calibrator class {cls.__qualname__} has no {method}() method")
+    return (cls, tuple(args), dict(kwargs))
 
 
 def translate_peer(attrs: Mapping, label: str) -> dict:
@@ -118,6 +135,8 @@ def split_patch(attrs, label: str) -> tuple[dict, dict]:
     for k in PEER_DEFAULTS:
         if k in extra:
             extra[k] = check_peer_extra(k, extra[k], label)
+    if "calibrator" in extra:
+        extra["calibrator"] = check_calibrator_factory(extra["calibrator"], label)
     return changes, extra
 
 

@@ -67,7 +67,11 @@ class QuantizerExport(nn.Module):
         rank = self._export_rank()
         axis = None
         if d.axis is not None:
-            axis = self._resolve_axes(rank) if rank is not None else tuple(d.axis)
+            axis = (
+                self._resolve_axes(rank)
+                if rank is not None
+                else ((d.axis,) if isinstance(d.axis, int) else tuple(d.axis))
+            )
         block_sizes = dict(d.block_sizes) if d.block_sizes else None  # a fresh, mutable copy
         if block_sizes and rank is not None:
             pos = blocks.normalize(block_sizes, [1] * rank)

@@ -44,6 +44,7 @@ from . import _quantizer_config as cfg
 from ._affine_bias import AffineBiasState
 from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
+from ._modelopt_state import ModeloptStateMixin
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
 
@@ -54,7 +55,7 @@ def _bool(v, what: str, label: str) -> bool:
     return v
 
 
-class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, AmaxStateMixin):
+class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQuantScaleState, AmaxStateMixin):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
 
     Args:
@@ -98,6 +99,7 @@ class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, Amax
         self._num_steps = self._check_num_steps(num_steps)
         self._step = 0
         self._calibrators: list | None = None
+        self._calib_factory: tuple | None = None  # a user calibrator class (ModelOpt's ``calibrator``)
         self._peer = dict(cfg.PEER_DEFAULTS)  # ModelOpt's trt_high_precision_dtype / pass_through_bwd / effective_bits
         self._last_rank: int | None = None
         self._device = torch.device("cpu")
@@ -160,6 +162,8 @@ class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, Amax
             self._store_amax(None)
             self._calibrators = None
             self.bias_value = None
+        if "calibrator" in extra:
+            self._calib_factory, self._calibrators = extra["calibrator"], None
         self._set_bias_config(bias)
         if "amax" in changes and new.amax is not None and not reset:
             self._store_amax(None)
@@ -171,10 +175,18 @@ class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, Amax
             self._disabled = not enable
 
     # --- read-only (through the descriptor) properties ------------------------------------------------------------
-    num_bits = property(lambda self: self._desc.num_bits, doc="int bits, or (E, M) for a float format.")
+    num_bits = property(
+        lambda self: self._desc.num_bits,
+        lambda self, v: self._replace_desc(num_bits=v),
+        doc="int bits, or (E, M) for a float format; settable (the descriptor is replaced, amax and calibrators kept).",
+    )
     axis = property(lambda self: self._desc.axis, doc="Per-channel axis/axes as configured (may be negative).")
     block_sizes = property(lambda self: self._desc.block_sizes, doc="Block quantization spec, or None.")
-    unsigned = property(lambda self: self._desc.unsigned, doc="Unsigned integer grid.")
+    unsigned = property(
+        lambda self: self._desc.unsigned,
+        lambda self, v: self._replace_desc(unsigned=v),
+        doc="Unsigned integer grid; settable like num_bits.",
+    )
     narrow_range = property(lambda self: self._desc.narrow_range, doc="Symmetric signed grid.")
     fake_quant = property(lambda self: self._desc.fake_quant, doc="False: forward returns integer codes.")
     learn_amax = property(lambda self: self._desc.learn_amax, doc="amax is an nn.Parameter trained by LSQ.")
@@ -247,7 +259,8 @@ class TensorQuantizer(QuantizerExport, AffineBiasState, PreQuantScaleState, Amax
     def _calibrator_list(self) -> list:
         if self._calibrators is None:
             self._calibrators = [
-                self._wrap_calibrator(make_calibrator(self._desc, self._name)) for _ in range(self._num_steps)
+                self._wrap_calibrator(make_calibrator(self._desc, self._name, self._calib_factory))
+                for _ in range(self._num_steps)
             ]
         return self._calibrators
 

@@ -63,8 +63,8 @@ def check_fake_descriptor(desc: ScaledQuantDescriptor, owner: str, what: str) ->
     """``desc`` if it fake-quantizes; a ValueError naming the module class and the descriptor otherwise."""
     if not desc.fake_quant:
         raise ValueError(
-            f"{owner}: {what} has fake_quant=False; quantized modules only support fake quantization (their float "
-            "ops would run on integer codes). Use modelopt_lite.tensor_quant for codes, or modelopt_lite.fake2real "
+            f"{owner}: {what} has fake_quant=False. Only fake quantization is supported in quantized modules (their "
+            "float ops would run on integer codes). Use modelopt_lite.tensor_quant for codes, or modelopt_lite.fake2real "
             "for real INT8 modules"
         )
     return desc
@@ -153,8 +153,8 @@ class QuantModuleMixin(_MixinBase):
             if not q.fake_quant and q.is_enabled:
                 name = next(n for n, m in self.named_modules() if m is q)
                 raise ValueError(
-                    f"{type(self).__name__}: quantizer {name!r} ({q.name or 'unnamed'}) has fake_quant=False; "
-                    "quantized modules only support fake quantization (the float op would run on integer codes). "
+                    f"{type(self).__name__}: quantizer {name!r} ({q.name or 'unnamed'}) has fake_quant=False. "
+                    "Only fake quantization is supported in quantized modules (the float op would run on integer codes). "
                     "Set fake_quant=True, or use modelopt_lite.fake2real for real INT8 modules"
                 )
 
