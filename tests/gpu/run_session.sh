@@ -6,6 +6,8 @@
 # step that ran passed, 1 otherwise (a step killed by its limit reports rc=124).
 #   bash tests/gpu/run_session.sh                       # everything
 #   STEPS="build tests" bash tests/gpu/run_session.sh   # some steps
+#   STEPS="build bench_real_gpu" bash tests/gpu/run_session.sh   # the real-GEMM benchmark (issue 25; not in the
+#                                                                # default list, which stays under 8 minutes)
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu_logs}
@@ -52,6 +54,7 @@ step calib_parity 30 python3 bench/calib_cuda_parity.py
 step bench_fake_quant 70 python3 bench/bench_fake_quant.py --device cuda --dtype fp32
 step bench_real_int8 45 python3 bench/bench_real_int8.py --device cuda
 step bench_cuda 70 python3 bench/bench_cuda.py --no-peers
+step bench_real_gpu 300 python3 bench/bench_real_gpu.py --device cuda
 echo "=== summary"
 cat "$summary"
 exit "$failed"
