@@ -81,3 +81,13 @@ def test_no_test_builds_a_model_with_onnx_helper_make_model():
         if "helper.make_model(" in line or "make_model_gen_version(" in line
     ]
     assert offenders == []
+
+
+def test_the_onnx_marker_selects_the_modules_that_use_onnx():
+    """.ci/run reruns ``-m onnx`` with the oldest onnx/onnxruntime: the marker must reach every such module."""
+    from conftest import uses_onnx
+
+    here = pathlib.Path(__file__).parent
+    for name in ("test_onnx_contract.py", "test_ort_layout.py", "test_integer_requant.py", "test_cli.py"):
+        assert uses_onnx(here / name), name
+    assert not uses_onnx(here / "test_descriptor.py") and not uses_onnx(here / "test_calib_max.py")
