@@ -2,13 +2,12 @@
 ``@pytest.mark.slow`` (over ~3 s each: real-model MiniLM exports, demo runs, multi-process calibration); CI and
 the README's command run them all."""
 
-import ast
-import functools
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from onnx_marker import uses_onnx
 
 torch.manual_seed(0)
 
@@ -83,29 +82,7 @@ def impl(request, native):
     native.set_kernel_impl("auto")
 
 
-# --- the "onnx" marker: every test of a module that uses onnx or onnxruntime (.ci/run runs them again with the
-# oldest supported onnx and onnxruntime: ``pytest -m onnx``) -------------------------------------------------------
-ONNX_MODULES = ("onnx", "onnxruntime", "onnx_helpers", "modelopt_lite.onnx_export")
-ONNX_CALLS = {"export_onnx", "inspect_onnx", "compare_with_onnxruntime", "ort_session"}
-
-
-@functools.cache
-def uses_onnx(path: Path) -> bool:
-    """True when a test module imports onnx, onnxruntime or the ONNX export (anywhere in it, importorskip
-    included) or calls the export by attribute (``mtq.export_onnx``)."""
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip" and node.args:
-            names += [a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        elif isinstance(node, ast.Attribute) and node.attr in ONNX_CALLS:
-            return True
-    return any(n == m or n.startswith(m + ".") for n in names for m in ONNX_MODULES)
-
-
+# --- the "onnx" marker (tests/onnx_marker.py): .ci/run reruns ``pytest -m onnx`` with the oldest onnx/onnxruntime --
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if uses_onnx(Path(str(item.fspath))):

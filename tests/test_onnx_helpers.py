@@ -11,6 +11,7 @@ ort = pytest.importorskip("onnxruntime")
 import onnx_helpers
 from onnx import TensorProto, helper
 from onnx_helpers import ORT_LIMITS, make_model, ort_limits
+from onnx_marker import uses_onnx
 
 from modelopt_lite.onnx_export.export import min_ir_version
 
@@ -85,8 +86,6 @@ def test_no_test_builds_a_model_with_onnx_helper_make_model():
 
 def test_the_onnx_marker_selects_the_modules_that_use_onnx():
     """.ci/run reruns ``-m onnx`` with the oldest onnx/onnxruntime: the marker must reach every such module."""
-    from conftest import uses_onnx
-
     here = pathlib.Path(__file__).parent
     for name in ("test_onnx_contract.py", "test_ort_layout.py", "test_integer_requant.py", "test_cli.py"):
         assert uses_onnx(here / name), name
