@@ -3,9 +3,11 @@
 the README's command run them all."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
+from onnx_marker import uses_onnx
 
 torch.manual_seed(0)
 
@@ -78,3 +80,10 @@ def impl(request, native):
     assert native.kernel_impl() == request.param and native.mx_kernel_impl() == request.param
     yield request.param
     native.set_kernel_impl("auto")
+
+
+# --- the "onnx" marker (tests/onnx_marker.py): .ci/run reruns ``pytest -m onnx`` with the oldest onnx/onnxruntime --
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if uses_onnx(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.onnx)

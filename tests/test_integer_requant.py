@@ -142,8 +142,10 @@ def test_auto_mixes_int8_and_uint8_weights_per_layer_and_stays_exact(tmp_path):
 
 
 def test_full_range_int8_weights_are_a_vnni_only_layout(tmp_path, monkeypatch):
-    """ort_weights="int8" with 8-bit weights: the same file whatever the exporting CPU, a warning, and ORT's fused
-    u8 x s8 kernels (kept by ort_session only on CPUs with VNNI/AMX) match torch exactly where the CPU has VNNI."""
+    """ort_weights="int8" with 8-bit weights: the same file whatever the exporting CPU, a warning, and both sessions
+    ort_session can choose run on every CPU (the host's VNNI forced each way): the unfused one (Q/DQ as written) is
+    exact everywhere; the fused u8 x s8 kernels (kept only on CPUs with VNNI/AMX) match torch bit for bit where the
+    real CPU has VNNI/AMX, and elsewhere still give codes on the output grid."""
     from modelopt_lite.onnx_export import ort_layout, ort_runner
 
     torch.manual_seed(4)
@@ -155,18 +157,41 @@ def test_full_range_int8_weights_are_a_vnni_only_layout(tmp_path, monkeypatch):
         monkeypatch.setattr(ort_layout, "host_has_vnni", lambda vnni=vnni: vnni)
         path = tmp_path / f"v{vnni}.onnx"
         with pytest.warns(UserWarning, match=r"2 int8 weight\(s\) with codes beyond \+-64 .* only on CPUs with VNNI"):
-            rep = export_onnx(q, x[:2], path, target="onnxruntime", ort_weights="int8", input_names=["input"])
+            rep = export_onnx(
+                q,
+                x[:2],
+                path,
+                target="onnxruntime",
+                ort_weights="int8",
+                input_names=["input"],
+                dynamic_axes={"input": {0: "batch"}},
+            )
         assert _weight_dtypes(rep) == {"INT8"}
         assert any("exact only on CPUs with VNNI or AMX" in n for n in rep.notes), rep.notes
         files.append(path.read_bytes())
     assert files[0] == files[1]
     monkeypatch.undo()
-    assert len(ort_layout.wide_int8_weights(onnx.load(tmp_path / "vTrue.onnx"))) == 2
-    if host_has_vnni():  # the fused u8 x s8 kernels are exact only there
-        sess = ort_runner.ort_session(tmp_path / "vTrue.onnx")
+    path = tmp_path / "vTrue.onnx"
+    assert len(ort_layout.wide_int8_weights(onnx.load(path))) == 2
+    with torch.no_grad():
+        want = q(x)
+    step = q[2].output_quantizer.amax.float().reshape(()) / torch.tensor(127.0)  # the head's output grid
+    for vnni in (False, True):  # ort_session's two choices, each run on every CPU
+        monkeypatch.setattr(ort_runner, "host_has_vnni", lambda vnni=vnni: vnni)
+        sess = ort_runner.ort_session(path, optimized_model_path=str(path) + f".{vnni}.opt")
+        ops = [n.op_type for n in onnx.load(str(path) + f".{vnni}.opt").graph.node]
         got = torch.from_numpy(sess.run(None, {"input": x.numpy()})[0])
-        with torch.no_grad():
-            assert torch.equal(got, q(x))
+        assert got.dtype == torch.float32 and got.shape == (64, 5) and bool(torch.isfinite(got).all())
+        codes = torch.round(got / step)  # on the grid: DequantizeLinear wrote float32(code * step)
+        assert torch.equal(codes * step, got) and -128 <= codes.min() and codes.max() <= 127, vnni
+        if not vnni:  # Q/DQ run as written (float Gemm between them): exact on every CPU up to float rounding
+            assert ops.count("QGemm") == 0, ops
+            assert bool(((got - want).abs() <= step * 1.0001).all())
+            assert (got == want).float().mean() >= 0.99
+        else:  # fused: u8 x s8 kernels, exact only with VNNI/AMX (vpmaddubsw saturates int16 pair sums elsewhere)
+            assert ops.count("QGemm") == 2, ops
+            if host_has_vnni():
+                assert torch.equal(got, want)
 
 
 def test_set_requant_reports_layers_that_keep_the_float_path():

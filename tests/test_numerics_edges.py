@@ -66,6 +66,7 @@ def _ort_qdq(x: np.ndarray, scale: float, zp_type, zero_point=0):
     """ONNX Runtime's QuantizeLinear -> DequantizeLinear on float32 x, per tensor: (y, raw codes)."""
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper
+    from onnx_helpers import make_model
 
     n = x.size
     inits = [
@@ -83,7 +84,7 @@ def _ort_qdq(x: np.ndarray, scale: float, zp_type, zero_point=0):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n]), helper.make_tensor_value_info("q", zp_type, [n])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model = make_model(graph, 19)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     y, q = sess.run(None, {"x": x.astype(np.float32)})
     return torch.from_numpy(np.ascontiguousarray(y)), q

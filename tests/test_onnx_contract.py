@@ -15,11 +15,10 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper
+from onnx_helpers import make_model
 
 import modelopt_lite.tensor_quant as tq
 from modelopt_lite.onnx_export import qdq, weights
-
-_IR = {13: 8, 17: 8, 19: 9, 21: 10}
 
 
 def run_graph(nodes, inits, x: np.ndarray, opset: int, out_type=TensorProto.FLOAT) -> np.ndarray:
@@ -30,8 +29,7 @@ def run_graph(nodes, inits, x: np.ndarray, opset: int, out_type=TensorProto.FLOA
         [helper.make_tensor_value_info("y", out_type, x.shape)],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = _IR[opset]
+    model = make_model(graph, opset)
     onnx.checker.check_model(model, full_check=True)
     so = ort.SessionOptions()
     so.log_severity_level = 3

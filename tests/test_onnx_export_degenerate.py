@@ -11,6 +11,7 @@ from torch import nn
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, numpy_helper
+from onnx_helpers import make_model
 
 import modelopt_lite as mtq
 import modelopt_lite.tensor_quant as tq
@@ -201,7 +202,7 @@ def test_double_quantized_block_scales(tmp_path, dynamo, scale_bits, scale_block
     # the exported scale codes dequantize to positive scales equal to the quantizer's double-quantized ones
     from onnx.reference import ReferenceEvaluator
 
-    sub = onnx.helper.make_model(
+    sub = make_model(
         onnx.helper.make_graph(
             [scale_dq],
             "s",
@@ -209,7 +210,8 @@ def test_double_quantized_block_scales(tmp_path, dynamo, scale_bits, scale_block
             [onnx.helper.make_value_info(scale_dq.output[0], onnx.TypeProto())],
             [inits[i] for i in scale_dq.input if i],
         ),
-        opset_imports=[onnx.helper.make_opsetid("", 21)],
+        21,
+        ort=False,
     )
     (scales,) = ReferenceEvaluator(sub).run(None, {})
     wq_ = m[0].weight_quantizer
@@ -237,8 +239,7 @@ def dequantized_weight(path, weight_dq, scale_dq) -> np.ndarray:
         [onnx.helper.make_tensor_value_info(weight_dq.output[0], TensorProto.FLOAT, None)],
         [inits[i] for n in (scale_dq, weight_dq) for i in n.input if i in inits],
     )
-    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21)])
-    model.ir_version = 10
+    model = make_model(g, 21)
     return ort_session(model, optimize=False).run(None, {})[0]
 
 

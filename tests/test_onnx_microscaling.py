@@ -9,6 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import make_model
 
 from modelopt_lite.formats import E2M1_VALUES
 from modelopt_lite.functional import microscaling as mx
@@ -22,7 +23,7 @@ def _run(build, x: torch.Tensor, opset: int, weight: bool) -> torch.Tensor:
     shape = list(x.shape)
     inputs = [] if weight else [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
-    m = helper.make_model(helper.make_graph([], "g", inputs, [out]), opset_imports=[helper.make_opsetid("", opset)])
+    m = make_model(helper.make_graph([], "g", inputs, [out]), opset, ort=False)
     g = Graph(m)
     nodes, _ = build(g)
     g.nodes += nodes
@@ -101,7 +102,7 @@ def test_mx_bit_exact(elem, rounding, shape):
 
 def test_mx_weight_storage_types():
     x = _data((2, 64))
-    m = helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", 24)])
+    m = make_model(helper.make_graph([], "g", [], []), 24, ort=False)
     g = Graph(m)
     _, info = M.mx_weight(g, x, "e2m1", 32, "floor", "y", 24, "w")
     types = {t.name: t.data_type for t in g.inits.values()}
@@ -109,14 +110,14 @@ def test_mx_weight_storage_types():
     assert sorted(types.values()) == sorted([TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E8M0])
     q = next(t for t in g.inits.values() if t.data_type == TensorProto.FLOAT4E2M1)
     assert len(q.raw_data) == 64  # two codes per byte
-    g2 = Graph(helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", 23)]))
+    g2 = Graph(make_model(helper.make_graph([], "g", [], []), 23, ort=False))
     _, info = M.mx_weight(g2, x, "e4m3", 32, "floor", "y", 23, "w")
     assert info["scales"]["dtype"] == "FLOAT"  # no E8M0 DequantizeLinear scales before opset 24
 
 
 def test_opset_too_low_names_the_site():
     x = _data((2, 32))
-    g = Graph(helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", 21)]))
+    g = Graph(make_model(helper.make_graph([], "g", [], []), 21, ort=False))
     with pytest.raises(OpsetTooLow, match=r"layer\.w: FP4 \(FLOAT4E2M1\) weights need opset >= 23, got opset 21"):
         M.nvfp4_weight(g, x, 0.01, 16, "y", 21, "layer.w")
     with pytest.raises(OpsetTooLow, match=r"MX \(e4m3\) activations .* need opset >= 24"):

@@ -56,3 +56,15 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, capsys):
             pytest.fail(f"README python block {i + 1} failed: {type(e).__name__}: {e}\n---\n{block}")
     assert (tmp_path / "digits_int8.onnx").is_file()
     assert "QuantizeLinear INT8 per-tensor" in capsys.readouterr().out
+
+
+def test_readme_states_the_version_floors_of_pyproject():
+    """The README's supported ranges are pyproject.toml's floors (torch, numpy, onnx, onnxruntime), and .ci/run
+    runs the ONNX tests with the onnx/onnxruntime floors."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    floors = dict(re.findall(r'"(torch|numpy|onnx|onnxruntime)>=([0-9.]+)"', pyproject))
+    assert sorted(floors) == ["numpy", "onnx", "onnxruntime", "torch"], floors
+    section = README[README.index("## Supported versions") :].split("\n## ", 1)[0]
+    for name, version in floors.items():
+        assert f"`{name}>={version}`" in section, (name, version)
+    assert "pytest -q -m onnx tests" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")

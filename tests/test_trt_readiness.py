@@ -4,6 +4,7 @@ float ops left, on small hand-built graphs with and without Q/DQ and on exported
 import numpy as np
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from onnx_helpers import make_model
 from torch import nn
 
 import modelopt_lite as mtq
@@ -26,7 +27,7 @@ def _model(nodes, inputs, outputs, inits):
         [helper.make_tensor_value_info(n, F32, None) for n in outputs],
         inits,
     )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(g, 17, ort=False)
 
 
 def _qdq(x, tag):

@@ -201,9 +201,12 @@ def _default_names(args, input_names):
     return ["input"] if n == 1 else [f"input_{i}" for i in range(n)]
 
 
-def _set_ir_version(model: onnx.ModelProto) -> None:
-    std = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    model.ir_version = max(7, helper.find_min_ir_version_for(std, ignore_unknown=True))
+def min_ir_version(opset_imports) -> int:
+    """The lowest IR version (at least 7) that can hold these opset imports: what :func:`export_onnx` stamps, so that
+    a file loads in every ONNX Runtime that implements its opset (``onnx.helper.make_model`` stamps the newest IR
+    version of the installed onnx instead, which older ONNX Runtime releases refuse)."""
+    std = [o for o in opset_imports if o.domain in ("", "ai.onnx")]
+    return max(7, helper.find_min_ir_version_for(std, ignore_unknown=True))
 
 
 def export_onnx(
@@ -284,7 +287,7 @@ def export_onnx(
     notes += _axis_notes(proto, target) + _runtime_notes(proto, target)
     if dynamo and opset < 18:
         notes.append(f"the dynamo exporter writes opset >= 18; exported at opset {max(opset, 18)}")
-    _set_ir_version(proto)
+    proto.ir_version = min_ir_version(proto.opset_import)
     uses_custom = any(n.domain not in ("", "ai.onnx") for n in proto.graph.node)
     onnx.save(proto, path)
     if uses_custom:
