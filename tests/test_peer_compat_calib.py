@@ -174,7 +174,7 @@ def test_type_and_calibrator_entries_translate():
             {"calibrator": "modelopt.torch.quantization.calib.MaxCalibrator"},
             r"calibrator 'modelopt.torch.quantization.calib.MaxCalibrator' is not supported.*never imported",
         ),
-        ({"calibrator": nn.Linear}, r"calibrator torch.nn.modules.linear.Linear is not supported"),
+        ({"calibrator": nn.Linear}, r"calibrator class torch.nn.modules.linear.Linear has no collect\(\) method"),
         ({"calibrator": "max", "calib_method": "histogram"}, r"'calibrator': 'max' contradicts 'calib_method'"),
     ],
 )

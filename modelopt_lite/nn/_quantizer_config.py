@@ -55,7 +55,7 @@ def check_calibrator_factory(value, label: str) -> tuple | None:
         raise TypeError(f"{label}: calibrator (class, args, kwargs) needs a tuple of args and a dict of kwargs")
     for method in ("collect", "compute_amax", "reset"):
         if not callable(getattr(cls, method, None)):
-            raise TypeError(f"{label}: calibrator class {cls.__qualname__} has no {method}() method")
+            raise TypeError(f"{label}: calibrator class {cls.__module__}.{cls.__qualname__} has no {method}() method")
     return (cls, tuple(args), dict(kwargs))
 
 
