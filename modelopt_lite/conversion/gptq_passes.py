@@ -16,7 +16,6 @@ loop would give, without one. So a chain of blocks costs one pass of the loop, p
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -61,28 +60,6 @@ class Feed(BlockCache):
         self.calls, self.modes, self.modes_of = [], [], {}
 
 
-@contextlib.contextmanager
-def _per_forward(model: nn.Module, on_start):
-    """Call ``on_start()`` as each call of ``model`` starts (an attribute of this model instance only, removed
-    afterwards); the call runs to its end and returns what the model returns."""
-    had = "forward" in vars(model)
-    saved = vars(model).get("forward")
-    inner = model.forward
-
-    def forward(*args, **kwargs):
-        on_start()
-        return inner(*args, **kwargs)
-
-    model.forward = forward
-    try:
-        yield
-    finally:
-        if had:
-            model.forward = saved
-        else:
-            del model.forward
-
-
 def _owner_of(model: nn.Module, block: nn.Module | None):
     """``(list, index)`` of the ModuleList element ``block``, or ``(None, -1)``."""
     if block is None:
@@ -100,7 +77,7 @@ def _loop_pass(model: nn.Module, first: nn.Module, hook, forward_loop, block, fe
     state = {"seen": True}
     owner, index = _owner_of(model, block) if feed is not None else (None, -1)
 
-    def on_start():
+    def on_start(_m, _a):  # each forward of the model, before anything inside it runs
         state["seen"] = False
         rec.calls.append([])
 
@@ -116,13 +93,13 @@ def _loop_pass(model: nn.Module, first: nn.Module, hook, forward_loop, block, fe
             rec.modes = [(m, m.training) for m in block.modules()]
         rec.calls[-1].append((copied(args), copied(kwargs)))
 
-    handles = []
+    handles = [model.register_forward_pre_hook(on_start, prepend=True)]
     if feed is not None and block is not None:
         handles.append(block.register_forward_pre_hook(block_pre, with_kwargs=True))
     handles.append(first.register_forward_pre_hook(first_pre))
     watch = ChainWatch(model, [owner] if owner is not None else [])
     try:
-        with _per_forward(model, on_start), watch.watching():
+        with watch.watching():
             forward_loop(model)
     finally:
         for h in handles:

@@ -46,6 +46,17 @@ class _Replacements:
     def __init__(self):
         self.done: list[tuple[nn.Module, str, nn.Module]] = []
 
+    def put(self, model: nn.Module, name: str, new: nn.Module) -> nn.Module:
+        """Put ``new`` at the dotted ``name`` of ``model`` (recorded, so :meth:`undo` puts the original back) and
+        return the model: ``new`` itself when ``name`` is ``""`` (the root is replaced, nothing to record)."""
+        if not name:
+            return new
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        self.done.append((parent, attr, getattr(parent, attr)))
+        setattr(parent, attr, new)
+        return model
+
     def undo(self) -> None:
         for parent, attr, original in reversed(self.done):
             setattr(parent, attr, original)

@@ -173,13 +173,7 @@ def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements
         if new is None:
             new = memo[id(m)] = _quant_class_for(m, rec, path).from_float(m)
             new.train(m.training)
-        if not name:
-            model = new
-            continue
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        undo.done.append((parent, attr, m))
-        setattr(parent, attr, new)
+        model = undo.put(model, name, new)
     return model
 
 

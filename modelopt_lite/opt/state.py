@@ -136,13 +136,7 @@ def _convert_owners(model: nn.Module, owners: list[str], seq: Mapping[str, int],
         new = memo.get(id(m))
         if new is None:
             new = memo[id(m)] = REGISTRY.convert(m)
-        if not name:
-            model = new
-            continue
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        undo.done.append((parent, attr, m))
-        setattr(parent, attr, new)
+        model = undo.put(model, name, new)
     return model
 
 

@@ -229,6 +229,23 @@ def _grad_run(x0: torch.Tensor, op: Callable, scale0: torch.Tensor | None = None
     return run
 
 
+def grad_failures(run_native: Callable) -> list[str]:
+    """Every :func:`grad_checks` case: ``run_native(check)`` (the CUDA or emulated kernels) against the reference
+    backend on the CPU (:func:`compare_grads`); the failure messages."""
+    from modelopt_lite.functional import backend
+
+    failures = []
+    for check in grad_checks():
+        got = run_native(check)
+        with backend.use_backend("reference"):
+            want = check.run("cpu")
+        try:
+            compare_grads(got, want, check.what)
+        except AssertionError as e:
+            failures.append(str(e))
+    return failures
+
+
 def grad_checks(dtypes=DTYPES):
     out = []
     for dtype in dtypes:
