@@ -39,11 +39,11 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
 from run_all import cpu_model  # noqa: E402
 
 import modelopt_lite as mtq  # noqa: E402
-from modelopt_lite.analysis.auto_quantize import format_table, layer_bits  # noqa: E402
-from modelopt_lite.conversion.presets import PRESETS  # noqa: E402
+from modelopt_lite.algorithms.auto_quantize import format_table, layer_bits  # noqa: E402
 from modelopt_lite.demo import measure  # noqa: E402
 from modelopt_lite.demo.minilm import MAX_LENGTH, load_minilm  # noqa: E402
 from modelopt_lite.demo.sentences import calibration_sentences, retrieval_pairs  # noqa: E402
+from modelopt_lite.presets import PRESETS  # noqa: E402
 
 
 def _tok(tok, texts):

@@ -61,36 +61,38 @@ _LAZY = {
     "save": "modelopt_lite.conversion.save_restore",
     "restore": "modelopt_lite.conversion.save_restore",
     "quant_step": "modelopt_lite.conversion.quant_steps",
-    "share_relu_grids": "modelopt_lite.conversion.relu_grids",
+    "share_relu_grids": "modelopt_lite.algorithms.relu_grids",
     "set_requant": "modelopt_lite.conversion.requant",
-    "INT8_DEFAULT_CFG": "modelopt_lite.conversion.config",
-    "INT8_HISTOGRAM_CFG": "modelopt_lite.conversion.config",
-    "FP8_DEFAULT_CFG": "modelopt_lite.conversion.config",
-    "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": "modelopt_lite.conversion.config",
-    "W4A8_CFG": "modelopt_lite.conversion.config",
-    "INT8_ORT_CFG": "modelopt_lite.conversion.config",
-    "INT8_ORT_REDUCED_RANGE_CFG": "modelopt_lite.conversion.config",
-    "INT8_SMOOTHQUANT_CFG": "modelopt_lite.conversion.config",
-    "NVFP4_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
-    "W4A16_NVFP4_CFG": "modelopt_lite.conversion.presets_mx",
-    "W4A8_NVFP4_FP8_CFG": "modelopt_lite.conversion.presets_mx",
-    "MXFP8_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
-    "MXFP4_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
-    "MXINT8_DEFAULT_CFG": "modelopt_lite.conversion.presets_mx",
-    "smooth_quant": "modelopt_lite.conversion.smoothquant",
-    "INT8_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
-    "INT8_SMOOTHQUANT_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
-    "FP8_ATTENTION_CFG": "modelopt_lite.conversion.presets_attention",
-    "FP8_KV_CFG": "modelopt_lite.conversion.presets_kv",
-    "INT8_KV_CFG": "modelopt_lite.conversion.presets_kv",
-    "NVFP4_KV_CFG": "modelopt_lite.conversion.presets_kv",
-    "FP8_AFFINE_KV_CFG": "modelopt_lite.conversion.presets_kv",
-    "NVFP4_AFFINE_KV_CFG": "modelopt_lite.conversion.presets_kv",
-    "with_kv_cache": "modelopt_lite.conversion.presets_kv",
+    "INT8_DEFAULT_CFG": "modelopt_lite.presets",
+    "INT8_HISTOGRAM_CFG": "modelopt_lite.presets",
+    "FP8_DEFAULT_CFG": "modelopt_lite.presets",
+    "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": "modelopt_lite.presets",
+    "W4A8_CFG": "modelopt_lite.presets",
+    "INT8_ORT_CFG": "modelopt_lite.presets",
+    "INT8_ORT_REDUCED_RANGE_CFG": "modelopt_lite.presets",
+    "INT8_SMOOTHQUANT_CFG": "modelopt_lite.presets",
+    "NVFP4_DEFAULT_CFG": "modelopt_lite.presets",
+    "W4A16_NVFP4_CFG": "modelopt_lite.presets",
+    "W4A8_NVFP4_FP8_CFG": "modelopt_lite.presets",
+    "MXFP8_DEFAULT_CFG": "modelopt_lite.presets",
+    "MXFP4_DEFAULT_CFG": "modelopt_lite.presets",
+    "MXINT8_DEFAULT_CFG": "modelopt_lite.presets",
+    "smooth_quant": "modelopt_lite.algorithms.smoothquant",
+    "INT8_ATTENTION_CFG": "modelopt_lite.presets",
+    "INT8_SMOOTHQUANT_ATTENTION_CFG": "modelopt_lite.presets",
+    "FP8_ATTENTION_CFG": "modelopt_lite.presets",
+    "FP8_KV_CFG": "modelopt_lite.presets",
+    "INT8_KV_CFG": "modelopt_lite.presets",
+    "NVFP4_KV_CFG": "modelopt_lite.presets",
+    "FP8_AFFINE_KV_CFG": "modelopt_lite.presets",
+    "NVFP4_AFFINE_KV_CFG": "modelopt_lite.presets",
+    "with_kv_cache": "modelopt_lite.presets",
     "register_attention_module": "modelopt_lite.nn.modules.quant_attention_hf",
-    "INT4_AWQ_CFG": "modelopt_lite.conversion.presets_awq",
-    "W4A8_AWQ_BETA_CFG": "modelopt_lite.conversion.presets_awq",
-    "awq": "modelopt_lite.conversion.awq",
+    "INT4_AWQ_CFG": "modelopt_lite.presets",
+    "W4A8_AWQ_BETA_CFG": "modelopt_lite.presets",
+    "awq": "modelopt_lite.algorithms.awq",
+    "algorithms": ("modelopt_lite.algorithms", None),
+    "presets": ("modelopt_lite.presets", None),
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",
@@ -102,8 +104,11 @@ _LAZY = {
     "fake_quant": "modelopt_lite.real.seed_api",
     # analysis
     "analysis": ("modelopt_lite.analysis", None),
-    "auto_quantize": "modelopt_lite.analysis.auto_quantize",
+    "auto_quantize": "modelopt_lite.algorithms.auto_quantize",
 }
+
+#: names from these layers run calibration, so resolving one first registers the weight algorithms (AWQ, GPTQ, ...)
+_NEEDS_ALGORITHMS = ("modelopt_lite.conversion", "modelopt_lite.opt", "modelopt_lite.model_calib", "modelopt_lite.real")
 
 __all__ = [*sorted(_LAZY), "__version__"]  # noqa: PLE0604 (the lazy names are strings)
 
@@ -113,6 +118,8 @@ def __getattr__(name: str):
     if target is None:
         raise AttributeError(f"module 'modelopt_lite' has no attribute {name!r}")
     mod_name, attr = target if isinstance(target, tuple) else (target, name)
+    if mod_name.startswith(_NEEDS_ALGORITHMS):
+        importlib.import_module("modelopt_lite.algorithms")  # registers the weight algorithms calibrate dispatches to
     mod = importlib.import_module(mod_name)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
 from .calib.distributed import is_active
 from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import itertools
 import random
 
@@ -11,9 +12,11 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
-from modelopt_lite.analysis import auto_quantize as aq_mod
-from modelopt_lite.analysis.auto_quantize import auto_quantize, format_table, layer_bits
-from modelopt_lite.analysis.auto_quantize_search import solve
+from modelopt_lite.algorithms.auto_quantize import auto_quantize, format_table, layer_bits
+from modelopt_lite.algorithms.auto_quantize_search import solve
+
+#: the module (the package attribute of the same name is the function)
+aq_mod = importlib.import_module("modelopt_lite.algorithms.auto_quantize")
 
 INT4 = mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG
 INT8 = mtq.INT8_DEFAULT_CFG

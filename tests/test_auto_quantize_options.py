@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
-from modelopt_lite.analysis.auto_quantize import auto_quantize
+from modelopt_lite.algorithms.auto_quantize import auto_quantize
 
 INT4 = mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG
 INT8 = mtq.INT8_DEFAULT_CFG

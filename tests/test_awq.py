@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
+from modelopt_lite.algorithms.awq_search import alpha_grid, clip_ratios
 from modelopt_lite.conversion import QuantConfigError
-from modelopt_lite.conversion.awq_search import alpha_grid, clip_ratios
 from modelopt_lite.nn import SequentialQuantizer
 from modelopt_lite.tensor_quant import fake_block_quant
 

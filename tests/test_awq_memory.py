@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
-from modelopt_lite.conversion import awq_fold, awq_search, awq_stats
-from modelopt_lite.conversion.awq import awq, candidates, check_params
-from modelopt_lite.conversion.awq_decide import search_quantizer
+from modelopt_lite.algorithms import awq_fold, awq_search, awq_stats
+from modelopt_lite.algorithms.awq import awq, candidates, check_params
+from modelopt_lite.algorithms.awq_decide import search_quantizer
 
 BS = 16
 

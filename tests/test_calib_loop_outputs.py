@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
-from modelopt_lite.analysis.auto_quantize import auto_quantize
+from modelopt_lite.algorithms.auto_quantize import auto_quantize
 from modelopt_lite.conversion.algorithm_registry import ALGORITHMS
 from modelopt_lite.conversion.config import CALIB_METHODS
 

@@ -61,7 +61,7 @@ def test_nvfp4_tiny_block_is_dead_for_us_clamped_by_modelopt():
 def test_presets_carry_modelopts_quant_cfg(name):
     from modelopt.torch.quantization import config as peer_config
 
-    from modelopt_lite.conversion import presets_mx
+    from modelopt_lite.presets import mx as presets_mx
 
     peer = getattr(peer_config, name)
     ours = getattr(presets_mx, name)

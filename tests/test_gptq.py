@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
+from modelopt_lite.algorithms.gptq_solver import gptq_quantize, grid_for, hessian_factor
 from modelopt_lite.conversion import QuantConfigError
-from modelopt_lite.conversion.gptq_solver import gptq_quantize, grid_for, hessian_factor
 from modelopt_lite.descriptor import ScaledQuantDescriptor as Desc
 from modelopt_lite.functional.scales import scale_from_amax
 

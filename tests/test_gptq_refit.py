@@ -10,10 +10,10 @@ import torch
 from test_gptq import _batches, _cfg, _loop, _model
 
 import modelopt_lite as mtq
+from modelopt_lite.algorithms.gptq_refit import float_target, hessian_error, refine, refit_scales
+from modelopt_lite.algorithms.gptq_solver import gptq_quantize, grid_for
 from modelopt_lite.conversion import ALGORITHMS, QuantConfigError
 from modelopt_lite.conversion.config import normalize_algorithm
-from modelopt_lite.conversion.gptq_refit import float_target, hessian_error, refine, refit_scales
-from modelopt_lite.conversion.gptq_solver import gptq_quantize, grid_for
 from modelopt_lite.descriptor import ScaledQuantDescriptor as Desc
 from modelopt_lite.functional.scales import scale_from_amax
 

@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import modelopt_lite as mtq
-from modelopt_lite.conversion.presets import PRESETS
-from modelopt_lite.conversion.presets_kv import KV_PATTERN, with_kv_cache
 from modelopt_lite.conversion.utils import named_quantizers
 from modelopt_lite.functional import microscaling, reference
 from modelopt_lite.nn import TensorQuantizer
 from modelopt_lite.onnx_export.ort_runner import ort_session
+from modelopt_lite.presets import PRESETS
+from modelopt_lite.presets.kv import KV_PATTERN, with_kv_cache
 
 transformers = pytest.importorskip("transformers")
 from decoder_helpers import generate_new as _generate  # noqa: E402

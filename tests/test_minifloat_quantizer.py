@@ -410,7 +410,7 @@ def test_fake2real_names_module_and_format(nb):
 
 @pytest.mark.parametrize("nb", FORMATS)
 def test_gptq_refuses_them_clearly(nb):
-    from modelopt_lite.conversion.gptq_solver import grid_for
+    from modelopt_lite.algorithms.gptq_solver import grid_for
 
     with pytest.raises(ValueError, match=rf"gptq: lin: num_bits=\({nb[0]}, {nb[1]}\) is not supported by GPTQ"):
         grid_for(QuantDescriptor(num_bits=nb, axis=0, amax=[1.0] * 4), (4, 8), "lin")

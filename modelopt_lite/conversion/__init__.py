@@ -1,13 +1,41 @@
-"""Model conversion: registry, configs and presets, ``quantize``/``calibrate``, summaries, save/restore, temporal.
+"""Model conversion: registry, configs, ``quantize``/``calibrate``, summaries, save/restore, temporal.
+
+The weight algorithms (AWQ, GPTQ, SmoothQuant, SVDQuant, auto_quantize) live one layer up in
+:mod:`modelopt_lite.algorithms` and register themselves in :data:`ALGORITHMS`; the presets live one layer down in
+:mod:`modelopt_lite.presets` (re-exported here).
 
 The public names are re-exported from :mod:`modelopt_lite` (``modelopt_lite.quantize`` etc.).
 """
 
-from . import algorithm_sequence  # noqa: F401  (registers "sequence": a list under "algorithm")
+from ..presets import (
+    FP8_AFFINE_KV_CFG,
+    FP8_ATTENTION_CFG,
+    FP8_DEFAULT_CFG,
+    FP8_KV_CFG,
+    INT4_AWQ_CFG,
+    INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
+    INT8_ATTENTION_CFG,
+    INT8_DEFAULT_CFG,
+    INT8_HISTOGRAM_CFG,
+    INT8_KV_CFG,
+    INT8_ORT_CFG,
+    INT8_SMOOTHQUANT_ATTENTION_CFG,
+    INT8_SMOOTHQUANT_CFG,
+    MXFP4_DEFAULT_CFG,
+    MXFP8_DEFAULT_CFG,
+    MXINT8_DEFAULT_CFG,
+    NVFP4_AFFINE_KV_CFG,
+    NVFP4_DEFAULT_CFG,
+    NVFP4_KV_CFG,
+    PRESETS,
+    W4A8_AWQ_BETA_CFG,
+    W4A8_CFG,
+    W4A8_NVFP4_FP8_CFG,
+    W4A16_NVFP4_CFG,
+    with_kv_cache,
+)
 from .algorithm_registry import ALGORITHMS, register_algorithm
-from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .config import QuantConfigError, normalize_config
-from .gptq import run_gptq  # registers the "gptq" algorithm
 from .model_quant import (
     calibrate,
     calibrate_loop,
@@ -17,44 +45,16 @@ from .model_quant import (
     replace_quant_modules,
     set_quantizer_by_cfg,
 )
-from .presets import (
-    FP8_DEFAULT_CFG,
-    INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
-    INT8_DEFAULT_CFG,
-    INT8_HISTOGRAM_CFG,
-    INT8_ORT_CFG,
-    INT8_SMOOTHQUANT_CFG,
-    PRESETS,
-    W4A8_CFG,
-)
-from .presets_attention import (
-    FP8_ATTENTION_CFG,
-    INT8_ATTENTION_CFG,
-    INT8_SMOOTHQUANT_ATTENTION_CFG,
-)
-from .presets_awq import INT4_AWQ_CFG, W4A8_AWQ_BETA_CFG
-from .presets_kv import FP8_AFFINE_KV_CFG, FP8_KV_CFG, INT8_KV_CFG, NVFP4_AFFINE_KV_CFG, NVFP4_KV_CFG, with_kv_cache
-from .presets_mx import (
-    MXFP4_DEFAULT_CFG,
-    MXFP8_DEFAULT_CFG,
-    MXINT8_DEFAULT_CFG,
-    NVFP4_DEFAULT_CFG,
-    W4A8_NVFP4_FP8_CFG,
-    W4A16_NVFP4_CFG,
-)
 from .quant_steps import quant_step, set_quant_step
 from .quantizer_attrs import disable_quantizer, enable_quantizer, set_quantizer_attribute
 from .quantizer_table import print_quant_summary, summary
 from .registry import QuantModuleRegistry, register, registered, unregister
-from .relu_grids import find_relu_pairs, share_relu_grids
 from .requant import set_requant
 from .save_restore import restore, save
-from .smoothquant import smooth_quant  # registers the "smoothquant" algorithm
 from .utils import named_quantizers
 
 __all__ = [
     "ALGORITHMS",
-    "awq",
     "PRESETS",
     "FP8_DEFAULT_CFG",
     "INT4_AWQ_CFG",
@@ -86,7 +86,6 @@ __all__ = [
     "calibrate_loop",
     "disable_quantizer",
     "enable_quantizer",
-    "find_relu_pairs",
     "make_forward_loop",
     "named_quantizers",
     "normalize_config",
@@ -94,7 +93,6 @@ __all__ = [
     "quant_step",
     "quantize",
     "register_algorithm",
-    "run_gptq",
     "register",
     "registered",
     "replace_quant_module",
@@ -105,8 +103,6 @@ __all__ = [
     "set_quantizer_attribute",
     "set_quantizer_by_cfg",
     "set_requant",
-    "share_relu_grids",
-    "smooth_quant",
     "summary",
     "unregister",
 ]

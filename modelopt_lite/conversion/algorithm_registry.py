@@ -12,7 +12,8 @@ An algorithm registers itself by name with the parameters it accepts and a ``run
 reported as a QuantConfigError before anything runs), snapshots every module that has a ``weight`` tensor, and calls
 ``run(model, forward_loop, calibrate, **params)``: ``forward_loop(model)`` runs the calibration data,
 ``calibrate()`` runs it once more inside a max calibration. If ``run`` raises, the weights and quantizers are put
-back exactly. Adding an algorithm is one module that registers here, imported by ``conversion/__init__``.
+back exactly. Adding an algorithm is one module under :mod:`modelopt_lite.algorithms` that registers here, imported by
+``algorithms/__init__`` (the table lives in this layer because ``calibrate`` dispatches on it).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ import copy
 import dataclasses
 import fnmatch
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,9 +59,8 @@ from ..calib import HistogramCalibrator, MaxCalibrator
 from ..descriptor import _DEFAULTS as _DESC_DEFAULTS
 from ..nn._quantizer_config import PEER_DEFAULTS, check_calibrator_factory, translate_peer
 from ..nn.modules._integer_requant import REQUANT_MODES
-from .algorithm_registry import ALGORITHMS
-from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS  # noqa: F401  (re-exported: the presets' ConvTranspose axis)
-from .presets import (  # noqa: F401  (re-exported: the presets used to live here)
+from ..presets import (  # noqa: F401  (re-exported: the presets used to live here)
+    CONVTRANSPOSE_WEIGHT_AXIS,
     FP8_DEFAULT_CFG,
     INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
     INT8_DEFAULT_CFG,
@@ -70,6 +70,14 @@ from .presets import (  # noqa: F401  (re-exported: the presets used to live her
     INT8_SMOOTHQUANT_CFG,
     PRESETS,
     W4A8_CFG,
+)
+from .algorithm_registry import ALGORITHMS
+
+#: why a weight algorithm may be missing: :mod:`modelopt_lite.algorithms` (a layer above this one) registers them
+NOT_REGISTERED_HINT = (
+    " (the weight algorithms awq_lite, gptq, smoothquant, svdquant, ... register when modelopt_lite.algorithms is"
+    " imported, which modelopt_lite.quantize/calibrate do; import modelopt_lite.algorithms before calling"
+    " modelopt_lite.conversion directly)"
 )
 
 #: attributes a quant_cfg entry may set
@@ -306,8 +314,9 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
                 raise QuantConfigError(str(e)) from None
         return method, copy.deepcopy(params)
     if method not in METHOD_PARAMS:
+        hint = "" if "modelopt_lite.algorithms" in sys.modules else NOT_REGISTERED_HINT
         raise QuantConfigError(
-            f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS) + sorted(ALGORITHMS)}"
+            f"unknown calibration method {method!r}; choose one of {list(CALIB_METHODS) + sorted(ALGORITHMS)}{hint}"
         )
     check_method(method, params)
     return method, copy.deepcopy(params)

@@ -4,7 +4,7 @@ A per-channel float32 vector over the input's last dimension (or one value for e
 computes ``x * pre_quant_scale``
 first, and then collects or quantizes that. It is applied whenever it is set, even with quantization off or the
 quantizer disabled, because the layer's weights were rescaled to match (see
-:func:`modelopt_lite.conversion.smoothquant.smooth_quant`). It lives in the ``_pre_quant_scale`` buffer (absent
+:func:`modelopt_lite.algorithms.smoothquant.smooth_quant`). It lives in the ``_pre_quant_scale`` buffer (absent
 until set), round-trips through ``state_dict`` (also into a fresh quantizer) and exports as a ``Mul``.
 """
 

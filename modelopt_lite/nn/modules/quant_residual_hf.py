@@ -19,7 +19,7 @@ time a model containing it is quantized. The quantized module computes::
 TensorRT's placement (as :class:`~.quant_add.QuantResidualAdd`): Q/DQ on the skip branch only, so TensorRT fuses
 the Add into the GEMM of ``dense``. ``residual_input_quantizer`` (QuantResidualAdd's name) is 8-bit per tensor and
 **disabled** until a config enables it: the presets' ``"*input_quantizer"`` entries would reach it, so
-:data:`~modelopt_lite.conversion.preset_base.DEFAULT_DISABLED` turns it off again in every preset (the presets keep
+:data:`~modelopt_lite.presets.base.DEFAULT_DISABLED` turns it off again in every preset (the presets keep
 their behaviour); a later entry such as ``"*residual_input_quantizer": {"num_bits": 8, "axis": None, "enable":
 True}`` turns it on. With it disabled the module runs its own float forward (bit-identical). Nothing global is
 patched: only the converted instances change. The ``dense`` Linear child is converted as usual. Exported, the skip

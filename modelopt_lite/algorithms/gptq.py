@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..calib.distributed import is_active
-from .algorithm_registry import register_algorithm
+from ..conversion.algorithm_registry import register_algorithm
 from .block_replay import blocks_of
 from .gptq_passes import Feed, passes
 from .gptq_refit import float_target, refine

@@ -1,7 +1,7 @@
-"""The INT8, FP8 and INT4 presets, and :data:`PRESETS`: every preset by name (each family's module adds its own).
+"""The INT8, FP8 and INT4 presets (:data:`BASIC_PRESETS`).
 
 Presets start with ``"default": {"enable": False}`` (output quantizers and hand-made quantizers stay off unless a
-pattern enables them) and end with :data:`~.preset_base.DEFAULT_DISABLED`, so those entries win. They are plain
+pattern enables them) and end with :data:`~.base.DEFAULT_DISABLED`, so those entries win. They are plain
 dicts; :func:`modelopt_lite.quantize` deep-copies the config it is given and never mutates it.
 """
 
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import copy
 
-from .preset_base import CONVTRANSPOSE_WEIGHT_AXIS, CT_KEYS, INT8_A, INT8_W, int8_ct_weights, preset
-from .presets_attention import ATTENTION_PRESETS
-from .presets_awq import AWQ_PRESETS
-from .presets_kv import KV_PRESETS
-from .presets_mx import MX_PRESETS
+from .base import CONVTRANSPOSE_WEIGHT_AXIS, CT_KEYS, INT8_A, INT8_W, int8_ct_weights, preset
 
 #: INT8 weights per channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS) and INT8 per-tensor activations,
 #: max calibration.
@@ -89,8 +85,8 @@ INT8_SMOOTHQUANT_CFG = preset(
     {"method": "smoothquant", "alpha": 0.8},
 )
 
-#: every preset by name; a preset family in its own module (``presets_<family>.py``) is merged in here with one line
-PRESETS = {
+#: the presets of this module by name (:data:`modelopt_lite.presets.PRESETS` merges every family)
+BASIC_PRESETS = {
     "INT8_DEFAULT_CFG": INT8_DEFAULT_CFG,
     "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
     "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG,
@@ -99,8 +95,4 @@ PRESETS = {
     "INT8_ORT_CFG": INT8_ORT_CFG,
     "INT8_ORT_REDUCED_RANGE_CFG": INT8_ORT_REDUCED_RANGE_CFG,
     "INT8_SMOOTHQUANT_CFG": INT8_SMOOTHQUANT_CFG,
-    **MX_PRESETS,
-    **ATTENTION_PRESETS,
-    **KV_PRESETS,
-    **AWQ_PRESETS,
 }

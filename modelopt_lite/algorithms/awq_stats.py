@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..calib import distributed
-from .state import snapshot_quantizers
-from .utils import named_quantizers
+from ..conversion.state import snapshot_quantizers
+from ..conversion.utils import named_quantizers
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What every preset shares: the default-disabled entries, the INT8 attribute dicts and :func:`preset`.
 
 A preset family lives in its own module (``presets.py`` for the INT8/FP8/INT4 ones) and builds its configs with
-:func:`preset`; :data:`modelopt_lite.conversion.presets.PRESETS` lists every family's presets by name.
+:func:`preset`; :data:`modelopt_lite.presets.basic.PRESETS` lists every family's presets by name.
 """
 
 from __future__ import annotations

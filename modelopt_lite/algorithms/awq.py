@@ -36,12 +36,12 @@ import numbers
 
 from torch import nn
 
+from ..conversion.algorithm_registry import register_algorithm
+from ..conversion.model_quant import calibrate as _calibrate
+from ..conversion.utils import named_quantizers
 from ..nn import TensorQuantizer
 from . import awq_fold, awq_plan, awq_search, awq_stats
-from .algorithm_registry import register_algorithm
 from .awq_decide import ClipRecord, Decider, LiteRecord, search_quantizer  # noqa: F401 (records re-exported)
-from .model_quant import calibrate as _calibrate
-from .utils import named_quantizers
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The candidate formats of :func:`~modelopt_lite.analysis.auto_quantize.auto_quantize` and who may use which.
+"""The candidate formats of :func:`~modelopt_lite.algorithms.auto_quantize.auto_quantize` and who may use which.
 
 ModelOpt 0.47's options, with its meaning:
 
@@ -33,8 +33,8 @@ from torch import nn
 
 from ..conversion.algorithm_registry import ALGORITHMS
 from ..conversion.config import QuantConfigError, normalize_config
-from ..conversion.presets import INT4_BLOCKWISE_WEIGHT_ONLY_CFG, PRESETS
 from ..conversion.utils import is_quantizer, named_quantizers
+from ..presets import INT4_BLOCKWISE_WEIGHT_ONLY_CFG, PRESETS
 
 #: ModelOpt's name for "keep the layer float" (always a candidate unless allow_no_quant=False; 16 bits)
 NONE = "NONE"

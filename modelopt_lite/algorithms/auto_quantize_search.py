@@ -1,4 +1,4 @@
-"""The exact per-layer format search of :func:`~modelopt_lite.analysis.auto_quantize.auto_quantize`.
+"""The exact per-layer format search of :func:`~modelopt_lite.algorithms.auto_quantize.auto_quantize`.
 
 A multiple-choice knapsack: every group ``g`` picks one candidate ``k`` with a score ``s[g][k]`` (estimated loss
 increase) and a cost ``c[g][k]`` (weight elements times bits); minimise ``sum s`` subject to ``sum c <= budget``.

@@ -13,8 +13,8 @@ dict. If a step raises, ``quantize`` puts the weights and quantizers back as the
 
 from __future__ import annotations
 
-from .algorithm_registry import ALGORITHMS, register_algorithm
-from .model_quant import calibrate as _calibrate
+from ..conversion.algorithm_registry import ALGORITHMS, register_algorithm
+from ..conversion.model_quant import calibrate as _calibrate
 
 
 def _check(params: dict) -> None:

@@ -10,9 +10,9 @@ microscaling`).
 
 from __future__ import annotations
 
-from .preset_base import preset
+from .base import preset
 
-#: the NVFP4 quantizer attributes (ModelOpt's config shape), shared by the NVFP4 presets here and in presets_kv
+#: the NVFP4 quantizer attributes (ModelOpt's config shape), shared by the NVFP4 presets here and in presets.kv
 NVFP4_ATTRS = {
     "num_bits": (2, 1),
     "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)},

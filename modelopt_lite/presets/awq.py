@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from .preset_base import preset
+from .base import preset
 
 _INT4_BLOCK = {"num_bits": 4, "block_sizes": {-1: 128, "type": "static"}, "enable": True}
 _FP8_TENSOR = {"num_bits": (4, 3), "axis": None, "enable": True}

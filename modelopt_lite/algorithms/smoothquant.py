@@ -26,9 +26,9 @@ import logging
 import torch
 from torch import nn
 
-from .algorithm_registry import register_algorithm
-from .state import snapshot_quantizers
-from .utils import named_quantizers
+from ..conversion.algorithm_registry import register_algorithm
+from ..conversion.state import snapshot_quantizers
+from ..conversion.utils import named_quantizers
 
 log = logging.getLogger(__name__)
 _S_MIN, _S_MAX = 1e-5, 1e5

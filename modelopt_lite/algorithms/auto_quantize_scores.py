@@ -1,4 +1,4 @@
-"""Per-group sensitivity scores for :func:`~modelopt_lite.analysis.auto_quantize.auto_quantize` (a registry).
+"""Per-group sensitivity scores for :func:`~modelopt_lite.algorithms.auto_quantize.auto_quantize` (a registry).
 
 Every method sees a :class:`ScoreContext`: ``ref`` (a float copy of the model, all quantizers off), ``cands``
 (format name -> a copy quantized and calibrated with that format everywhere), ``groups`` (group -> its layer

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import copy
 
-from .preset_base import DEFAULT_DISABLED, preset
-from .presets_mx import NVFP4_ATTRS
+from .base import DEFAULT_DISABLED, preset
+from .mx import NVFP4_ATTRS
 
 #: the pattern ModelOpt's KV presets use: the key and value inputs of the attention matmuls
 KV_PATTERN = "*[kv]_bmm_quantizer"

@@ -9,7 +9,7 @@ the layout TensorRT needs to fuse an INT8/FP8 attention. The other presets leave
 
 from __future__ import annotations
 
-from .preset_base import INT8_A, INT8_W, int8_ct_weights, preset
+from .base import INT8_A, INT8_W, int8_ct_weights, preset
 
 _FP8 = {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True}
 

@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import nn
 
-from .utils import named_quantizers
+from ..conversion.utils import named_quantizers
 
 log = logging.getLogger(__name__)
 _SAME = ("num_bits", "unsigned", "narrow_range")

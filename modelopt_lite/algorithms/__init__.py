@@ -1,0 +1,32 @@
+"""Weight and calibration algorithms: what a config's ``"algorithm"`` names besides the plain calibration methods.
+
+- :mod:`.awq` (``awq_lite``, ``awq_clip``, ``awq_full``; search, statistics, folding and replay in ``awq_*``),
+- :mod:`.gptq` (``gptq``; Hessian passes, solver and refit in ``gptq_*``),
+- :mod:`.smoothquant` (``smoothquant``), :mod:`.sequence` (a list of algorithms run in order),
+- :mod:`.block_replay` (replaying one block of a model on recorded inputs, shared by AWQ and GPTQ),
+- :mod:`.relu_grids` (shared grids across a ReLU), :mod:`.auto_quantize` (per-layer format search).
+
+Each registers itself by name in :data:`ALGORITHMS` (the table lives in :mod:`modelopt_lite.conversion.algorithm_registry`,
+one layer down, because ``calibrate`` dispatches on it); importing this package registers them all. ModelOpt's split
+is the model: its ``model_calib`` holds the calibration algorithms, its ``algorithms`` the format search.
+"""
+
+from ..conversion.algorithm_registry import ALGORITHMS, Algorithm, register_algorithm
+from . import sequence  # noqa: F401  (registers "sequence": a list under "algorithm")
+from .auto_quantize import auto_quantize
+from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
+from .gptq import run_gptq  # registers "gptq"
+from .relu_grids import find_relu_pairs, share_relu_grids
+from .smoothquant import smooth_quant  # registers "smoothquant"
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "auto_quantize",
+    "awq",
+    "find_relu_pairs",
+    "register_algorithm",
+    "run_gptq",
+    "share_relu_grids",
+    "smooth_quant",
+]
