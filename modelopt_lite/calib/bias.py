@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..functional.checks import first_bad
 from ..functional.division import true_div
 
 BIAS_METHODS = ("mean", "max_min")
@@ -46,7 +47,7 @@ def _max_min(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torc
 
 def _not_finite(what: str, *stats: torch.Tensor) -> ValueError:
     """The error for a bias statistic that NaN/Inf in the input made non-finite, naming the first bad value."""
-    v = next(t[~torch.isfinite(t)].flatten()[0].item() for t in stats if not bool(torch.isfinite(t).all()))
+    v = next(first_bad(t, ~torch.isfinite(t)) for t in stats if not bool(torch.isfinite(t).all()))
     return ValueError(f"the input contains NaN or Inf, so its bias is not finite ({what} got {v!r}); clean the input")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..functional import blocks
-from ..functional.checks import check_axes
+from ..functional.checks import check_axes, first_bad
 from ..nn._affine_bias import bias_value_problem, check_bias_config
 from ..nn._quantizer_config import PEER_DEFAULTS, check_peer_extra
 from .requant import check_mode
@@ -208,7 +208,7 @@ def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str
         raise bad(path, key, "is empty")
     finite = torch.isfinite(t)
     if not bool(finite.all()):
-        raise bad(path, key, f"must be finite, got {t[~finite].flatten()[0].item()!r}")
+        raise bad(path, key, f"must be finite, got {first_bad(t, ~finite)!r}")
     if key.endswith("_bias_value"):  # the static affine bias: any sign, the configured shape
         problem = bias_value_problem(q.bias, tuple(t.shape))
         if problem:

@@ -14,6 +14,12 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def first_bad(t: torch.Tensor, bad: torch.Tensor) -> float | int | bool:
+    """The first element of ``t`` (in memory order of the flattened tensor) where ``bad`` holds: what an error
+    message quotes as the offending value. ``bad`` must select at least one element."""
+    return t.detach()[bad].flatten()[0].item()
+
+
 def check_input(x, what: str = "inputs") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
@@ -74,8 +80,7 @@ def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
         return
     bad = ~torch.isfinite(amax) | (amax < 0)
     if bool(bad.any()):
-        v = amax.detach()[bad].flatten()[0].item()
-        raise ValueError(f"{what} must be finite and >= 0, got {v!r}")
+        raise ValueError(f"{what} must be finite and >= 0, got {first_bad(amax, bad)!r}")
 
 
 def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:

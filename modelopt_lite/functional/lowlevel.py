@@ -19,7 +19,7 @@ import torch
 
 from ..formats import smallest_code_type
 from . import library
-from .checks import check_axes, check_input
+from .checks import check_axes, check_input, first_bad
 
 _MODES = ("simulate", "hardware")
 _QLIMIT = 2**24  # integers beyond this are not exact in float32, where the kernels compute
@@ -84,7 +84,7 @@ def _check_scale(scale: torch.Tensor) -> None:
         return
     bad = ~torch.isfinite(scale) | (scale <= 0)
     if bool(bad.any()):
-        raise ValueError(f"scale must be finite and > 0, got {scale[bad].flatten()[0].item()!r}")
+        raise ValueError(f"scale must be finite and > 0, got {first_bad(scale, bad)!r}")
 
 
 def _check_zero_point(zp: torch.Tensor, qmin: int | None = None, qmax: int | None = None) -> None:
@@ -92,12 +92,12 @@ def _check_zero_point(zp: torch.Tensor, qmin: int | None = None, qmax: int | Non
         return
     bad = ~torch.isfinite(zp) | (zp != torch.round(zp))
     if bool(bad.any()):
-        raise ValueError(f"zero_point must hold integers, got {zp[bad].flatten()[0].item()!r}")
+        raise ValueError(f"zero_point must hold integers, got {first_bad(zp, bad)!r}")
     if qmin is None or qmax is None:
         return
     out = (zp < qmin) | (zp > qmax)
     if bool(out.any()):
-        raise ValueError(f"zero_point must lie in [qmin, qmax] = [{qmin}, {qmax}], got {zp[out].flatten()[0].item()!r}")
+        raise ValueError(f"zero_point must lie in [qmin, qmax] = [{qmin}, {qmax}], got {first_bad(zp, out)!r}")
 
 
 def _params(x, scale, zero_point, qmin, qmax, axis):

@@ -80,7 +80,7 @@ from ..formats import (
     e4m3_round,
     e5m2_round,
 )
-from .checks import _compiling, check_input
+from .checks import _compiling, check_input, first_bad
 from .division import true_div, true_div_
 
 __all__ = [
@@ -156,7 +156,7 @@ def _check_finite(x: torch.Tensor, what: str) -> None:
         return
     bad = ~torch.isfinite(x.detach())
     if bool(bad.any()):
-        v = x.detach()[bad].flatten()[0].item()
+        v = first_bad(x, bad)
         raise ValueError(f"{what} contains NaN or Inf ({v!r}); NVFP4/MX formats cannot represent it: clean the input")
 
 
@@ -208,7 +208,7 @@ def nvfp4_global_scale(amax) -> torch.Tensor:
     if not _compiling():
         bad = ~torch.isfinite(a) | (a < 0)
         if bool(bad.any()):
-            raise ValueError(f"NVFP4 global amax must be finite and >= 0, got {a[bad].flatten()[0].item()!r}")
+            raise ValueError(f"NVFP4 global amax must be finite and >= 0, got {first_bad(a, bad)!r}")
     gs = true_div(a, NVFP4_GLOBAL_BOUND)  # a tensor divisor: on CUDA, `a / 2688.0` multiplies by the reciprocal
     return torch.where(a <= AMAX_EPS, torch.zeros_like(gs), gs)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import AMAX_EPS, format_range, int_range
+from .checks import first_bad
 from .division import true_div
 
 _ONE_ULP_DOWN = 1.0 - 2.0**-24  # s * this == the float32 just below s (for any normal s > 0)
@@ -67,11 +68,11 @@ def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: in
             for name, t in (("min_range", min_range), ("max_range", max_range)):
                 nonfinite = ~torch.isfinite(t.detach())
                 if bool(nonfinite.any()):
-                    v = t.detach()[nonfinite].flatten()[0].item()
+                    v = first_bad(t, nonfinite)
                     raise ValueError(f"affine quantization: {name} must be finite, got {v!r}")
             bad = (~torch.isfinite(ends)).any(dim=0)
             raise ValueError(
-                f"the affine range [{lo[bad].flatten()[0].item()!r}, {hi[bad].flatten()[0].item()!r}] is too wide "
+                f"the affine range [{first_bad(lo, bad)!r}, {first_bad(hi, bad)!r}] is too wide "
                 f"for {num_bits}-bit quantization in float32: its grid ends dequantize to Inf; narrow the range"
             )
     return scale, zp.detach(), qmin, qmax

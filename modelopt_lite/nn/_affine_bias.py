@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..calib.bias import BIAS_METHODS, BiasCalibrator, compute_bias, reduce_dims
+from ..functional.checks import first_bad
 
 BIAS_TYPES = ("static", "dynamic")
 _KEYS = ("type", "method", "enable")
@@ -116,7 +117,7 @@ def _checked_value(value: Any, cfg: Mapping | None, label: str) -> torch.Tensor:
     t = value.detach().to(torch.float32).clone()
     bad = ~torch.isfinite(t)
     if bool(bad.any()):
-        raise ValueError(f"{label}: the bias value must be finite, got {t[bad].flatten()[0].item()!r}")
+        raise ValueError(f"{label}: the bias value must be finite, got {first_bad(t, bad)!r}")
     return t
 
 

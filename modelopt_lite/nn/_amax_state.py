@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..functional.checks import first_bad
+
 
 def _to_amax_tensor(value, device, label: str) -> torch.Tensor:
     """A validated float32 amax tensor (finite, >= 0) on ``device``; ValueError/TypeError naming the quantizer."""
@@ -31,7 +33,7 @@ def _to_amax_tensor(value, device, label: str) -> torch.Tensor:
         raise ValueError(f"{label}: amax must not be empty")
     bad = ~torch.isfinite(t) | (t < 0)
     if bool(bad.any()):
-        raise ValueError(f"{label}: amax must be finite and >= 0, got {t[bad].flatten()[0].item()!r}")
+        raise ValueError(f"{label}: amax must be finite and >= 0, got {first_bad(t, bad)!r}")
     return t
 
 

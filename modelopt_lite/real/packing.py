@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..functional import blocks
+from ..functional.checks import first_bad
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -19,7 +20,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     if q.is_floating_point() and q.numel():  # float codes: a NaN or a fraction would be cast to some integer silently
         bad = ~torch.isfinite(q) | (q != torch.round(q))
         if bool(bad.any()):
-            raise ValueError(f"pack_int4: codes must be finite integers, got {q[bad].flatten()[0].item()!r}")
+            raise ValueError(f"pack_int4: codes must be finite integers, got {first_bad(q, bad)!r}")
     qi = q.to(torch.int16)
     if qi.numel() and (int(qi.min()) < -8 or int(qi.max()) > 15):
         raise ValueError(f"pack_int4: codes must lie in [-8, 15], got [{int(qi.min())}, {int(qi.max())}]")

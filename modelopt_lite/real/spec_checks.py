@@ -13,7 +13,7 @@ import torch
 
 from ..formats import int_range
 from ..functional import blocks
-from ..functional.checks import check_axes
+from ..functional.checks import check_axes, first_bad
 from . import fp8, microscaling
 from .modules import _DTYPES
 from .packing import unpack_int4
@@ -203,7 +203,7 @@ def check_config(cfg, path) -> None:
 
 def _fail_values(path, key: str, t: torch.Tensor, ok: torch.Tensor, what: str) -> None:
     if not bool(ok.all()):
-        raise bad(path, key, f"{what}, got {t[~ok].flatten()[0].item()!r}")
+        raise bad(path, key, f"{what}, got {first_bad(t, ~ok)!r}")
 
 
 def check_values(path, name: str, spec: dict, tensors: dict) -> None:
