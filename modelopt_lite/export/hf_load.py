@@ -1,0 +1,2 @@
+def load_hf_checkpoint(*a, **k):
+    raise NotImplementedError
