@@ -1,7 +1,7 @@
 """The layer order of BRIEF.md holds for every import of the package, module level and function level alike.
 
 Layers, bottom-up: formats/descriptor -> functional (and tensor_quant) -> calib -> nn (and quant_modules) ->
-conversion -> onnx_export, real, analysis (and the example models) -> demo, cli. A module may import its own layer
+conversion -> onnx_export, export, real, analysis (and the example models) -> demo, cli. A module may import its own layer
 and the layers below it, never a higher one, and the import graph has no cycles (a function-level import does not
 make a cycle acceptable). The package root only names the layers in its lazy table (strings, no import statements).
 """
@@ -31,6 +31,7 @@ LAYERS = {
     "model_calib": 4,
     "plugins": 4,
     "onnx_export": 5,
+    "export": 5,
     "real": 5,
     "analysis": 5,
     "examples": 5,
