@@ -111,7 +111,9 @@ def test_fusion_shares_scales_and_folds_awq_into_norms(tmp_path):
     ln = model.get_submodule("model.layers.0.input_layernorm").weight.detach()
     assert torch.equal(t["model.layers.0.input_layernorm.weight"], ln * pqs)
     assert f"{att}q_proj.pre_quant_scale" not in t
-    assert torch.equal(t[f"{att}o_proj.pre_quant_scale"], model.get_submodule(f"{att}o_proj").input_quantizer.pre_quant_scale)
+    assert torch.equal(
+        t[f"{att}o_proj.pre_quant_scale"], model.get_submodule(f"{att}o_proj").input_quantizer.pre_quant_scale
+    )
     assert model.get_submodule(f"{att}q_proj").input_quantizer.pre_quant_scale is not None  # the caller's model is kept
 
 
@@ -233,12 +235,24 @@ _Q = "model.layers.0.self_attn.q_proj"
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
-        (lambda t: t.pop(f"{_Q}.weight_scale"), r"q_proj\.weight: is torch\.float8_e4m3fn \(128, 128\), expected torch\.float32"),
+        (
+            lambda t: t.pop(f"{_Q}.weight_scale"),
+            r"q_proj\.weight: is torch\.float8_e4m3fn \(128, 128\), expected torch\.float32",
+        ),
         (lambda t: t.pop("model.norm.weight"), r"model\.norm\.weight: is missing"),
-        (lambda t: t.update({f"{_Q}.weight_scale": t[f"{_Q}.weight_scale"].double()}), r"is torch\.float64 \(\), expected torch\.float32"),
-        (lambda t: t.update({f"{_Q}.weight": t[f"{_Q}.weight"][:64]}), r"q_proj\.weight: is torch\.float8_e4m3fn \(64, 128\)"),
+        (
+            lambda t: t.update({f"{_Q}.weight_scale": t[f"{_Q}.weight_scale"].double()}),
+            r"is torch\.float64 \(\), expected torch\.float32",
+        ),
+        (
+            lambda t: t.update({f"{_Q}.weight": t[f"{_Q}.weight"][:64]}),
+            r"q_proj\.weight: is torch\.float8_e4m3fn \(64, 128\)",
+        ),
         (lambda t: t.update({f"{_Q}.weight_scale": torch.tensor(float("nan"))}), r"weight scales must be finite"),
-        (lambda t: t.update({f"{_Q}.weight_scale_2": torch.tensor(1.0)}), r"unexpected tensor\(s\) \['weight_scale_2'\] for FP8"),
+        (
+            lambda t: t.update({f"{_Q}.weight_scale_2": torch.tensor(1.0)}),
+            r"unexpected tensor\(s\) \['weight_scale_2'\] for FP8",
+        ),
         (lambda t: t.update({"model.extra": torch.zeros(1)}), r"model\.extra: has no place in the model"),
     ],
 )
@@ -257,14 +271,16 @@ def test_loader_rejects_corrupt_files_and_configs(fp8_dir, tmp_path):
     (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="not a readable safetensors file"):
         load_hf_checkpoint(H.tiny_llama(), bad)
-    for i, (text, match) in enumerate([
-        ("{not json", "not valid UTF-8 JSON"),
-        ('{"quantization": {"quant_algo": "W4A8_AWQ"}}', "W4A8_AWQ has no real module"),
-        ('{"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}', "do not quantize the KV cache"),
-        ('{"quantization": {"quant_algo": "INT2"}}', r"quant_algo: must be one of"),
-        ('{"quantization": {"quant_algo": "FP8", "exclude_modules": [1]}}', "exclude_modules: must be a list"),
-        ('{"quantization": {"quant_algo": "FP8", "group_size": NaN}}', "JSON literal NaN"),
-    ]):
+    for i, (text, match) in enumerate(
+        [
+            ("{not json", "not valid UTF-8 JSON"),
+            ('{"quantization": {"quant_algo": "W4A8_AWQ"}}', "W4A8_AWQ has no real module"),
+            ('{"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}', "do not quantize the KV cache"),
+            ('{"quantization": {"quant_algo": "INT2"}}', r"quant_algo: must be one of"),
+            ('{"quantization": {"quant_algo": "FP8", "exclude_modules": [1]}}', "exclude_modules: must be a list"),
+            ('{"quantization": {"quant_algo": "FP8", "group_size": NaN}}', "JSON literal NaN"),
+        ]
+    ):
         d = _rewrite(fp8_dir, tmp_path / f"cfg{i}", lambda t: None)
         (d / "hf_quant_config.json").write_text(text)
         with pytest.raises(ValueError, match=match):
@@ -275,8 +291,15 @@ def test_loader_rejects_a_different_architecture(fp8_dir):
     import transformers
 
     cfg = transformers.LlamaConfig(
-        vocab_size=H.VOCAB, hidden_size=64, intermediate_size=H.FFN, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=H.VOCAB,
+        hidden_size=64,
+        intermediate_size=H.FFN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
         num_key_value_heads=2,
     )
-    with pytest.raises(ValueError, match=r"down_proj\.weight: is torch\.float8_e4m3fn \(128, 256\), expected torch\.float8_e4m3fn \(64, 256\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"down_proj\.weight: is torch\.float8_e4m3fn \(128, 256\), expected torch\.float8_e4m3fn \(64, 256\)",
+    ):
         load_hf_checkpoint(transformers.LlamaForCausalLM(cfg), fp8_dir)

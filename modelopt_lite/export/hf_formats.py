@@ -15,6 +15,8 @@ Anything else that is enabled is a ValueError naming the module and what it has.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ..nn.sequential_quantizer import SequentialQuantizer
@@ -111,7 +113,7 @@ def _weight_format(name: str, wq, iq) -> str:
     raise _fail(name, f"the weight_quantizer ({_describe(info)}) has no unified HF checkpoint format")
 
 
-def module_format(name: str, module: nn.Module) -> str | None:
+def module_format(name: str, module: Any) -> str | None:
     """The HF format of a quantized module, or None (float); ValueError for what the checkpoint cannot hold."""
     wq, iq = getattr(module, "weight_quantizer", None), getattr(module, "input_quantizer", None)
     oq = getattr(module, "output_quantizer", None)
@@ -131,9 +133,9 @@ def module_format(name: str, module: nn.Module) -> str | None:
     return _weight_format(name, wq, iq)
 
 
-def kv_format(name: str, module: nn.Module) -> str | None:
+def kv_format(name: str, module: Any) -> str | None:
     """The KV-cache format of an attention module (``FP8`` / ``NVFP4``), or None."""
-    qs = [getattr(module, a, None) for a in ("k_bmm_quantizer", "v_bmm_quantizer")]
+    qs: list[Any] = [getattr(module, a, None) for a in ("k_bmm_quantizer", "v_bmm_quantizer")]
     on = [q for q in qs if _enabled(q)]
     if not on:
         return None
@@ -207,13 +209,18 @@ def hf_quant_config(formats: dict, kv: str | None, group_size: int | None, exclu
 def config_json_entry(hf_cfg: dict) -> dict:
     """The ``quantization_config`` entry of ``config.json`` (the compressed-tensors style ModelOpt writes)."""
     q = hf_cfg["quantization"]
-    algo, out = q["quant_algo"], {}
+    algo = q["quant_algo"]
+    out: dict[str, Any] = {}
     if algo == FP8:
         fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
-        out["config_groups"] = {"group_0": {"input_activations": dict(fp8), "weights": dict(fp8), "targets": ["Linear"]}}
+        out["config_groups"] = {
+            "group_0": {"input_activations": dict(fp8), "weights": dict(fp8), "targets": ["Linear"]}
+        }
     elif algo == NVFP4:
         fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": q["group_size"]}
-        out["config_groups"] = {"group_0": {"input_activations": dict(fp4), "weights": dict(fp4), "targets": ["Linear"]}}
+        out["config_groups"] = {
+            "group_0": {"input_activations": dict(fp4), "weights": dict(fp4), "targets": ["Linear"]}
+        }
     out["ignore"] = list(q["exclude_modules"])
     if algo:
         out["quant_algo"] = algo

@@ -21,6 +21,7 @@ deep copy).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -89,7 +90,7 @@ def shared_input_groups(model: nn.Module, names: list[str], dummy_input=None) ->
     return [(group, produced.get(key)) for key, group in feeds.items() if len(set(group)) > 1]
 
 
-def _recalibrate_weight(module: nn.Module) -> None:
+def _recalibrate_weight(module: Any) -> None:
     """Max-calibrate every enabled weight quantizer of ``module`` on its current weight."""
     wq = module.weight_quantizer
     for q in list(wq) if isinstance(wq, SequentialQuantizer) else [wq]:
@@ -105,7 +106,7 @@ def _recalibrate_weight(module: nn.Module) -> None:
         q.enable_quant()
 
 
-def _resmooth(mods: list[nn.Module]) -> torch.Tensor | None:
+def _resmooth(mods: list[Any]) -> torch.Tensor | None:
     pqs = [m.input_quantizer.pre_quant_scale for m in mods]
     if pqs[0] is None:
         return None
@@ -132,7 +133,7 @@ def _share_amax(quantizers: list) -> None:
         q.amax = top.to(a.dtype).reshape(a.shape)
 
 
-def _fold_into_norm(norm: nn.Module, mods: list[nn.Module], pqs: torch.Tensor) -> None:
+def _fold_into_norm(norm: Any, mods: list[Any], pqs: torch.Tensor) -> None:
     w = norm.weight
     s = pqs.to(w.device)
     if type(norm).__name__ in _PLUS_ONE_NORMS or getattr(norm, "zero_centered_gamma", False):
@@ -162,7 +163,7 @@ def fuse_groups(model: nn.Module, formats: dict[str, str], dummy_input=None) -> 
                 f"{sorted(kinds)}; a runtime fuses them into one GEMM"
             )
         fmt = kinds.pop()
-        mods = [model.get_submodule(n) for n in names]
+        mods: list[Any] = [model.get_submodule(n) for n in names]
         pqs = _resmooth(mods)
         iqs = [m.input_quantizer for m in mods]
         if all(q.is_enabled for q in iqs):

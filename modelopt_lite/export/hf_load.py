@@ -40,6 +40,8 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 class PreScaledLinear(nn.Module):
     """``inner(x * pre_quant_scale)``: an AWQ weight-only module (the scale is not folded into the INT4 weight)."""
 
+    pre_quant_scale: torch.Tensor
+
     def __init__(self, inner: nn.Module, in_features: int):
         super().__init__()
         self.inner = inner
@@ -112,7 +114,8 @@ def read_hf_checkpoint(path) -> tuple[str | None, dict[str, torch.Tensor], Path]
     if not st.is_file():
         sharded = (folder / (WEIGHTS_NAME + ".index.json")).is_file()
         raise (ValueError if sharded else FileNotFoundError)(
-            f"load_hf_checkpoint: {folder}: " + ("sharded checkpoints are not supported" if sharded else f"no {WEIGHTS_NAME}")
+            f"load_hf_checkpoint: {folder}: "
+            + ("sharded checkpoints are not supported" if sharded else f"no {WEIGHTS_NAME}")
         )
     qpath, q = _quant_section(folder)
     algo = _check_quant(qpath, q)
@@ -123,7 +126,9 @@ def read_hf_checkpoint(path) -> tuple[str | None, dict[str, torch.Tensor], Path]
     try:
         tensors = load_file(str(st))
     except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise ValueError(f"load_hf_checkpoint: {st} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+        raise ValueError(
+            f"load_hf_checkpoint: {st} is not a readable safetensors file ({type(e).__name__}: {e})"
+        ) from e
     return algo, tensors, st
 
 
@@ -239,6 +244,7 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
         if type(lin) is not nn.Linear:
             raise _bad(st, f"module {name!r}", f"is a {type(lin).__name__} in the model; expected nn.Linear")
         local = {k[len(name) + 1 :]: t for k, t in tensors.items() if k.rpartition(".")[0] == name}
+        assert algo is not None  # quantized weights without a quant_algo were refused above
         spec, real = _module_spec(st, name, algo, lin, local, group)
         check_spec(st, name, spec)
         check_values(st, name, spec, {f"{name}.{k}": v for k, v in real.items()})
@@ -253,11 +259,13 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
         raise _bad(st, extra[0], f"has no place in the model ({len(extra)} unexpected tensor(s))")
     for name, (spec, real, lin) in plans.items():  # everything is checked: install
         pqs = real.pop("pre_quant_scale", None)
-        mod = build_real_module(spec, real, backend, device=lin.weight.device)
-        mod.label = name
+        built = build_real_module(spec, real, backend, device=lin.weight.device)
+        built.label = name  # type: ignore[assignment]
+        mod: nn.Module = built
         if pqs is not None:
-            mod = PreScaledLinear(mod, lin.weight.shape[1]).to(lin.weight.device)
-            mod.pre_quant_scale.copy_(pqs)
+            wrap = PreScaledLinear(built, lin.weight.shape[1]).to(lin.weight.device)
+            wrap.pre_quant_scale.copy_(pqs)
+            mod = wrap
         mod.train(lin.training)
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, mod)

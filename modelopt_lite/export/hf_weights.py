@@ -22,6 +22,8 @@ weight bit for bit (``real.fp8`` / ``real.microscaling`` for FP8 / NVFP4, here f
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -71,15 +73,17 @@ def _int4_part(name: str, weight: torch.Tensor, q0, check: bool) -> tuple[dict, 
     return {"weight": pack_int4_rows(codes.to(torch.int8)), "weight_scale": scale.contiguous()}, group
 
 
-def _fp8_input(name: str, module: nn.Module) -> dict:
+def _fp8_input(name: str, module: Any) -> dict:
     iq = module.input_quantizer
     if not iq.is_enabled:
         return {}
     _, s = fp8.input_part(name, iq, module.weight.shape[1])
+    if s is None:  # pragma: no cover - static inputs are checked by hf_formats
+        raise ValueError(f"export_hf_checkpoint: module {name!r}: the FP8 input_quantizer has no static scale")
     return {"input_scale": s.reshape(())}
 
 
-def module_tensors(name: str, module: nn.Module, fmt: str) -> tuple[dict[str, torch.Tensor], int | None]:
+def module_tensors(name: str, module: Any, fmt: str) -> tuple[dict[str, torch.Tensor], int | None]:
     """``({local key: tensor}, block size or None)`` of one quantized module (weight, scales, pre_quant_scale)."""
     w, wq = module.weight, module.weight_quantizer
     out: dict[str, torch.Tensor] = {}
@@ -112,7 +116,7 @@ def module_tensors(name: str, module: nn.Module, fmt: str) -> tuple[dict[str, to
     return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}, group
 
 
-def kv_tensors(name: str, module: nn.Module) -> dict[str, torch.Tensor]:
+def kv_tensors(name: str, module: Any) -> dict[str, torch.Tensor]:
     """``{"k_proj.k_scale", "v_proj.v_scale"}`` (relative to the attention module): amax / 448."""
     out = {}
     for attr, key in (("k_bmm_quantizer", "k_proj.k_scale"), ("v_bmm_quantizer", "v_proj.v_scale")):

@@ -46,7 +46,9 @@ def describe(folder: Path, name: str) -> dict:
     entry = {
         "tensors": H.layout(tensors),
         "hf_quant_config": json.loads((folder / "hf_quant_config.json").read_text())["quantization"],
-        "quantization_config": H.without_producer(json.loads((folder / "config.json").read_text())["quantization_config"]),
+        "quantization_config": H.without_producer(
+            json.loads((folder / "config.json").read_text())["quantization_config"]
+        ),
     }
     if name in H.VALUE_CONFIGS:
         entry["digests"] = {k: H.tensor_digest(v) for k, v in sorted(tensors.items()) if k.endswith(H.WEIGHT_KEYS)}
