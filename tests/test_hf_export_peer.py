@@ -5,6 +5,10 @@ FP8 (with and without the FP8 KV cache) and NVFP4 are calibrated by both sides (
 checkpoints is bit-identical. For the AWQ configs the searches differ, so ModelOpt's calibrated state (smoothed
 weights, ``pre_quant_scale``, every amax) is copied into our model first; then the export (its re-smoothing of
 q/k/v and gate/up, the norm folding, the packing and the scales) is compared bit for bit as well.
+
+bfloat16 models: the same, except FP8 weight codes, where ModelOpt divides the bfloat16 weight by the float32 scale
+in bfloat16 (a 0-dim tensor does not promote) and rounds twice; ours divide in float32 and round once, as both
+fake-quant models do. The differing codes are checked to be exactly ModelOpt's double rounding.
 """
 
 from __future__ import annotations
@@ -55,13 +59,14 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", H.CONFIGS)
-def test_every_tensor_equals_modelopts_export(name, tmp_path):
+def test_every_tensor_equals_modelopts_export(name, dtype, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        peer = H.tiny_llama()
+        peer = H.tiny_llama().to(dtype)
         mtq.quantize(peer, _peer_cfg(name), H.forward_loop)
-        model = H.tiny_llama()
+        model = H.tiny_llama().to(dtype)
         ours.quantize(model, _our_cfg(name), H.forward_loop)
         if "AWQ" in name:
             _copy_state(peer, model)
@@ -70,6 +75,16 @@ def test_every_tensor_equals_modelopts_export(name, tmp_path):
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("ours", "peer"))
     assert H.layout(a) == H.layout(b)
     differ = [k for k in a if not torch.equal(_raw(a[k]), _raw(b[k]))]
+    if dtype == torch.bfloat16 and name.startswith("FP8"):
+        fresh = H.tiny_llama().to(dtype)
+        assert differ and all(k.endswith("proj.weight") for k in differ)
+        for k in differ:
+            w = fresh.get_submodule(k.removesuffix(".weight")).weight.detach()
+            twice = (w / b[k + "_scale"]).to(torch.float8_e4m3fn)  # bf16 quotient, then E4M3
+            assert torch.equal(_raw(twice), _raw(b[k]))
+            fake = model.get_submodule(k.removesuffix(".weight")).weight_quantizer(w)
+            assert torch.equal((a[k].float() * a[k + "_scale"]).to(dtype), fake)  # ours: the fake-quant weight
+        differ = []
     assert differ == []
     qa, qb = (json.loads((tmp_path / d / "hf_quant_config.json").read_text()) for d in ("ours", "peer"))
     assert qa["quantization"] == qb["quantization"]

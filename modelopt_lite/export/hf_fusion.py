@@ -5,9 +5,9 @@ weight scale and their AWQ ``pre_quant_scale``. For every group of two or more q
 tensor (found with forward hooks on one dummy forward), in the W4A16 AWQ, W4A8 AWQ and NVFP4 formats (FP8 groups
 are left alone, as ModelOpt does):
 
-1. AWQ ``pre_quant_scale``: the group takes the mean of its members' scales; a member whose scale differs gets its
-   weight re-smoothed in float32, ``w * old / mean`` (cast back to the weight dtype), and its weight quantizer
-   re-calibrated (max) on the new weight;
+1. AWQ ``pre_quant_scale``: the group takes the mean of its members' scales (in the weights' dtype, in which the
+   forward applies them); a member whose scale differs gets its weight re-smoothed in float32, ``w * old / mean``
+   (cast back to the weight dtype), and its weight quantizer re-calibrated (max) on the new weight;
 2. the input amax becomes the group's maximum (per-tensor input quantizers);
 3. the per-tensor weight amax becomes the group's maximum: NVFP4's global amax, W4A8's E4M3 second quantizer;
 4. AWQ only: when the shared input is the output of a norm layer, the common ``pre_quant_scale`` is folded into
@@ -112,14 +112,15 @@ def _resmooth(mods: list[Any]) -> torch.Tensor | None:
         return None
     if any(p is None or p.shape != pqs[0].shape for p in pqs):
         raise ValueError("export_hf_checkpoint: modules sharing an input have pre_quant_scales of different shapes")
-    mean = torch.stack([p.float() for p in pqs]).mean(dim=0)
+    dt = mods[0].weight.dtype  # the scales as the forward applies them: in the activations' (weights') dtype
+    mean = torch.stack([p.to(dt) for p in pqs]).mean(dim=0)
     for m, old in zip(mods, pqs):
-        if torch.equal(old.float(), mean):
+        if torch.equal(old.to(dt), mean):
             continue
         w = m.weight
-        new = (w.detach().float() * old.float().to(w.device) / mean.to(w.device)).to(w.dtype)
+        new = (w.detach().float() * old.to(dt).float().to(w.device) / mean.float().to(w.device)).to(w.dtype)
         m.weight = nn.Parameter(new, requires_grad=w.requires_grad)
-        m.input_quantizer.pre_quant_scale = mean.to(old.dtype)
+        m.input_quantizer.pre_quant_scale = mean
         _recalibrate_weight(m)
     return mean
 

@@ -197,10 +197,10 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
             "dtype": dt,
         }
         if "pre_quant_scale" in local:
-            pqs = _want(path, f"{name}.pre_quant_scale", local["pre_quant_scale"], f32, (k,))
+            pqs = _want(path, f"{name}.pre_quant_scale", local["pre_quant_scale"], lin.weight.dtype, (k,))
             if not bool((torch.isfinite(pqs) & (pqs > 0)).all()):
                 raise _bad(path, f"{name}.pre_quant_scale", "must be finite and > 0")
-            out["pre_quant_scale"] = pqs
+            out["pre_quant_scale"] = pqs.float()
     return spec, out
 
 

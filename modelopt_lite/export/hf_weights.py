@@ -7,7 +7,8 @@ format         ``weight``                             scales
 =============  =====================================  ===========================================================
 FP8            float8_e4m3fn ``(N, K)``               ``weight_scale`` f32 ``()`` = amax/448; ``input_scale`` ()
 W4A16_AWQ      uint8 ``(N/2, K)``: rows 2r (low       ``weight_scale`` f32 ``(N, K/g)`` = block amax/7;
-               nibble) and 2r+1 (high) of column k    ``pre_quant_scale`` f32 ``(K,)`` unless folded into a norm
+               nibble) and 2r+1 (high) of column k    ``pre_quant_scale`` ``(K,)`` in the weight dtype, unless
+                                                      folded into a norm
 W4A8_AWQ       as W4A16_AWQ                           + ``weight_scale_2`` f32 ``()`` (the E4M3 weight amax/448),
                                                       ``input_scale`` f32 ``()``
 NVFP4          uint8 ``(N, K/2)``: elements 2j (low   ``weight_scale`` float8_e4m3fn ``(N, K/16)`` block scales,
@@ -112,7 +113,7 @@ def module_tensors(name: str, module: Any, fmt: str) -> tuple[dict[str, torch.Te
         raise ValueError(f"export_hf_checkpoint: module {name!r}: unknown format {fmt!r}")
     pqs = module.input_quantizer.pre_quant_scale if hasattr(module, "input_quantizer") else None
     if pqs is not None:
-        out["pre_quant_scale"] = pqs.detach().float().reshape(-1).clone()
+        out["pre_quant_scale"] = pqs.detach().to(w.dtype).reshape(-1).clone()  # as the forward applies it
     return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}, group
 
 
