@@ -70,5 +70,10 @@ def layout(tensors: dict) -> dict:
     return {k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in sorted(tensors.items())}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a :func:`layout` entry's name."""
+    return getattr(torch, name)
+
+
 def without_producer(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k != "producer"}

@@ -49,19 +49,19 @@ def _smooth(model) -> dict[str, torch.Tensor]:
     return scales
 
 
-_CACHE: dict[str, torch.nn.Module] = {}
+_CACHE: dict[tuple, torch.nn.Module] = {}
 
 
-def quantized(name: str) -> torch.nn.Module:
+def quantized(name: str, dtype=torch.float32) -> torch.nn.Module:
     """The tiny Llama quantized with ``name`` (cached; tests must not modify it)."""
-    if name not in _CACHE:
-        model = H.tiny_llama()
+    if (name, dtype) not in _CACHE:
+        model = H.tiny_llama().to(dtype)
         scales = _smooth(model) if "AWQ" in name else {}
         mtq.quantize(model, our_config(name), H.forward_loop)
         for n, s in scales.items():
             model.get_submodule(n).input_quantizer.pre_quant_scale = s
-        _CACHE[name] = model
-    return _CACHE[name]
+        _CACHE[name, dtype] = model
+    return _CACHE[name, dtype]
 
 
 def exported(name: str, tmp_path) -> tuple[Path, dict]:
@@ -176,6 +176,22 @@ def test_reloads_into_real_modules_with_the_fake_models_outputs(name, tmp_path):
     fake = fuse_for_hf_export(quantized(name))
     x = torch.randint(0, H.VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
     assert _real_vs_fake(fake, real, x) == 14  # 7 Linear layers per decoder layer
+
+
+@pytest.mark.parametrize("name", ["NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG"])
+def test_bfloat16_model_reloads_with_its_outputs(name, tmp_path):
+    model = quantized(name, torch.bfloat16)
+    export_hf_checkpoint(model, tmp_path)
+    t = load_file(str(tmp_path / "model.safetensors"))
+    assert t["model.norm.weight"].dtype == torch.bfloat16
+    assert t["model.layers.0.self_attn.q_proj.weight_scale"].dtype == H.torch_dtype(
+        REF["configs"][name]["tensors"]["model.layers.0.self_attn.q_proj.weight_scale"][0]
+    )
+    if name == "INT4_AWQ_CFG":
+        assert t["model.layers.0.self_attn.o_proj.pre_quant_scale"].dtype == torch.bfloat16  # as ModelOpt writes it
+    real = load_hf_checkpoint(H.tiny_llama().to(torch.bfloat16), tmp_path)
+    x = torch.randint(0, H.VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
+    assert _real_vs_fake(fuse_for_hf_export(model), real, x) == 14
 
 
 def test_export_does_not_modify_the_model(tmp_path):
