@@ -319,3 +319,42 @@ def test_loader_rejects_a_different_architecture(fp8_dir):
         match=r"down_proj\.weight: is torch\.float8_e4m3fn \(128, 256\), expected torch\.float8_e4m3fn \(64, 256\)",
     ):
         load_hf_checkpoint(transformers.LlamaForCausalLM(cfg), fp8_dir)
+
+
+class _TwoHeads(torch.nn.Sequential):
+    def __init__(self):
+        super().__init__(torch.nn.Linear(32, 16), torch.nn.Linear(32, 16))
+
+    def forward(self, x):  # both read x: a fused group
+        return torch.cat([self[0](x), self[1](x)], -1)
+
+
+def test_non_hf_model_needs_a_dummy_input_for_the_fusion(tmp_path):
+    torch.manual_seed(0)
+    model = _TwoHeads()
+    x = torch.randn(4, 32)
+    mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, lambda m: m(x))
+    with pytest.raises(ValueError, match=r"pass dummy_input="):
+        export_hf_checkpoint(model, tmp_path / "a")
+    export_hf_checkpoint(model, tmp_path / "b", dummy_input=x)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["hf_quant_config.json", "model.safetensors"]
+    t = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert torch.equal(t["0.weight_scale_2"], t["1.weight_scale_2"]) and torch.equal(
+        t["0.input_scale"], t["1.input_scale"]
+    )
+    assert json.loads((tmp_path / "b" / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "NVFP4"
+
+
+def test_mixed_formats_are_refused():
+    from modelopt_lite.export.hf_formats import hf_quant_config
+
+    with pytest.raises(ValueError, match=r"mixes formats \{'FP8': 'a', 'NVFP4': 'b'\}"):
+        hf_quant_config({"a": "FP8", "b": "NVFP4"}, None, 16, [], "0")
+
+
+def test_excluded_modules_are_summarized_with_prefix_wildcards():
+    from modelopt_lite.export.hf_formats import summarize_excluded
+
+    quantized = ["model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]
+    excluded = ["lm_head", "model.embed_tokens", "model.vision.a", "model.vision.b"]
+    assert summarize_excluded(excluded, quantized) == ["lm_head", "model.embed_tokens", "model.vision*"]
