@@ -27,6 +27,7 @@ from modelopt_lite.export import export_hf_checkpoint
 
 mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (the pinned peer)")
 peer_export = pytest.importorskip("modelopt.torch.export").export_hf_checkpoint
+pytestmark = pytest.mark.slow  # ModelOpt's AWQ search and export: tens of seconds per config
 
 
 def _peer_cfg(name: str) -> dict:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..conversion.utils import named_quantizers
 from ..nn.sequential_quantizer import SequentialQuantizer
 from .hf_formats import AWQ_FORMATS, FUSED_FORMATS
 
@@ -77,6 +78,9 @@ def shared_input_groups(model: nn.Module, names: list[str], dummy_input=None) ->
         elif _is_norm(m):
             handles.append(m.register_forward_hook(on_norm(name)))
     x = _dummy_input(model) if dummy_input is None else dummy_input
+    was_on: list[tuple[Any, bool]] = [(q, bool(q.is_enabled)) for _, q in named_quantizers(model)]
+    for q, _ in was_on:  # a float forward: no quantizer state (calibrators, temporal steps) is touched
+        q.disable()
     try:
         model(*x) if isinstance(x, tuple) else model(**x) if isinstance(x, dict) else model(x)
     except Exception as e:
@@ -87,6 +91,9 @@ def shared_input_groups(model: nn.Module, names: list[str], dummy_input=None) ->
     finally:
         for h in handles:
             h.remove()
+        for q, on in was_on:
+            if on:
+                q.enable()
     return [(group, produced.get(key)) for key, group in feeds.items() if len(set(group)) > 1]
 
 
