@@ -16,10 +16,11 @@ import transformers
 VOCAB, HIDDEN, FFN = 128, 128, 256
 #: the configs compared with ModelOpt's export (ModelOpt names; "+KV" adds the FP8 KV-cache entries)
 CONFIGS = ("FP8_DEFAULT_CFG", "FP8_DEFAULT_CFG+KV", "NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG")
-#: configs whose weight-derived tensors equal ModelOpt's bit for bit (AWQ searches differ: layout only)
-VALUE_CONFIGS = ("FP8_DEFAULT_CFG", "FP8_DEFAULT_CFG+KV", "NVFP4_DEFAULT_CFG")
+#: every config's weight-derived tensors are compared with ModelOpt's as stored digests; the AWQ configs run
+#: with max calibration and the fixed :func:`awq_scales` on both sides (the AWQ searches differ)
+VALUE_CONFIGS = CONFIGS
 #: tensors computed from the weights alone (comparable as stored hashes)
-WEIGHT_KEYS = (".weight", ".weight_scale", ".weight_scale_2")
+WEIGHT_KEYS = (".weight", ".weight_scale", ".weight_scale_2", ".pre_quant_scale")
 
 
 def tiny_llama(seed: int = 0) -> torch.nn.Module:
@@ -44,6 +45,19 @@ def tiny_llama(seed: int = 0) -> torch.nn.Module:
             else:  # a different range per tensor (its amax), still exact: integers over a power of two
                 p.copy_(codes * float(8 + i % 8) / 131072.0)
     return model
+
+
+def awq_scales(model) -> dict[str, torch.Tensor]:
+    """AWQ's result without its search: per Linear but the head, the weight divided by ``s`` now (in place), and
+    ``s`` returned, to become the input quantizer's ``pre_quant_scale`` once quantized (powers of two: exact)."""
+    g = torch.Generator().manual_seed(3)
+    scales = {}
+    with torch.no_grad():
+        for n, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and n != "lm_head":
+                scales[n] = 2.0 ** torch.randint(-2, 3, (m.weight.shape[1],), generator=g).float()
+                m.weight.div_(scales[n].to(m.weight.dtype))
+    return scales
 
 
 def calib_data() -> list[torch.Tensor]:

@@ -2,9 +2,9 @@
 of the same decoder (stored in ``hf_reference/modelopt_reference.json``; regenerate with
 ``hf_reference/make_reference.py``), reloaded into real modules with the fake-quant model's outputs, and its errors.
 
-The AWQ configs run with ``algorithm="max"`` and a fixed per-module ``pre_quant_scale`` (weights divided by it, as
-AWQ leaves them): the layout is AWQ's, the search (tested elsewhere, and different from ModelOpt's) is skipped, and
-q/k/v and gate/up get different scales, so the export's re-smoothing runs.
+The AWQ configs run with ``algorithm="max"`` and a fixed per-module ``pre_quant_scale`` (``hf_helpers.awq_scales``,
+weights divided by it, as AWQ leaves them), on both sides: the search (tested elsewhere, and different from
+ModelOpt's) is skipped, and q/k/v and gate/up get different scales, so the export's re-smoothing runs.
 """
 
 from __future__ import annotations
@@ -36,19 +36,6 @@ def our_config(name: str) -> dict:
     return cfg
 
 
-def _smooth(model) -> dict[str, torch.Tensor]:
-    """AWQ's result without its search: per Linear but the head, ``weight / s`` now and ``pre_quant_scale = s``
-    once quantized (returned)."""
-    g = torch.Generator().manual_seed(3)
-    scales = {}
-    with torch.no_grad():
-        for n, m in model.named_modules():
-            if isinstance(m, torch.nn.Linear) and n != "lm_head":
-                scales[n] = 2.0 ** torch.randint(-2, 3, (m.weight.shape[1],), generator=g).float()
-                m.weight.div_(scales[n])
-    return scales
-
-
 _CACHE: dict[tuple, torch.nn.Module] = {}
 
 
@@ -56,7 +43,7 @@ def quantized(name: str, dtype=torch.float32) -> torch.nn.Module:
     """The tiny Llama quantized with ``name`` (cached; tests must not modify it)."""
     if (name, dtype) not in _CACHE:
         model = H.tiny_llama().to(dtype)
-        scales = _smooth(model) if "AWQ" in name else {}
+        scales = H.awq_scales(model) if "AWQ" in name else {}
         mtq.quantize(model, our_config(name), H.forward_loop)
         for n, s in scales.items():
             model.get_submodule(n).input_quantizer.pre_quant_scale = s

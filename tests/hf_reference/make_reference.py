@@ -6,7 +6,9 @@ Run from the repository root with the pinned peer (nvidia-modelopt 0.47.0, CPU):
 
 For every config of ``hf_helpers.CONFIGS`` it stores the tensors' keys, dtypes and shapes, the ``quantization``
 section of ``hf_quant_config.json`` and ``config.json``'s ``quantization_config`` (producer left out), and for the
-configs of ``hf_helpers.VALUE_CONFIGS`` a digest of every tensor computed from the weights alone.
+configs of ``hf_helpers.VALUE_CONFIGS`` a digest of every tensor computed from the weights alone. The AWQ configs
+are calibrated with max and the fixed ``hf_helpers.awq_scales`` as their ``pre_quant_scale`` (ModelOpt's AWQ search
+and ours differ; the export is what is compared).
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import hf_helpers as H  # noqa: E402
 
 def peer_config(mtq, name: str) -> dict:
     base = getattr(mtq, name.removesuffix("+KV"))
-    if not name.endswith("+KV"):
-        return base
-    return {"quant_cfg": base["quant_cfg"] + mtq.FP8_KV_CFG["quant_cfg"], "algorithm": base["algorithm"]}
+    cfg = {"quant_cfg": list(base["quant_cfg"]), "algorithm": base["algorithm"]}
+    if name.endswith("+KV"):
+        cfg["quant_cfg"] += mtq.FP8_KV_CFG["quant_cfg"]
+    if "AWQ" in name:
+        cfg["algorithm"] = "max"  # with hf_helpers.awq_scales in place of the search
+    return cfg
 
 
 def peer_export(name: str, out: Path) -> None:
@@ -35,7 +40,10 @@ def peer_export(name: str, out: Path) -> None:
     from modelopt.torch.export import export_hf_checkpoint
 
     model = H.tiny_llama()
+    scales = H.awq_scales(model) if "AWQ" in name else {}
     mtq.quantize(model, peer_config(mtq, name), H.forward_loop)
+    for n, s in scales.items():
+        model.get_submodule(n).input_quantizer.pre_quant_scale = s
     export_hf_checkpoint(model, export_dir=str(out))
 
 
