@@ -96,6 +96,9 @@ _LAZY = {
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",
+    "export": ("modelopt_lite.export", None),
+    "export_hf_checkpoint": "modelopt_lite.export.hf_export",
+    "load_hf_checkpoint": "modelopt_lite.export.hf_load",
     # real quantization
     "fake2real": "modelopt_lite.real.convert",
     "compress": "modelopt_lite.real.convert",
