@@ -23,13 +23,11 @@
 #include "mx_checks.h"
 #include "mx_elem.h"
 #include "mx_kernels.h"
-#include "mx_output_pool.h"
+#include "output_pool.h"
 #include "quant_kernels.h"
 
 namespace mol {
 const Kernels& active_kernels();  // quant_cpu.cpp: the implementation in force (set_kernel_impl)
-// quant_cpu.cpp: a fresh output, huge-page advised as the other ops' outputs (set_huge_page_advice)
-at::Tensor empty_output(at::IntArrayRef shape, const at::TensorOptions& opts);
 }
 
 namespace {
@@ -69,7 +67,7 @@ struct BlockedResult {
 };
 
 // out (optional): a preallocated contiguous output of x's shape and dtype (benchmarks: the kernel without the page
-// faults of a fresh output). Fresh outputs of 4 MiB and more reuse released output memory (mx_output_pool.h).
+// faults of a fresh output). Fresh outputs come from the shared output pool (output_pool.h).
 template <class Fn>
 BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern,
                       const std::optional<at::Tensor>& out = std::nullopt) {
@@ -80,7 +78,7 @@ BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, c
                       "modelopt_lite cpu kernels: out must be a contiguous CPU tensor of x's shape and dtype, "
                       "distinct from x");
   }
-  at::Tensor y = out.has_value() ? *out : mol::mxpool::empty(x.sizes(), x.options(), mol::empty_output);
+  at::Tensor y = out.has_value() ? *out : mol::empty_output(x.sizes(), x.options());
   const int64_t K = x.size(-1);
   const int64_t nbr = (K + block - 1) / block;
   std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
@@ -210,11 +208,6 @@ std::tuple<at::Tensor, at::Tensor> mx_fake_with_exponents(const at::Tensor& x, c
 
 std::string mx_kernel_impl() { return mx_kernels(mol::active_kernels()).name; }
 
-void set_output_pool_limit(std::optional<int64_t> mib) {
-  TORCH_CHECK_VALUE(!mib.has_value() || *mib >= 0, "output pool limit must be >= 0 MiB (0: off), got ", *mib);
-  mol::mxpool::set_limit(mib);
-}
-
 }  // namespace
 
 namespace mol {
@@ -230,12 +223,6 @@ void register_mx_ops(pybind11::module_& m) {
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", py::arg("out") = py::none(), rel());
   m.def("mx_fake_with_exponents", &mx_fake_with_exponents, "(fake_mx output, int32 E8M0 exponents k)", py::arg("x"),
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
-  m.def("set_output_pool_limit", &set_output_pool_limit,
-        "MiB of released NVFP4/MX output memory kept for the next output of the same size (0: off; None: the "
-        "default, MODELOPT_LITE_OUTPUT_POOL_MB or 512); see csrc/mx_output_pool.h",
-        py::arg("mib"));
-  m.def("release_output_pool", &mol::mxpool::release, "free the kept NVFP4/MX output memory");
-  m.def("output_pool_stats", &mol::mxpool::stats, "(bytes kept, blocks kept, limit bytes, hits, misses)");
   m.def("mx_kernel_impl", &mx_kernel_impl, "name of the blocked-format kernels in use: 'avx2' or 'scalar'");
 }
 
