@@ -23,6 +23,7 @@
 #include "mx_checks.h"
 #include "mx_elem.h"
 #include "mx_kernels.h"
+#include "quant_elem.h"
 #include "output_pool.h"
 #include "quant_kernels.h"
 
@@ -206,6 +207,42 @@ std::tuple<at::Tensor, at::Tensor> mx_fake_with_exponents(const at::Tensor& x, c
   return {r.y, r.scales->to(at::kInt)};
 }
 
+// tensor_quant.fake_block_quant with a dynamic amax, blocks of `block` along the last axis (the last one of a row
+// may be partial), integer (kind 0: codes in [qmin, qmax]) or E4M3 (kind 1) elements, in one pass over x: per block
+// amax = max |x|, scale = scale_from_amax(amax, bound), y = fake_quant_int(x, scale) or fake_e4m3(x, scale); the
+// amax never goes to memory. Returns (y in x's dtype, float32 scales of shape (..., nblocks), whether a block amax
+// was NaN or Inf: the caller raises the reference's error then, y and scales are not to be used).
+std::tuple<at::Tensor, at::Tensor, bool> fake_block_dynamic(const at::Tensor& x, int64_t block, int64_t kind,
+                                                            double bound, int64_t qmin, int64_t qmax) {
+  check_x(x, "block input");
+  TORCH_CHECK_VALUE(block >= 1, "modelopt_lite cpu kernels: block size must be >= 1, got ", block);
+  TORCH_CHECK_VALUE(kind == 0 || kind == 1, "modelopt_lite cpu kernels: kind must be 0 (int) or 1 (e4m3), got ", kind);
+  TORCH_CHECK_VALUE(x.dim() >= 1, "modelopt_lite cpu kernels: block input must have at least one dimension");
+  const Kernels& Kn = mol::active_kernels();
+  const float b = static_cast<float>(bound), lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
+  BlockedResult r = blocked(x, block, true, [&](const MxKernels&, const float* in, float* o, float* s, int64_t n) {
+    bool bad = false;
+    for (int64_t e = 0, j = 0; e < n; e += block, ++j) {
+      const int64_t m = std::min(block, n - e);
+      const float a = Kn.absmax(in + e, m);
+      float sc = 0.0f;
+      if (std::isfinite(a)) {
+        sc = mol::scale_from_amax_elem(a, b);
+      } else {
+        bad = true;
+      }
+      s[j] = sc;
+      if (kind == 0) {
+        Kn.int_fwd(in + e, &sc, 0, lo, hi, o + e, m, false);
+      } else {
+        Kn.e4m3_fwd(in + e, &sc, 0, o + e, m);
+      }
+    }
+    return bad;
+  });
+  return {r.y, *r.scales, r.nonfinite};
+}
+
 std::string mx_kernel_impl() { return mx_kernels(mol::active_kernels()).name; }
 
 }  // namespace
@@ -223,6 +260,9 @@ void register_mx_ops(pybind11::module_& m) {
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", py::arg("out") = py::none(), rel());
   m.def("mx_fake_with_exponents", &mx_fake_with_exponents, "(fake_mx output, int32 E8M0 exponents k)", py::arg("x"),
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
+  m.def("fake_block_dynamic", &fake_block_dynamic,
+        "(y, float32 block scales, nonfinite): dynamic block fake quant along the last axis in one pass",
+        py::arg("x"), py::arg("block"), py::arg("kind"), py::arg("bound"), py::arg("qmin"), py::arg("qmax"), rel());
   m.def("mx_kernel_impl", &mx_kernel_impl, "name of the blocked-format kernels in use: 'avx2' or 'scalar'");
 }
 

@@ -1,0 +1,96 @@
+"""Dynamic block fake quantization along the last axis in one pass: the ``modelopt_lite::fake_block_dynamic`` op.
+
+``fake_block_dynamic(x, block, kind, bound, qmin, qmax) -> (y, scale)``: per block of ``block`` elements along the
+last axis (a partial last block is quantized on its own elements, as the zero padding of :mod:`.blocks` leaves its
+amax and outputs unchanged), ``amax = max |x|``, ``scale = scale_from_amax(amax, bound)``, and ``y`` the integer
+(``kind`` 0: codes in ``[qmin, qmax]``) or E4M3 (``kind`` 1) fake quantization of the block, in x's dtype; ``scale``
+(float32) has shape ``x.shape[:-1] + (blocks,)``. Exactly what ``tensor_quant.fake_block_quant(x, {-1: block})``
+computes through :func:`.blocks.block_amax`, :func:`.scales.scale_from_amax` and the per-block op, bit for bit, but
+a backend with a ``fake_block_dynamic`` kernel (the native CPU one) reads x once and never writes the amax.
+A NaN or Inf in x raises the ValueError of :func:`.blocks.block_amax`. Gradient: straight-through for x inside each
+block's grid (the amax comes from the data, as ``block_amax`` detaches it), none for the other arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import blocks, library
+from . import reference as ref
+from .backend import kernels_for
+from .checks import FLOAT_DTYPES, _compiling
+from .scales import scale_from_amax
+
+KINDS = {"int": 0, "e4m3": 1}
+
+
+def _blocked(t: Tensor, block: int):
+    return blocks.to_blocks(t, {t.dim() - 1: block})
+
+
+def _reference(x: Tensor, block: int, kind: int, bound: float, qmin: int, qmax: int) -> tuple[Tensor, Tensor]:
+    scale = scale_from_amax(blocks.block_amax(x, {x.dim() - 1: block}), bound)
+    xb, pad = _blocked(x, block)
+    sb = scale.unsqueeze(-1)
+    yb = ref.fake_quant_int(xb, sb, qmin, qmax) if kind == 0 else ref.fake_e4m3(xb, sb)
+    return blocks.from_blocks(yb, x.shape, pad).contiguous(), scale
+
+
+@torch.library.custom_op("modelopt_lite::fake_block_dynamic", mutates_args=())
+def fake_block_dynamic(x: Tensor, block: int, kind: int, bound: float, qmin: int, qmax: int) -> tuple[Tensor, Tensor]:
+    fn = getattr(kernels_for(x.device.type), "fake_block_dynamic", None)
+    if fn is None:
+        return _reference(x, block, kind, bound, qmin, qmax)
+    y, scale, nonfinite = fn(x, block, kind, bound, qmin, qmax)
+    if nonfinite:
+        blocks.block_amax(x, {x.dim() - 1: block})  # raises the reference's ValueError naming the block
+    return y, scale
+
+
+@fake_block_dynamic.register_fake
+def _(x, block, kind, bound, qmin, qmax):
+    nb = -(-x.shape[-1] // block)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(
+        (*x.shape[:-1], nb), dtype=torch.float32
+    )
+
+
+def _setup(ctx, inputs, output):
+    x, block, kind, _, qmin, qmax = inputs
+    ctx.save_for_backward(x, output[1])
+    ctx.args = (block, kind, qmin, qmax)
+
+
+def _backward(ctx, grad, _grad_scale):
+    x, scale = ctx.saved_tensors
+    block, kind, qmin, qmax = ctx.args
+    xb, pad = _blocked(x, block)
+    gb, _ = _blocked(grad, block)
+    sb = scale.unsqueeze(-1)
+    if kind == 0:
+        gx, _ = library.int_backward(gb.contiguous(), xb, sb, qmin, qmax, False)
+    else:
+        gx, _ = library.e4m3_backward(gb.contiguous(), xb, sb, False)
+    return blocks.from_blocks(gx, x.shape, pad), None, None, None, None, None
+
+
+fake_block_dynamic.register_autograd(_backward, setup_context=_setup)
+
+
+def fused_block(x, block_sizes: dict, amax, fmt_name: str | None, unsigned: bool) -> int | None:
+    """The block size when ``fake_block_quant(x, block_sizes, amax, ...)`` can run as one :func:`fake_block_dynamic`
+    call on a backend with that kernel: a dynamic amax (None), one blocked axis (the last), no double quantization
+    of the scales, signed integer or E4M3 elements, a non-empty float tensor, eager mode. None otherwise."""
+    if amax is not None or unsigned or fmt_name not in (None, "e4m3") or _compiling():
+        return None
+    if not isinstance(x, Tensor) or x.dtype not in FLOAT_DTYPES or x.dim() == 0 or x.numel() == 0:
+        return None
+    if any(block_sizes.get(k) is not None for k in ("scale_bits", "scale_block_sizes")):
+        return None
+    sizes = blocks.normalize(block_sizes, x.shape)
+    if list(sizes) != [x.dim() - 1]:
+        return None
+    if getattr(kernels_for(x.device.type), "fake_block_dynamic", None) is None:
+        return None
+    return sizes[x.dim() - 1]
