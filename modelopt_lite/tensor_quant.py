@@ -366,11 +366,12 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
     """
     x, back = _to_compute(inputs)
     fmt = scaled_float_format(num_bits)
-    block = library_block.fused_block(x, block_sizes, amax, fmt.name if fmt else None, unsigned)
-    if block is not None:  # dynamic blocks along the last axis: amax, scale and quantization in one pass
+    fused = library_block.fused_block(x, block_sizes, amax, fmt.name if fmt else None, unsigned)
+    if fused is not None:  # blocks along the last axis: amax, scale and quantization in one pass
         _, qmin, qmax = int_range(num_bits, unsigned, narrow_range) if fmt is None else (0, 0, 0)
         kind = library_block.KINDS[fmt.name if fmt else "int"]
-        y, _ = library_block.fake_block_dynamic(x, block, kind, bound_of(num_bits, unsigned, narrow_range), qmin, qmax)
+        bound = bound_of(num_bits, unsigned, narrow_range)
+        y, _ = library_block.fake_block_last(x, fused[1], fused[0], kind, bound, qmin, qmax)
         return _back(y, back)
     scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     if unsigned:

@@ -61,9 +61,9 @@ OPS = {
         lambda n, x, g: (n.affine_backward(g, x, S_COLS, ZP, -128, 127),),
         lambda x, g: (R.affine_backward(g, x, S_COLS, ZP, -128, 127),),
     ),
-    "fake_block_dynamic": (
-        lambda n, x, g: (n.fake_block_dynamic(x, 128, 0, 7.0, -8, 7)[0],),
-        lambda x, g: (library_block._reference(x, 128, 0, 7.0, -8, 7)[0],),
+    "fake_block_last": (
+        lambda n, x, g: (n.fake_block_last(x, None, 128, 0, 7.0, -8, 7)[0],),
+        lambda x, g: (library_block._reference(x, None, 128, 0, 7.0, -8, 7)[0],),
     ),
     "fake_mx_e4m3": (lambda n, x, g: (n.fake_mx(x, "e4m3", 32, "floor"),), lambda x, g: (mx.fake_mx(x, "e4m3", 32),)),
     "fake_nvfp4": (

@@ -69,9 +69,12 @@ struct BlockedResult {
 
 // out (optional): a preallocated contiguous output of x's shape and dtype (benchmarks: the kernel without the page
 // faults of a fresh output). Fresh outputs come from the shared output pool (output_pool.h).
+// scales_in (optional, with need_scales): the float32 contiguous tensor of shape (..., blocks) the kernel's per-block
+// values go to, holding inputs for the kernel (fake_block_last: the static block amax) on entry.
 template <class Fn>
 BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern,
-                      const std::optional<at::Tensor>& out = std::nullopt) {
+                      const std::optional<at::Tensor>& out = std::nullopt,
+                      const std::optional<at::Tensor>& scales_in = std::nullopt) {
   const at::Tensor x = x_in.contiguous();
   if (out.has_value()) {
     TORCH_CHECK_VALUE(out->is_contiguous() && out->sizes() == x.sizes() && out->scalar_type() == x.scalar_type() &&
@@ -85,7 +88,7 @@ BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, c
   std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
   sshape.back() = nbr;
   std::optional<at::Tensor> scales;
-  if (need_scales) scales = at::empty(sshape, x.options().dtype(at::kFloat));
+  if (need_scales) scales = scales_in.has_value() ? *scales_in : at::empty(sshape, x.options().dtype(at::kFloat));
   if (x.numel() == 0) return {y, scales, false};
   const int64_t rows = x.numel() / K, total = rows * nbr;
   const at::ScalarType dt = x.scalar_type();
@@ -207,26 +210,37 @@ std::tuple<at::Tensor, at::Tensor> mx_fake_with_exponents(const at::Tensor& x, c
   return {r.y, r.scales->to(at::kInt)};
 }
 
-// tensor_quant.fake_block_quant with a dynamic amax, blocks of `block` along the last axis (the last one of a row
-// may be partial), integer (kind 0: codes in [qmin, qmax]) or E4M3 (kind 1) elements, in one pass over x: per block
-// amax = max |x|, scale = scale_from_amax(amax, bound), y = fake_quant_int(x, scale) or fake_e4m3(x, scale); the
-// amax never goes to memory. Returns (y in x's dtype, float32 scales of shape (..., nblocks), whether a block amax
-// was NaN or Inf: the caller raises the reference's error then, y and scales are not to be used).
-std::tuple<at::Tensor, at::Tensor, bool> fake_block_dynamic(const at::Tensor& x, int64_t block, int64_t kind,
-                                                            double bound, int64_t qmin, int64_t qmax) {
+// tensor_quant.fake_block_quant over blocks of `block` along the last axis (the last one of a row may be partial),
+// integer (kind 0: codes in [qmin, qmax]) or E4M3 (kind 1) elements, in one pass over x: per block the amax (the
+// static `amax` of shape (..., blocks), else max |x| of the block: dynamic), scale = scale_from_amax(amax, bound),
+// y = fake_quant_int(x, scale) or fake_e4m3(x, scale); a dynamic amax never goes to memory. Returns (y in x's dtype,
+// float32 scales of shape (..., blocks), bad): bad when a dynamic block amax was NaN or Inf, or a static one NaN,
+// Inf or negative; the caller raises the reference's error then (y and scales are not to be used).
+std::tuple<at::Tensor, at::Tensor, bool> fake_block_last(const at::Tensor& x, const std::optional<at::Tensor>& amax,
+                                                         int64_t block, int64_t kind, double bound, int64_t qmin,
+                                                         int64_t qmax) {
   check_x(x, "block input");
   TORCH_CHECK_VALUE(block >= 1, "modelopt_lite cpu kernels: block size must be >= 1, got ", block);
   TORCH_CHECK_VALUE(kind == 0 || kind == 1, "modelopt_lite cpu kernels: kind must be 0 (int) or 1 (e4m3), got ", kind);
-  TORCH_CHECK_VALUE(x.dim() >= 1, "modelopt_lite cpu kernels: block input must have at least one dimension");
+  std::optional<at::Tensor> scales_in;
+  if (amax.has_value()) {
+    std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
+    sshape.back() = (x.size(-1) + block - 1) / block;
+    TORCH_CHECK_VALUE(amax->device().is_cpu() && amax->scalar_type() == at::kFloat && amax->sizes() == sshape,
+                      "modelopt_lite cpu kernels: block amax must be a float32 CPU tensor of shape ", sshape,
+                      ", got ", amax->scalar_type(), " ", amax->sizes());
+    scales_in = amax->clone(at::MemoryFormat::Contiguous);  // overwritten with the scales (the caller's stays)
+  }
+  const bool dynamic = !amax.has_value();
   const Kernels& Kn = mol::active_kernels();
   const float b = static_cast<float>(bound), lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
-  BlockedResult r = blocked(x, block, true, [&](const MxKernels&, const float* in, float* o, float* s, int64_t n) {
+  auto kern = [&](const MxKernels&, const float* in, float* o, float* s, int64_t n) {
     bool bad = false;
     for (int64_t e = 0, j = 0; e < n; e += block, ++j) {
       const int64_t m = std::min(block, n - e);
-      const float a = Kn.absmax(in + e, m);
+      const float a = dynamic ? Kn.absmax(in + e, m) : s[j];
       float sc = 0.0f;
-      if (std::isfinite(a)) {
+      if (std::isfinite(a) && a >= 0.0f) {
         sc = mol::scale_from_amax_elem(a, b);
       } else {
         bad = true;
@@ -239,7 +253,8 @@ std::tuple<at::Tensor, at::Tensor, bool> fake_block_dynamic(const at::Tensor& x,
       }
     }
     return bad;
-  });
+  };
+  BlockedResult r = blocked(x, block, true, kern, std::nullopt, scales_in);
   return {r.y, *r.scales, r.nonfinite};
 }
 
@@ -260,9 +275,10 @@ void register_mx_ops(pybind11::module_& m) {
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", py::arg("out") = py::none(), rel());
   m.def("mx_fake_with_exponents", &mx_fake_with_exponents, "(fake_mx output, int32 E8M0 exponents k)", py::arg("x"),
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
-  m.def("fake_block_dynamic", &fake_block_dynamic,
-        "(y, float32 block scales, nonfinite): dynamic block fake quant along the last axis in one pass",
-        py::arg("x"), py::arg("block"), py::arg("kind"), py::arg("bound"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("fake_block_last", &fake_block_last,
+        "(y, float32 block scales, bad): static or dynamic block fake quant along the last axis in one pass",
+        py::arg("x"), py::arg("amax"), py::arg("block"), py::arg("kind"), py::arg("bound"), py::arg("qmin"),
+        py::arg("qmax"), rel());
   m.def("mx_kernel_impl", &mx_kernel_impl, "name of the blocked-format kernels in use: 'avx2' or 'scalar'");
 }
 
