@@ -157,7 +157,11 @@ def cases(x: torch.Tensor, include_compile: bool):
         ("modelopt_lite per-channel last axis", lambda: tq.fake_tensor_quant(x, amax_last, 8), f"{x.shape[-1]} ch."),
         ("modelopt_lite E4M3 per-tensor", lambda: tq.scaled_e4m3(x, amax), ""),
         ("modelopt_lite int4 block 128 (static)", lambda: tq.fake_block_quant(x, blocks, amax_blk, 4), ""),
-        ("modelopt_lite int4 block 128 (dynamic)", lambda: tq.fake_block_quant(x, blocks, None, 4), "+ amax pass"),
+        (
+            "modelopt_lite int4 block 128 (dynamic)",
+            lambda: tq.fake_block_quant(x, blocks, None, 4),
+            "amax in the same pass",
+        ),
         (TORCH_PT, lambda: torch.fake_quantize_per_tensor_affine(x, s, 0, -128, 127), "multiplies by 1/s"),
         (TORCH_C0, lambda: torch.fake_quantize_per_channel_affine(x, s_c0, zp_c0, 0, -128, 127), "axis 0"),
         (

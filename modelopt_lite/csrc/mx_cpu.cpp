@@ -70,7 +70,7 @@ struct BlockedResult {
 // out (optional): a preallocated contiguous output of x's shape and dtype (benchmarks: the kernel without the page
 // faults of a fresh output). Fresh outputs come from the shared output pool (output_pool.h).
 // scales_in (optional, with need_scales): the float32 contiguous tensor of shape (..., blocks) the kernel's per-block
-// values go to, holding inputs for the kernel (fake_block_last: the static block amax) on entry.
+// values go to (instead of a new one).
 template <class Fn>
 BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern,
                       const std::optional<at::Tensor>& out = std::nullopt,
@@ -229,8 +229,13 @@ std::tuple<at::Tensor, at::Tensor, bool> fake_block_last(const at::Tensor& x, co
     TORCH_CHECK_VALUE(amax->device().is_cpu() && amax->scalar_type() == at::kFloat && amax->sizes() == sshape,
                       "modelopt_lite cpu kernels: block amax must be a float32 CPU tensor of shape ", sshape,
                       ", got ", amax->scalar_type(), " ", amax->sizes());
-    scales_in = amax->clone(at::MemoryFormat::Contiguous);  // overwritten with the scales (the caller's stays)
   }
+  // The static amax is read in place (no copy: a small parallel op costs a whole pass on a loaded machine); the
+  // kernel finds block j's amax at the offset of its scale pointer from the start of the scales.
+  const at::Tensor am = amax.has_value() ? amax->contiguous() : at::Tensor();
+  const float* ap = amax.has_value() ? am.data_ptr<float>() : nullptr;
+  if (amax.has_value()) scales_in = at::empty(am.sizes(), am.options());
+  const float* s0 = amax.has_value() ? scales_in->data_ptr<float>() : nullptr;
   const bool dynamic = !amax.has_value();
   const Kernels& Kn = mol::active_kernels();
   const float b = static_cast<float>(bound), lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
@@ -238,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor, bool> fake_block_last(const at::Tensor& x, co
     bool bad = false;
     for (int64_t e = 0, j = 0; e < n; e += block, ++j) {
       const int64_t m = std::min(block, n - e);
-      const float a = dynamic ? Kn.absmax(in + e, m) : s[j];
+      const float a = dynamic ? Kn.absmax(in + e, m) : ap[(s - s0) + j];
       float sc = 0.0f;
       if (std::isfinite(a) && a >= 0.0f) {
         sc = mol::scale_from_amax_elem(a, b);
