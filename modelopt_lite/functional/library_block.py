@@ -97,11 +97,13 @@ def fused_block(x, block_sizes: dict, amax, fmt_name: str | None, unsigned: bool
     """``(block, amax as float32 or None)`` when ``fake_block_quant(x, block_sizes, amax, ...)`` can run as one
     :func:`fake_block_last` call on a backend with that kernel: one blocked axis (the last), a dynamic amax (None) or
     a static one of the blocks' shape that needs no gradient, no double quantization of the scales, signed integer
-    or E4M3 elements, a non-empty float tensor, eager mode. None otherwise (the unfused path, and its errors)."""
-    if unsigned or fmt_name not in (None, "e4m3") or _compiling():
-        return None
+    or E4M3 elements, a non-empty float tensor, eager mode (no compile, export or trace). None otherwise (the unfused path, and its errors)."""
+    if unsigned or fmt_name not in (None, "e4m3") or _compiling() or torch.jit.is_tracing():
+        return None  # (tracing: a plain ONNX export writes the unfused path's standard Q/DQ)
     if not isinstance(x, Tensor) or x.dtype not in FLOAT_DTYPES or x.dim() == 0 or x.numel() == 0:
         return None
+    if not isinstance(block_sizes, dict):
+        return None  # the unfused path's TypeError
     if any(block_sizes.get(k) is not None for k in ("scale_bits", "scale_block_sizes")):
         return None
     sizes = blocks.normalize(block_sizes, x.shape)
