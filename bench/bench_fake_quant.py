@@ -7,14 +7,17 @@
     python bench/bench_fake_quant.py --formats mx --compile  # NVFP4 / MXFP8 rows only (issue 15 formats)
 
 Prints one markdown table: median ms over interleaved rounds (every case once per round, so a noisy neighbour hits
-all cases alike), GB/s counting the bytes read plus written, and the ratio to ``x.clone()`` in the same run. Outputs
-are fresh tensors (as a quantizer's forward produces them), so on CPU every case pays the page faults of a new
-buffer, as ``clone()`` does; ``y.copy_(x)`` into a preallocated buffer shows the memory-bandwidth floor. The
-native kernels advise large outputs as transparent huge pages only with ``MODELOPT_LITE_HUGEPAGES=1`` (see
-``empty_out`` in csrc/quant_cpu.cpp); ``--huge-pages on|off`` forces it for this run. The NVFP4/MX kernels' large
-fresh outputs reuse the memory of released outputs (csrc/mx_output_pool.h); their rows "into torch.empty_like(x)"
-time the kernel into a fresh torch allocation (the path before the pool). ``--faults`` notes the minor page faults
-per call of every row.
+all cases alike), GB/s counting the bytes read plus written, the ratio to ``y.copy_(x)`` into a preallocated buffer
+(the memory-bandwidth floor) and to ``x.clone()``, and for every modelopt_lite row how many times faster it is than
+torch's op and nvidia-modelopt's op for the same job, all in the same run (``n/a`` where nvidia-modelopt is not
+importable: run it with the peer's interpreter, e.g. ``/tmp/venv-peer/bin/python``). A summary line per shape checks
+the CPU targets of issue 24 (integer/E4M3/int4 rows <= 1.3x the copy floor, >= 5x torch's and nvidia-modelopt's ops).
+Outputs are fresh tensors as a quantizer's forward produces them: every native CPU kernel takes its large outputs
+from one pool of released output memory (csrc/output_pool.h), so a call pays no page faults for an output the
+caller has released (``clone()`` and torch's ops pay them every call). The NVFP4/MX rows "into torch.empty_like(x)"
+time the kernel into a fresh torch allocation (the path without the pool). New pooled blocks are advised as
+transparent huge pages only with ``MODELOPT_LITE_HUGEPAGES=1``; ``--huge-pages on|off`` forces it for this run.
+``--faults`` notes the minor page faults per call of every row.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def machine(device: str) -> str:
-    desc = f"CPU {cpu_model()} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}), torch {torch.__version__}"
+    desc = (
+        f"CPU {cpu_model()} ({os.cpu_count()} cores, {cpu_features()}, torch threads {torch.get_num_threads()}), "
+        f"torch {torch.__version__}, nvidia-modelopt {_modelopt_version()}"
+    )
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         desc += f", GPU {p.name} ({p.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
@@ -63,6 +69,26 @@ def machine(device: str) -> str:
     )
 
 
+def cpu_features() -> str:
+    """The vector extensions the CPU reports (Linux /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = set(text[text.index("flags") :].splitlines()[0].split())
+    except (OSError, ValueError):
+        return "features unknown"
+    names = [f for f in ("avx2", "avx512f", "avx512_vnni", "amx_int8") if f in flags]
+    return "+".join(names) if names else "no AVX2"
+
+
+def _modelopt_version() -> str:
+    try:
+        import modelopt
+
+        return getattr(modelopt, "__version__", "installed")
+    except Exception:  # noqa: BLE001  (optional dependency)
+        return "not importable (n/a)"
+
+
 def thp_policy() -> str:
     """The kernel's transparent-huge-page settings (they decide what a fresh large output costs)."""
     parts = []
@@ -79,6 +105,31 @@ def parse_shape(s: str) -> tuple[int, ...]:
     return tuple(int(v) for v in s.lower().split("x"))
 
 
+TORCH_PT, TORCH_C0, TORCH_LAST = (
+    "torch.fake_quantize_per_tensor_affine",
+    "torch.fake_quantize_per_channel_affine",
+    "torch.fake_quantize_per_channel_affine, last axis",
+)
+TORCH_E4M3 = "naive E4M3 (x/s).to(fp8).float()*s"
+MO_PT, MO_C0, MO_LAST, MO_E4M3 = (
+    "nvidia-modelopt fake_tensor_quant",
+    "nvidia-modelopt fake_tensor_quant, per-channel axis 0",
+    "nvidia-modelopt fake_tensor_quant, per-channel last axis",
+    "nvidia-modelopt scaled_e4m3",
+)
+#: the torch and nvidia-modelopt rows doing the same job as each modelopt_lite row (per-tensor ones for the block
+#: rows: neither has a block fake-quant op; torch has no E4M3 fake-quant op, its naive chain stands in)
+PEERS = {
+    "modelopt_lite per-tensor int8": (TORCH_PT, MO_PT),
+    "modelopt_lite per-tensor uint8 (x >= 0)": (TORCH_PT, MO_PT),
+    "modelopt_lite per-channel axis 0": (TORCH_C0, MO_C0),
+    "modelopt_lite per-channel last axis": (TORCH_LAST, MO_LAST),
+    "modelopt_lite E4M3 per-tensor": (TORCH_E4M3, MO_E4M3),
+    "modelopt_lite int4 block 128 (static)": (TORCH_PT, MO_PT),
+    "modelopt_lite int4 block 128 (dynamic)": (TORCH_PT, MO_PT),
+}
+
+
 def cases(x: torch.Tensor, include_compile: bool):
     """(name, fn, note) for one input tensor; a fn returning None marks an unavailable case."""
     dev = x.device
@@ -88,8 +139,9 @@ def cases(x: torch.Tensor, include_compile: bool):
     amax_last = torch.rand([1] * (x.dim() - 1) + [x.shape[-1]], device=dev) * 2 + 1
     blocks = {-1: 128}
     amax_blk = tq.blocks.block_amax(x, blocks)
-    s, s_c0 = 3.0 / 127, (amax_c0 / 127).flatten()
+    s, s_c0, s_last = 3.0 / 127, (amax_c0 / 127).flatten(), (amax_last / 127).flatten()
     zp_c0 = torch.zeros(c0, dtype=torch.int32, device=dev)
+    zp_last = torch.zeros(x.shape[-1], dtype=torch.int32, device=dev)
     y = torch.empty_like(x)
     x_pos = x.abs()
     out = [
@@ -105,23 +157,20 @@ def cases(x: torch.Tensor, include_compile: bool):
         ("modelopt_lite per-channel last axis", lambda: tq.fake_tensor_quant(x, amax_last, 8), f"{x.shape[-1]} ch."),
         ("modelopt_lite E4M3 per-tensor", lambda: tq.scaled_e4m3(x, amax), ""),
         ("modelopt_lite int4 block 128 (static)", lambda: tq.fake_block_quant(x, blocks, amax_blk, 4), ""),
-        ("modelopt_lite int4 block 128 (dynamic)", lambda: tq.fake_block_quant(x, blocks, None, 4), "+ amax pass"),
         (
-            "torch.fake_quantize_per_tensor_affine",
-            lambda: torch.fake_quantize_per_tensor_affine(x, s, 0, -128, 127),
-            "multiplies by 1/s",
+            "modelopt_lite int4 block 128 (dynamic)",
+            lambda: tq.fake_block_quant(x, blocks, None, 4),
+            "amax in the same pass",
         ),
+        (TORCH_PT, lambda: torch.fake_quantize_per_tensor_affine(x, s, 0, -128, 127), "multiplies by 1/s"),
+        (TORCH_C0, lambda: torch.fake_quantize_per_channel_affine(x, s_c0, zp_c0, 0, -128, 127), "axis 0"),
         (
-            "torch.fake_quantize_per_channel_affine",
-            lambda: torch.fake_quantize_per_channel_affine(x, s_c0, zp_c0, 0, -128, 127),
-            "axis 0",
+            TORCH_LAST,
+            lambda: torch.fake_quantize_per_channel_affine(x, s_last, zp_last, x.dim() - 1, -128, 127),
+            f"{x.shape[-1]} ch.",
         ),
         ("naive clamp(round(x/s))*s", lambda: torch.clamp(torch.round(x / s), -128, 127) * s, "4 passes"),
-        (
-            "naive E4M3 (x/s).to(fp8).float()*s",
-            lambda: (x / s).to(torch.float8_e4m3fn).to(x.dtype) * s,
-            "not saturating",
-        ),
+        (TORCH_E4M3, lambda: (x / s).to(torch.float8_e4m3fn).to(x.dtype) * s, "not saturating"),
     ]
     if include_compile:
         naive = torch.compile(lambda t: torch.clamp(torch.round(t / s), -128, 127) * s)
@@ -129,8 +178,10 @@ def cases(x: torch.Tensor, include_compile: bool):
     try:
         from modelopt.torch.quantization import tensor_quant as mtq  # nvidia-modelopt
 
-        out.append(("nvidia-modelopt fake_tensor_quant", lambda: mtq.fake_tensor_quant(x, amax, None, 8), ""))
-        out.append(("nvidia-modelopt scaled_e4m3", lambda: mtq.scaled_e4m3(x, amax, None, 4, 3), ""))
+        out.append((MO_PT, lambda: mtq.fake_tensor_quant(x, amax, None, 8), ""))
+        out.append((MO_C0, lambda: mtq.fake_tensor_quant(x, amax_c0, None, 8), ""))
+        out.append((MO_LAST, lambda: mtq.fake_tensor_quant(x, amax_last, None, 8), ""))
+        out.append((MO_E4M3, lambda: mtq.scaled_e4m3(x, amax, None, 4, 3), ""))
     except Exception as e:  # noqa: BLE001  (optional dependency: report why it is missing)
         out.append(("nvidia-modelopt (skipped)", lambda: None, f"not importable: {type(e).__name__}"))
     return out
@@ -199,18 +250,45 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show
                 times[name].append(timer(fn))
                 faults[name].append(timer.faults)
     bytes_rw = 2 * x.numel() * x.element_size()
-    clone = statistics.median(times["x.clone()"])
+    med = {name: statistics.median(v) for name, v in times.items() if v}
+    clone, copy = med["x.clone()"], med["y.copy_(x), preallocated y"]
     rows = []
-    copy = statistics.median(times["y.copy_(x), preallocated y"])
     for name, _, note in table:
         if name in errors:
-            rows.append(f"| {name} | - | - | - | - | {errors[name] if errors[name] != 'n/a' else note} |")
+            rows.append(f"| {name} | - | - | - | - | - | - | {errors[name] if errors[name] != 'n/a' else note} |")
             continue
-        ms = statistics.median(times[name])
+        ms = med[name]
         if show_faults:
             note = f"{statistics.median(faults[name]):.0f} faults/call; {note}"
-        rows.append(f"| {name} | {ms:.1f} | {bytes_rw / ms / 1e6:.1f} | {ms / clone:.2f} | {ms / copy:.2f} | {note} |")
-    return rows, {name: statistics.median(v) for name, v in times.items() if v}
+        peers = [_speedup(med, p, ms) for p in PEERS.get(name, ())] or ["", ""]
+        rows.append(
+            f"| {name} | {ms:.1f} | {bytes_rw / ms / 1e6:.1f} | {ms / copy:.2f} | {ms / clone:.2f} | "
+            f"{peers[0]} | {peers[1]} | {note} |"
+        )
+    return rows, med
+
+
+def _speedup(med: dict, peer: str, ms: float) -> str:
+    """How many times faster than the peer row of the same run ("n/a" where that row did not run)."""
+    return f"{med[peer] / ms:.1f}x" if peer in med else "n/a"
+
+
+def target_summary(shape: str, med: dict) -> str:
+    """Issue 24's CPU targets for the modelopt_lite integer/E4M3/int4 rows of one shape."""
+    copy = med["y.copy_(x), preallocated y"]
+    rows = [n for n in PEERS if n in med]
+    if not rows:
+        return f"{shape}: no modelopt_lite rows"
+    worst_copy = max(rows, key=lambda n: med[n])
+    parts = [f"{shape}: worst row {med[worst_copy] / copy:.2f}x the copy_ floor ({worst_copy}; target <= 1.3)"]
+    for i, who in ((0, "torch"), (1, "nvidia-modelopt")):
+        have = [n for n in rows if PEERS[n][i] in med]
+        if not have:
+            parts.append(f"{who}: n/a")
+            continue
+        slowest = min(have, key=lambda n: med[PEERS[n][i]] / med[n])
+        parts.append(f"least speedup over {who} {med[PEERS[slowest][i]] / med[slowest]:.1f}x ({slowest}; target >= 5)")
+    return "; ".join(parts)
 
 
 def main(argv=None):
@@ -252,11 +330,13 @@ def main(argv=None):
     print(f"Machine: {machine(args.device)}")
     print(f"Load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"Settings: {args.dtype}, median of {rounds} interleaved rounds, GB/s = (read + write bytes) / time\n")
-    print("| shape / case | median ms | GB/s | x clone | x copy_ | note |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| shape / case | median ms | GB/s | x copy_ | x clone | torch op / this | nvidia-modelopt op / this | note |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     summaries = []
     for shape in shapes:
-        print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | | |")
+        print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | | | | |")
         compile_rows = args.compile or args.device == "cuda"
         rows, med = run_shape(shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats, args.faults)
         for row in rows:
@@ -266,7 +346,13 @@ def main(argv=None):
     print(f"\nLoad average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if native is not None and hasattr(native, "output_pool_stats"):
         held, nblocks, limit, hits, misses = native.output_pool_stats()
-        print(f"NVFP4/MX output pool: limit {limit >> 20} MiB, {hits} hits, {misses} misses, {held >> 20} MiB kept")
+        print(
+            f"Output pool (every native CPU kernel): limit {limit >> 20} MiB, {hits} hits, {misses} misses, {held >> 20} MiB kept"
+        )
+    if args.formats != "mx":
+        print()
+        for shape, med in summaries:
+            print(f"Targets: {target_summary(shape, med)}")
     if args.formats != "classic":
         print()
         for shape, med in summaries:

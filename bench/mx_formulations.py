@@ -15,7 +15,7 @@ from modelopt_lite.functional import microscaling as MS
 NVFP4_NATIVE = "modelopt_lite NVFP4 (native kernel)"
 MXFP8_NATIVE = "modelopt_lite MXFP8 E4M3 (native kernel)"
 PREALLOC = ", preallocated y"
-#: the fresh output as the kernels made it before csrc/mx_output_pool.h: torch's allocator (page faults every call)
+#: the fresh output as the kernels made it before csrc/output_pool.h: torch's allocator (page faults every call)
 TORCH_OUT = ", into torch.empty_like(x)"
 #: The pure-torch rows each native kernel is compared with (the fastest one measured counts).
 TORCH_ROWS = {

@@ -40,7 +40,7 @@ from .formats import (
     scaled_float_format,
     torch_dtype_range,
 )
-from .functional import blocks, library, library_minifloat, reference
+from .functional import blocks, library, library_block, library_minifloat, reference
 from .functional.checks import (
     as_amax,
     check_amax_values,
@@ -365,12 +365,19 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
     ``"scale_bits"`` / ``"scale_block_sizes"`` for double quantization of the scales.
     """
     x, back = _to_compute(inputs)
+    fmt = scaled_float_format(num_bits)
+    fused = library_block.fused_block(x, block_sizes, amax, fmt.name if fmt else None, unsigned)
+    if fused is not None:  # blocks along the last axis: amax, scale and quantization in one pass
+        _, qmin, qmax = int_range(num_bits, unsigned, narrow_range) if fmt is None else (0, 0, 0)
+        kind = library_block.KINDS[fmt.name if fmt else "int"]
+        bound = bound_of(num_bits, unsigned, narrow_range)
+        y, _ = library_block.fake_block_last(x, fused[1], fused[0], kind, bound, qmin, qmax)
+        return _back(y, back)
     scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     if unsigned:
         check_unsigned_input(x)
     xb, pad = blocks.to_blocks(x, sizes)
     sb = blocks.expand_amax(scale.expand(blocks.blocks_shape(x.shape, sizes)), sizes)
-    fmt = scaled_float_format(num_bits)
     if fmt is not None:
         yb = SCALED_FLOAT_OPS[fmt.name](xb, sb)
     else:

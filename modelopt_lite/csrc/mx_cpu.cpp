@@ -23,13 +23,12 @@
 #include "mx_checks.h"
 #include "mx_elem.h"
 #include "mx_kernels.h"
-#include "mx_output_pool.h"
+#include "quant_elem.h"
+#include "output_pool.h"
 #include "quant_kernels.h"
 
 namespace mol {
 const Kernels& active_kernels();  // quant_cpu.cpp: the implementation in force (set_kernel_impl)
-// quant_cpu.cpp: a fresh output, huge-page advised as the other ops' outputs (set_huge_page_advice)
-at::Tensor empty_output(at::IntArrayRef shape, const at::TensorOptions& opts);
 }
 
 namespace {
@@ -69,10 +68,13 @@ struct BlockedResult {
 };
 
 // out (optional): a preallocated contiguous output of x's shape and dtype (benchmarks: the kernel without the page
-// faults of a fresh output). Fresh outputs of 4 MiB and more reuse released output memory (mx_output_pool.h).
+// faults of a fresh output). Fresh outputs come from the shared output pool (output_pool.h).
+// scales_in (optional, with need_scales): the float32 contiguous tensor of shape (..., blocks) the kernel's per-block
+// values go to (instead of a new one).
 template <class Fn>
 BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, const Fn& kern,
-                      const std::optional<at::Tensor>& out = std::nullopt) {
+                      const std::optional<at::Tensor>& out = std::nullopt,
+                      const std::optional<at::Tensor>& scales_in = std::nullopt) {
   const at::Tensor x = x_in.contiguous();
   if (out.has_value()) {
     TORCH_CHECK_VALUE(out->is_contiguous() && out->sizes() == x.sizes() && out->scalar_type() == x.scalar_type() &&
@@ -80,13 +82,13 @@ BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, c
                       "modelopt_lite cpu kernels: out must be a contiguous CPU tensor of x's shape and dtype, "
                       "distinct from x");
   }
-  at::Tensor y = out.has_value() ? *out : mol::mxpool::empty(x.sizes(), x.options(), mol::empty_output);
+  at::Tensor y = out.has_value() ? *out : mol::empty_output(x.sizes(), x.options());
   const int64_t K = x.size(-1);
   const int64_t nbr = (K + block - 1) / block;
   std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
   sshape.back() = nbr;
   std::optional<at::Tensor> scales;
-  if (need_scales) scales = at::empty(sshape, x.options().dtype(at::kFloat));
+  if (need_scales) scales = scales_in.has_value() ? *scales_in : at::empty(sshape, x.options().dtype(at::kFloat));
   if (x.numel() == 0) return {y, scales, false};
   const int64_t rows = x.numel() / K, total = rows * nbr;
   const at::ScalarType dt = x.scalar_type();
@@ -208,12 +210,60 @@ std::tuple<at::Tensor, at::Tensor> mx_fake_with_exponents(const at::Tensor& x, c
   return {r.y, r.scales->to(at::kInt)};
 }
 
-std::string mx_kernel_impl() { return mx_kernels(mol::active_kernels()).name; }
-
-void set_output_pool_limit(std::optional<int64_t> mib) {
-  TORCH_CHECK_VALUE(!mib.has_value() || *mib >= 0, "output pool limit must be >= 0 MiB (0: off), got ", *mib);
-  mol::mxpool::set_limit(mib);
+// tensor_quant.fake_block_quant over blocks of `block` along the last axis (the last one of a row may be partial),
+// integer (kind 0: codes in [qmin, qmax]) or E4M3 (kind 1) elements, in one pass over x: per block the amax (the
+// static `amax` of shape (..., blocks), else max |x| of the block: dynamic), scale = scale_from_amax(amax, bound),
+// y = fake_quant_int(x, scale) or fake_e4m3(x, scale); a dynamic amax never goes to memory. Returns (y in x's dtype,
+// float32 scales of shape (..., blocks), bad): bad when a dynamic block amax was NaN or Inf, or a static one NaN,
+// Inf or negative; the caller raises the reference's error then (y and scales are not to be used).
+std::tuple<at::Tensor, at::Tensor, bool> fake_block_last(const at::Tensor& x, const std::optional<at::Tensor>& amax,
+                                                         int64_t block, int64_t kind, double bound, int64_t qmin,
+                                                         int64_t qmax) {
+  check_x(x, "block input");
+  TORCH_CHECK_VALUE(block >= 1, "modelopt_lite cpu kernels: block size must be >= 1, got ", block);
+  TORCH_CHECK_VALUE(kind == 0 || kind == 1, "modelopt_lite cpu kernels: kind must be 0 (int) or 1 (e4m3), got ", kind);
+  std::optional<at::Tensor> scales_in;
+  if (amax.has_value()) {
+    std::vector<int64_t> sshape(x.sizes().begin(), x.sizes().end());
+    sshape.back() = (x.size(-1) + block - 1) / block;
+    TORCH_CHECK_VALUE(amax->device().is_cpu() && amax->scalar_type() == at::kFloat && amax->sizes() == sshape,
+                      "modelopt_lite cpu kernels: block amax must be a float32 CPU tensor of shape ", sshape,
+                      ", got ", amax->scalar_type(), " ", amax->sizes());
+  }
+  // The static amax is read in place (no copy: a small parallel op costs a whole pass on a loaded machine); the
+  // kernel finds block j's amax at the offset of its scale pointer from the start of the scales.
+  const at::Tensor am = amax.has_value() ? amax->contiguous() : at::Tensor();
+  const float* ap = amax.has_value() ? am.data_ptr<float>() : nullptr;
+  if (amax.has_value()) scales_in = at::empty(am.sizes(), am.options());
+  const float* s0 = amax.has_value() ? scales_in->data_ptr<float>() : nullptr;
+  const bool dynamic = !amax.has_value();
+  const Kernels& Kn = mol::active_kernels();
+  const float b = static_cast<float>(bound), lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
+  auto kern = [&](const MxKernels&, const float* in, float* o, float* s, int64_t n) {
+    bool bad = false;
+    for (int64_t e = 0, j = 0; e < n; e += block, ++j) {
+      const int64_t m = std::min(block, n - e);
+      const float a = dynamic ? Kn.absmax(in + e, m) : ap[(s - s0) + j];
+      float sc = 0.0f;
+      if (std::isfinite(a) && a >= 0.0f) {
+        sc = mol::scale_from_amax_elem(a, b);
+      } else {
+        bad = true;
+      }
+      s[j] = sc;
+      if (kind == 0) {
+        Kn.int_fwd(in + e, &sc, 0, lo, hi, o + e, m, false);
+      } else {
+        Kn.e4m3_fwd(in + e, &sc, 0, o + e, m);
+      }
+    }
+    return bad;
+  };
+  BlockedResult r = blocked(x, block, true, kern, std::nullopt, scales_in);
+  return {r.y, *r.scales, r.nonfinite};
 }
+
+std::string mx_kernel_impl() { return mx_kernels(mol::active_kernels()).name; }
 
 }  // namespace
 
@@ -230,12 +280,10 @@ void register_mx_ops(pybind11::module_& m) {
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", py::arg("out") = py::none(), rel());
   m.def("mx_fake_with_exponents", &mx_fake_with_exponents, "(fake_mx output, int32 E8M0 exponents k)", py::arg("x"),
         py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor", rel());
-  m.def("set_output_pool_limit", &set_output_pool_limit,
-        "MiB of released NVFP4/MX output memory kept for the next output of the same size (0: off; None: the "
-        "default, MODELOPT_LITE_OUTPUT_POOL_MB or 512); see csrc/mx_output_pool.h",
-        py::arg("mib"));
-  m.def("release_output_pool", &mol::mxpool::release, "free the kept NVFP4/MX output memory");
-  m.def("output_pool_stats", &mol::mxpool::stats, "(bytes kept, blocks kept, limit bytes, hits, misses)");
+  m.def("fake_block_last", &fake_block_last,
+        "(y, float32 block scales, bad): static or dynamic block fake quant along the last axis in one pass",
+        py::arg("x"), py::arg("amax"), py::arg("block"), py::arg("kind"), py::arg("bound"), py::arg("qmin"),
+        py::arg("qmax"), rel());
   m.def("mx_kernel_impl", &mx_kernel_impl, "name of the blocked-format kernels in use: 'avx2' or 'scalar'");
 }
 

@@ -217,6 +217,24 @@ void affine_bwd(const float* g, const float* x, const float* s, int sinc, const 
   }
 }
 
+// vmaxps of |x| plus a separate NaN mask (vmaxps alone would drop a NaN); the maxima are exact in any order.
+MOL_TGT float absmax(const float* x, int64_t n) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 acc = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_max_ps(acc, _mm256_and_ps(v, absmask));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(nan) != 0) return scalar::absmax(x, i);  // NaN
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float a = _mm_cvtss_f32(h), t = scalar::absmax(x + i, n - i);
+  return (t > a || t != t) ? t : a;
+}
+
 MOL_TGT void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -263,7 +281,7 @@ MOL_TGT void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   static const Kernels k{"avx2",   int_fwd,    e4m3_fwd,   affine_fwd,  int_bwd,    e4m3_bwd,
-                         affine_bwd, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16};
+                         affine_bwd, absmax,     f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16};
   return ok ? &k : nullptr;
 }
 

@@ -13,15 +13,7 @@
 // in chunks: float32 contiguous data is used in place; other dtypes or strides are staged through small buffers.
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>  // lighter than torch/extension.h: faster JIT build
-
-#if defined(__linux__)
-#include <sys/mman.h>
-
-#include <cstdlib>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -31,6 +23,7 @@
 #include <tuple>
 
 #include "mx_kernels.h"
+#include "output_pool.h"
 #include "quant_elem.h"
 #include "quant_kernels.h"
 
@@ -187,60 +180,8 @@ at::Tensor as_f32(const at::Tensor& t, const char* what) {
 
 float qf(int64_t q) { return static_cast<float>(q); }
 
-// Transparent-huge-page advice for fresh large outputs (opt-in). MADV_HUGEPAGE makes the first write fault one
-// 2 MiB page instead of 512 4 KiB ones, which is most of the cost of a fresh output when huge pages are cheap to get.
-// They often are not: under THP defrag "always", "madvise" or "defer+madvise" an advised region that finds no free
-// huge page stalls in direct compaction on its first touch, and in VMs with free page reporting at 2 MiB
-// (virtio-balloon, page_reporting_order 9) every freed huge page goes back to the host and the next output faults
-// it in again (likely). On the 2-core AMD EPYC VM of bench/REPORT.md (defrag=madvise, reporting order 9,
-// compact_stall 0) a per-tensor fake-quant of 256 MiB was reported at 236 ms with the advice inside bench/run_all.py
-// against ~40 ms alone, and took twice the un-advised time in an interleaved A/B under load. So it is off unless
-// asked for: MODELOPT_LITE_HUGEPAGES=1 in the environment, or set_huge_page_advice(True).
-int default_huge_page_advice() {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const char* env = std::getenv("MODELOPT_LITE_HUGEPAGES");
-  return (env != nullptr && env[0] == '1') ? 1 : 0;
-#else
-  return 0;
-#endif
-}
-
-std::atomic<int> g_huge_page_advice{-1};  // -1: not decided yet
-
-bool huge_page_advice() {
-  int v = g_huge_page_advice.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = default_huge_page_advice();
-    g_huge_page_advice.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-// nullopt: back to the default above (the environment variable).
-void set_huge_page_advice(std::optional<bool> on) {
-  g_huge_page_advice.store(on.has_value() ? (*on ? 1 : 0) : default_huge_page_advice(), std::memory_order_relaxed);
-}
-
-// A fresh output. Large ones (>= 4 MiB, Linux) are 2 MiB-aligned and, where huge_page_advice() says so, advised as
-// transparent huge pages (torch's own allocator does the same only under THP_MEM_ALLOC_ENABLE=1). Everything else,
-// and every output when the advice is off, comes from torch's allocator.
-at::Tensor empty_out(at::IntArrayRef shape, const at::TensorOptions& opts) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr size_t kHuge = size_t{2} << 20;
-  int64_t numel = 1;
-  for (const int64_t d : shape) numel *= d;
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
-  if (opts.device().is_cpu() && bytes >= 2 * kHuge && huge_page_advice()) {
-    void* p = nullptr;
-    const size_t padded = (bytes + kHuge - 1) / kHuge * kHuge;
-    if (posix_memalign(&p, kHuge, padded) == 0) {
-      madvise(p, padded, MADV_HUGEPAGE);  // advice only: a refusal leaves ordinary pages
-      return at::from_blob(p, shape, [](void* q) { std::free(q); }, opts);
-    }
-  }
-#endif
-  return at::empty(shape, opts);
-}
+// Every output comes from the shared pool of output_pool.h (released large outputs' memory, huge-page advice).
+at::Tensor empty_out(at::IntArrayRef shape, const at::TensorOptions& opts) { return mol::empty_output(shape, opts); }
 
 // ---- forward ops -----------------------------------------------------------------------------------------------
 at::Tensor int_forward(const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax, bool codes) {
@@ -422,11 +363,15 @@ void set_kernel_impl(const std::string& name) {
   }
 }
 
+void set_output_pool_limit(std::optional<int64_t> mib) {
+  TORCH_CHECK_VALUE(!mib.has_value() || *mib >= 0, "output pool limit must be >= 0 MiB (0: off), got ", *mib);
+  mol::outpool::set_limit(mib);
+}
+
 }  // namespace
 
 namespace mol {
 const Kernels& active_kernels() { return kernels(); }
-at::Tensor empty_output(at::IntArrayRef shape, const at::TensorOptions& opts) { return empty_out(shape, opts); }
 }  // namespace mol
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -452,9 +397,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("round_float32", &round_float32, "x (float32) rounded to float16/bfloat16 by the kernels' conversion",
         py::arg("x"), py::arg("bfloat16"), rel());
   m.def("kernel_impl", &kernel_impl, "name of the kernel implementation in use: 'avx2' or 'scalar'");
-  m.def("huge_page_advice", &huge_page_advice,
+  m.def("huge_page_advice", &mol::outpool::huge_page_advice,
         "whether large fresh outputs are advised as transparent huge pages (see set_huge_page_advice)");
-  m.def("set_huge_page_advice", &set_huge_page_advice,
+  m.def("set_huge_page_advice", &mol::outpool::set_huge_page_advice,
         "True/False: advise large fresh outputs as transparent huge pages or not; None: the default "
         "(MODELOPT_LITE_HUGEPAGES=1 turns it on; off otherwise)",
         py::arg("on"));
@@ -462,6 +407,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), rel());
   m.def("fake_e2m1", &fake_e2m1, "e2m1_round(x / s) * s in x's dtype (FP4 E2M1 elements)", py::arg("x"),
         py::arg("scale"), rel());
+  m.def("set_output_pool_limit", &set_output_pool_limit,
+        "MiB of released output memory (every kernel's large outputs) kept for the next output of the same size "
+        "(0: off; None: the default, MODELOPT_LITE_OUTPUT_POOL_MB or 512); see csrc/output_pool.h",
+        py::arg("mib"));
+  m.def("release_output_pool", &mol::outpool::release, "free the kept output memory");
+  m.def("output_pool_stats", &mol::outpool::stats, "(bytes kept, blocks kept, limit bytes, hits, misses)");
   mol::register_mx_ops(m);
   m.def("set_kernel_impl", &set_kernel_impl, "force 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
         py::arg("name"));

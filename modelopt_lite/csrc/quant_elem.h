@@ -56,6 +56,14 @@ static inline float e4m3_elem(float c) {
   return u2f(r | sign);
 }
 
+// scales.scale_from_amax for a finite amax a >= 0: a / bound (true division), one float32 step down where the grid's
+// end bound * scale would overflow, 0 for a dead amax (a <= 2**-24).
+static inline float scale_from_amax_elem(float a, float bound) {
+  if (a <= 5.9604644775390625e-8f) return 0.0f;  // AMAX_EPS = 2**-24
+  const float s = a / bound;
+  return std::isinf(s * bound) ? s * 0.999999940395355224609375f : s;  // s * (1 - 2**-24)
+}
+
 static inline uint16_t f32_to_f16_elem(float f) {
   const uint32_t x = f2u(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);

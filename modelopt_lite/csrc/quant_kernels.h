@@ -31,6 +31,8 @@ struct Kernels {
   // gx = ((qmin - zp)*s <= x <= (qmax - zp)*s) ? g : 0.
   void (*affine_bwd)(const float* g, const float* x, const float* s, int sinc, const float* zp, int zinc,
                      float qmin, float qmax, float* gx, int64_t n);
+  // max |x| over n elements (n >= 0; 0 for n == 0); NaN when any element is NaN (Inf when one is infinite).
+  float (*absmax)(const float* x, int64_t n);
   // Contiguous dtype conversions (round to nearest even).
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n);
@@ -55,6 +57,7 @@ void int_bwd(const float* g, const float* x, const float* s, int sinc, float qmi
 void e4m3_bwd(const float* g, const float* x, const float* s, int sinc, float* gx, float* gs, int64_t n);
 void affine_bwd(const float* g, const float* x, const float* s, int sinc, const float* zp, int zinc, float qmin,
                 float qmax, float* gx, int64_t n);
+float absmax(const float* x, int64_t n);
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 void f32_to_f16(const float* src, uint16_t* dst, int64_t n);
 void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);

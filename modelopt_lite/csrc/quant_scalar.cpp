@@ -89,6 +89,16 @@ void affine_bwd(const float* g, const float* x, const float* s, int sinc, const 
   }
 }
 
+float absmax(const float* x, int64_t n) {
+  float a = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = std::fabs(x[i]);
+    if (m > a || m != m) a = m;
+    if (a != a) return a;
+  }
+  return a;
+}
+
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32_elem(src[i]);
 }
@@ -109,7 +119,7 @@ void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 const Kernels& scalar_kernels() {
   static const Kernels k{"scalar",          scalar::int_fwd,    scalar::e4m3_fwd,   scalar::affine_fwd,
-                         scalar::int_bwd,   scalar::e4m3_bwd,   scalar::affine_bwd, scalar::f16_to_f32,
+                         scalar::int_bwd,   scalar::e4m3_bwd,   scalar::affine_bwd, scalar::absmax,     scalar::f16_to_f32,
                          scalar::f32_to_f16, scalar::bf16_to_f32, scalar::f32_to_bf16};
   return k;
 }

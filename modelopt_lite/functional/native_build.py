@@ -33,12 +33,20 @@ _LOCK_WAIT_S = 1200.0  # give up waiting for another process's build after this 
 log = logging.getLogger(__name__)
 
 SOURCES = {
-    "cpu": ["quant_cpu.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "mx_cpu.cpp", "mx_scalar.cpp", "mx_avx2.cpp"],
+    "cpu": [
+        "quant_cpu.cpp",
+        "quant_scalar.cpp",
+        "quant_avx2.cpp",
+        "mx_cpu.cpp",
+        "mx_scalar.cpp",
+        "mx_avx2.cpp",
+        "output_pool.cpp",
+    ],
     "cuda": ["quant_cuda_binding.cpp", "quant_kernels.cu", "mx_cuda_binding.cpp", "mx_kernels.cu"],
 }
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
 HEADERS = {
-    "cpu": ["quant_kernels.h", "quant_elem.h", "mx_kernels.h", "mx_elem.h", "mx_checks.h"],
+    "cpu": ["quant_kernels.h", "quant_elem.h", "mx_kernels.h", "mx_elem.h", "mx_checks.h", "output_pool.h"],
     "cuda": [
         "quant_kernels.cuh",
         "quant_index.cuh",

@@ -1,6 +1,7 @@
-"""The NVFP4/MX CPU kernels' output pool (csrc/mx_output_pool.h): the memory of a released large output is reused
+"""The output pool of every native CPU kernel (csrc/output_pool.h): the memory of a released large output is reused
 for the next output of the same size, never while the caller still holds it, with exact results over stale data;
-the limit (0: off) and release work. No timing here (bench/bench_fake_quant.py measures it)."""
+the limit (0: off) and release work. Every kernel (integer, affine, E4M3/E5M2/E2M1, NVFP4, MX; forward and backward)
+draws from the same pool: tests/test_output_pool_kernels.py. No timing here (bench/bench_fake_quant.py measures it)."""
 
 from __future__ import annotations
 
