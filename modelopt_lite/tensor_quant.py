@@ -40,7 +40,7 @@ from .formats import (
     scaled_float_format,
     torch_dtype_range,
 )
-from .functional import blocks, library, library_minifloat, reference
+from .functional import blocks, library, library_blocks, library_minifloat, reference
 from .functional.checks import (
     as_amax,
     check_amax_values,
@@ -365,6 +365,11 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
     ``"scale_bits"`` / ``"scale_block_sizes"`` for double quantization of the scales.
     """
     x, back = _to_compute(inputs)
+    if amax is None and not unsigned and library_blocks.fused_device(x):
+        check_input(x)
+        fused = library_blocks.fused_dynamic_args(x, block_sizes, amax, num_bits, unsigned, narrow_range)
+        if fused is not None:  # one CUDA pass: block max, scale and quantize (functional/library_blocks.py)
+            return _back(library_blocks.fake_block_dynamic(x, *fused), back)
     scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     if unsigned:
         check_unsigned_input(x)

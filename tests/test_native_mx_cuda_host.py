@@ -26,7 +26,7 @@ from modelopt_lite.functional import microscaling as MS
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parent / "modelopt_lite" / "csrc"
 SOURCES = [HERE / "cuda_host" / "mx_host_harness.cpp"] + [
-    CSRC / n for n in ("mx_kernels.cu", "mx_kernels_api.h", "mx_elem.h", "quant_kernels_api.h")
+    CSRC / n for n in ("mx_kernels.cu", "mx_lanes.cuh", "mx_kernels_api.h", "mx_elem.h", "quant_kernels_api.h")
 ]
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 VIEW = {

@@ -34,7 +34,14 @@ log = logging.getLogger(__name__)
 
 SOURCES = {
     "cpu": ["quant_cpu.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "mx_cpu.cpp", "mx_scalar.cpp", "mx_avx2.cpp"],
-    "cuda": ["quant_cuda_binding.cpp", "quant_kernels.cu", "mx_cuda_binding.cpp", "mx_kernels.cu"],
+    "cuda": [
+        "quant_cuda_binding.cpp",
+        "quant_kernels.cu",
+        "mx_cuda_binding.cpp",
+        "mx_kernels.cu",
+        "block_cuda_binding.cpp",
+        "block_kernels.cu",
+    ],
 }
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
 HEADERS = {
@@ -45,6 +52,7 @@ HEADERS = {
         "quant_math.cuh",
         "quant_kernels_api.h",
         "mx_kernels_api.h",
+        "mx_lanes.cuh",
         "mx_elem.h",
         "mx_checks.h",
         "binding_errors.h",
