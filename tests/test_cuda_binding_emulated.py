@@ -215,7 +215,14 @@ def fused_on_cpu(emulated, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     ("block_sizes", "num_bits", "narrow"),
-    [({-1: 128}, 4, False), ({-1: 16, "type": "dynamic"}, 8, True), ({"-1": 32}, (4, 3), False), ({2: 64}, 4, False)],
+    [
+        ({-1: 128}, 4, False),
+        ({-1: 16, "type": "dynamic"}, 8, True),
+        ({"-1": 32}, (4, 3), False),
+        ({2: 64}, 4, False),
+        ({-1: 16, "scale_bits": 8}, 4, False),  # double quantization: unsigned 8-bit scale codes
+        ({-1: 32, "type": "dynamic", "scale_bits": (4, 3)}, (4, 3), False),  # E4M3 scale codes
+    ],
 )
 def test_public_fake_block_quant_fused_equals_unfused(fused_on_cpu, monkeypatch, dtype, block_sizes, num_bits, narrow):
     """tensor_quant.fake_block_quant (dynamic amax): routed to the fused op, output and x's gradient equal the
@@ -244,14 +251,18 @@ def test_public_fake_block_quant_fused_equals_unfused(fused_on_cpu, monkeypatch,
 
 
 def test_fused_routing_leaves_the_other_cases_alone(fused_on_cpu):
-    """Static amax, double quantization, unsigned, other blocked axes, E5M2/E2M1 and unsupported block sizes keep
-    the unfused path."""
+    """Per-tensor double quantization with integer or E4M3 scale codes is fused; static amax, grouped double
+    quantization, E5M2 scale codes, unsigned, other blocked axes, E5M2/E2M1 and unsupported block sizes keep the
+    unfused path."""
     x = torch.randn(4, 64)
     route = fused_on_cpu.fused_dynamic_args
-    assert route(x, {-1: 16}, None, 4, False, False) == (16, 7.0, -8, 7, False)
-    assert route(x, {-1: 16}, None, (4, 3), False, False) == (16, 448.0, -448, 448, True)
+    assert route(x, {-1: 16}, None, 4, False, False) == (16, 7.0, -8, 7, False, 0, 0.0, 0)
+    assert route(x, {-1: 16}, None, (4, 3), False, False) == (16, 448.0, -448, 448, True, 0, 0.0, 0)
+    assert route(x, {-1: 16, "scale_bits": 8}, None, 4, False, False) == (16, 7.0, -8, 7, False, 1, 255.0, 255)
+    assert route(x, {-1: 16, "scale_bits": (4, 3)}, None, 4, False, True) == (16, 7.0, -7, 7, False, 2, 448.0, 0)
+    assert route(x, {-1: 16, "scale_bits": 8, "scale_block_sizes": {-1: 2}}, None, 4, False, False) is None
+    assert route(x, {-1: 16, "scale_bits": (5, 2)}, None, 4, False, False) is None
     assert route(x, {-1: 16}, torch.ones(4, 4), 4, False, False) is None
-    assert route(x, {-1: 16, "scale_bits": 8}, None, 4, False, False) is None
     assert route(x, {-1: 16}, None, 4, True, False) is None
     assert route(x, {0: 2, -1: 16}, None, 4, False, False) is None
     assert route(x, {-1: 16}, None, (5, 2), False, False) is None

@@ -44,14 +44,24 @@ void check_tensor(const Tensor& t, const char* what) {
                     " must have at least one dimension");
 }
 
+// Double quantization of the block scales (scale_kind 1: unsigned integer codes 0..scale_qmax, 2: E4M3; 0: none).
+struct ScaleQuant {
+  int64_t kind;
+  double bound;
+  int64_t qmax;
+};
+
 std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_t block, double bound, int64_t qmin,
-                               int64_t qmax, bool e4m3) {
+                               int64_t qmax, bool e4m3, const ScaleQuant& sq) {
   check_tensor(x_in, "x");
   TORCH_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
                     "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
                     x_in.scalar_type(), " (see block_dynamic_supported)");
   TORCH_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
                     bound, " qmin=", qmin, " qmax=", qmax);
+  TORCH_CHECK_VALUE(sq.kind >= 0 && sq.kind <= 2 && (sq.kind == 0 || sq.bound > 0.0),
+                    "modelopt_lite CUDA kernels, fake_block_dynamic: bad scale quantization kind=", sq.kind,
+                    " bound=", sq.bound);
   const Tensor x = x_in.contiguous();
   Tensor grad;
   if (grad_in != nullptr) {
@@ -64,6 +74,7 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
   }
   Tensor y = at::empty(x.sizes(), x.options());
   Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
+  Tensor gmax = sq.kind != 0 ? at::zeros({1}, x.options().dtype(at::kFloat)) : Tensor();
   const int64_t cols = x.size(-1);
   if (x.numel() == 0) return {y, flag};
   const int64_t rows = x.numel() / cols;
@@ -76,20 +87,25 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
   const cudaError_t st = mlq_dynamic_block(dtype_code(x), e4m3 ? 1 : 0, grad_in ? grad.data_ptr() : nullptr,
                                            x.data_ptr(), y.data_ptr(), rows, cols, static_cast<int>(block),
                                            static_cast<float>(bound), static_cast<float>(qmin),
-                                           static_cast<float>(qmax), flag.data_ptr<int>(), stream);
+                                           static_cast<float>(qmax), static_cast<int>(sq.kind),
+                                           static_cast<float>(sq.bound), static_cast<float>(sq.qmax),
+                                           sq.kind != 0 ? gmax.data_ptr<float>() : nullptr, flag.data_ptr<int>(),
+                                           stream);
   TORCH_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, fake_block_dynamic: launch failed with status ",
               static_cast<int>(st));
   return {y, flag};
 }
 
 std::tuple<Tensor, Tensor> fake_block_dynamic(const Tensor& x, int64_t block, double bound, int64_t qmin,
-                                              int64_t qmax, bool e4m3) {
-  return run(nullptr, x, block, bound, qmin, qmax, e4m3);
+                                              int64_t qmax, bool e4m3, int64_t scale_kind, double scale_bound,
+                                              int64_t scale_qmax) {
+  return run(nullptr, x, block, bound, qmin, qmax, e4m3, {scale_kind, scale_bound, scale_qmax});
 }
 
 std::tuple<Tensor, Tensor> block_dynamic_backward(const Tensor& grad, const Tensor& x, int64_t block, double bound,
-                                                  int64_t qmin, int64_t qmax, bool e4m3) {
-  return run(&grad, x, block, bound, qmin, qmax, e4m3);
+                                                  int64_t qmin, int64_t qmax, bool e4m3, int64_t scale_kind,
+                                                  double scale_bound, int64_t scale_qmax) {
+  return run(&grad, x, block, bound, qmin, qmax, e4m3, {scale_kind, scale_bound, scale_qmax});
 }
 
 bool block_dynamic_supported(const std::string& dtype, int64_t block) {
@@ -105,10 +121,12 @@ void register_block_cuda_ops(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("fake_block_dynamic", python_errors(&fake_block_dynamic),
         "fused dynamic block fake quant along the last axis -> (y, nonfinite flag)", py::arg("x"), py::arg("block"),
-        py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"));
+        py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"), py::arg("scale_kind") = 0,
+        py::arg("scale_bound") = 0.0, py::arg("scale_qmax") = 0);
   m.def("block_dynamic_backward", python_errors(&block_dynamic_backward),
         "STE gradient of fake_block_dynamic -> (grad_x, nonfinite flag)", py::arg("grad"), py::arg("x"),
-        py::arg("block"), py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"));
+        py::arg("block"), py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"),
+        py::arg("scale_kind") = 0, py::arg("scale_bound") = 0.0, py::arg("scale_qmax") = 0);
   m.def("block_dynamic_supported", &block_dynamic_supported,
         "whether fake_block_dynamic takes this dtype ('float32', 'float16', 'bfloat16') and block size",
         py::arg("dtype"), py::arg("block"));

@@ -28,7 +28,7 @@ MXK_HD void ste_lane(const T* grad, T* out, const Layout& L, Lane<T, 1>& st, flo
   constexpr int N = VecOf<T>::N;
   float g[N];
   load_other<T, 1>(grad, L, st, g);
-#pragma unroll
+MXK_UNROLL
   for (int j = 0; j < N; ++j) st.v[j] = mxe::fabs_bits(st.v[j]) <= top ? g[j] : mxe::fmul(g[j], 0.0f);
   store_lane<T, 1>(out, L, st);
 }
@@ -62,7 +62,7 @@ struct Nvfp4Op {
     if (BWD) {
       ste_lane<T>(grad, y, L, st, mxe::fmul(d, mxe::kE2M1Max));
     } else {
-#pragma unroll
+MXK_UNROLL
       for (int j = 0; j < N; ++j) st.v[j] = s == 0.0f ? 0.0f : mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
       store_lane<T, 1>(y, L, st);
     }
@@ -104,7 +104,7 @@ struct MxOp {
     if (BWD) {
       ste_lane<T>(grad, y, L, st, mxe::fmul(X, elem_max(ELEM)));
     } else {
-#pragma unroll
+MXK_UNROLL
       for (int j = 0; j < N; ++j) st.v[j] = nan ? a : mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
       store_lane<T, 1>(y, L, st);
     }
@@ -130,7 +130,7 @@ struct MinifloatOp {
   }
   MXK_HD void finish(int64_t, State& st, float) const {
     constexpr int N = VecOf<T>::N;
-#pragma unroll
+MXK_UNROLL
     for (int j = 0; j < N; ++j) {
       const int64_t i = st.w.off + j;
       const float s = load_scalar(scale + (channels == 1 ? 0 : (i / inner) % channels));

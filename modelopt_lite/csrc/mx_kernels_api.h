@@ -48,10 +48,14 @@ cudaError_t mlq_fake_minifloat(mlq_dtype dtype, int elem, const void* x, void* y
 /* Dynamic block quantization along the last axis, fused (block_kernels.cu): per block of `block` elements
  * s = scale_from_amax(block amax, bound), integer y = clamp(rint(x / s), qmin, qmax) * s or (e4m3 != 0)
  * y = e4m3(clamp(x / s, -448, 448)) * s; with grad != NULL the straight-through gradient instead (grad where
- * qmin s <= x <= qmax s, E4M3: -448 s .. 448 s). Supported block sizes: mlq_dynamic_block_supported. */
+ * qmin s <= x <= qmax s, E4M3: -448 s .. 448 s). Supported block sizes: mlq_dynamic_block_supported.
+ * Double quantization: scale_kind 1 (unsigned integer scale codes 0..scale_qmax) or 2 (E4M3 scale codes), with
+ * scale_bound the scales' bound and amax_scratch one float32 of device memory set to +0 by the caller (it receives
+ * the tensor's amax: a first read of x). scale_kind 0: none. */
 int mlq_dynamic_block_supported(mlq_dtype dtype, int64_t block);
 cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* grad, const void* x, void* y, int64_t rows,
-                              int64_t cols, int block, float bound, float qmin, float qmax, int* nonfinite,
+                              int64_t cols, int block, float bound, float qmin, float qmax, int scale_kind,
+                              float scale_bound, float scale_qmax, float* amax_scratch, int* nonfinite,
                               cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -32,8 +32,10 @@ namespace mxk {
 
 #if defined(__CUDACC__)
 #define MXK_HD __host__ __device__ __forceinline__
+#define MXK_UNROLL _Pragma("unroll")
 #else
 #define MXK_HD inline
+#define MXK_UNROLL
 #endif
 
 constexpr int kThreads = 256;  // threads per CUDA block (a multiple of 32)
@@ -81,11 +83,11 @@ MXK_HD void load_vec(const T* p, int m, bool vec, float* v) {
 #else
     memcpy(&pk.u, p, sizeof pk.u);
 #endif
-#pragma unroll
+MXK_UNROLL
     for (int j = 0; j < N; ++j) v[j] = Conv<T>::to(pk.t[j]);
     return;
   }
-#pragma unroll
+MXK_UNROLL
   for (int j = 0; j < N; ++j) v[j] = j < m ? Conv<T>::to(p[j]) : 0.0f;
 }
 
@@ -94,12 +96,12 @@ MXK_HD void store_vec(T* p, int m, bool vec, const float* v) {
   constexpr int N = VecOf<T>::N;
   if (vec) {
     Pack<T> pk;
-#pragma unroll
+MXK_UNROLL
     for (int j = 0; j < N; ++j) pk.t[j] = Conv<T>::from(v[j]);
 #ifdef __CUDA_ARCH__
     *reinterpret_cast<uint4*>(p) = pk.u;
 #else
-    memcpy(p, &pk.u, sizeof pk.u);
+    memcpy(static_cast<void*>(p), &pk.u, sizeof pk.u);
 #endif
     return;
   }
@@ -176,17 +178,17 @@ MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P>& st
   constexpr int N = VecOf<T>::N;
   st.w = where(L, slot);
   float a = 0.0f;
-#pragma unroll
+MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
     if (m > 0) {
       load_vec<T>(x + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
     } else {
-#pragma unroll
+MXK_UNROLL
       for (int j = 0; j < N; ++j) st.v[p * N + j] = 0.0f;
     }
-#pragma unroll
+MXK_UNROLL
     for (int j = 0; j < N; ++j) a = mxe::amax_step(a, st.v[p * N + j]);
   }
   return a;
@@ -195,7 +197,7 @@ MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P>& st
 template <class T, int P>
 MXK_HD void store_lane(T* y, const Layout& L, const Lane<T, P>& st) {
   constexpr int N = VecOf<T>::N;
-#pragma unroll
+MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
@@ -207,14 +209,14 @@ MXK_HD void store_lane(T* y, const Layout& L, const Lane<T, P>& st) {
 template <class T, int P>
 MXK_HD void load_other(const T* g, const Layout& L, const Lane<T, P>& st, float* out) {
   constexpr int N = VecOf<T>::N;
-#pragma unroll
+MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
     if (m > 0) {
       load_vec<T>(g + st.w.off + e, m, L.vec && m >= N, out + p * N);
     } else {
-#pragma unroll
+MXK_UNROLL
       for (int j = 0; j < N; ++j) out[p * N + j] = 0.0f;
     }
   }
@@ -240,16 +242,16 @@ __global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op) {
   for (int64_t base = blockIdx.x * tile; base < slots; base += static_cast<int64_t>(gridDim.x) * tile) {
     typename Op::State st[U];
     float a[U];
-#pragma unroll
+MXK_UNROLL
     for (int u = 0; u < U; ++u) {
       const int64_t slot = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
       a[u] = slot < slots ? op.load(slot, st[u]) : 0.0f;
     }
-#pragma unroll
+MXK_UNROLL
     for (int u = 0; u < U; ++u) {
       for (int o = lanes >> 1; o > 0; o >>= 1) a[u] = amax_join(a[u], __shfl_xor_sync(0xffffffffu, a[u], o));
     }
-#pragma unroll
+MXK_UNROLL
     for (int u = 0; u < U; ++u) {
       const int64_t slot = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
       if (slot < slots) op.finish(slot, st[u], a[u]);

@@ -5,7 +5,8 @@ Each check compares the extension against :mod:`modelopt_lite.functional.library
 ``scale_from_amax``, the integer / E4M3 ops) bit for bit: fp32 / fp16 / bf16, integer (4-bit, 8-bit narrow) and
 E4M3 elements, every supported block size from one 16-byte vector per block to 4 vectors per lane (fp32 blocks of
 8..512), partial last blocks, rows shorter than a block, dead (all-zero) and tiny blocks, 3-D inputs, misaligned,
-strided and transposed views, forward and backward. :func:`flag_checks`: a NaN / Inf anywhere raises the flag.
+strided and transposed views, forward and backward, and per-tensor double quantization of the block scales
+(unsigned 8-/4-bit and E4M3 scale codes). :func:`flag_checks`: a NaN / Inf anywhere raises the flag.
 """
 
 from __future__ import annotations
@@ -92,6 +93,40 @@ def forward_checks(dtypes=DTYPES):
     return out
 
 
+SCALE_QUANT = {
+    "8-bit scale codes": (1, 255.0, 255),
+    "4-bit scale codes": (1, 15.0, 15),
+    "E4M3 scale codes": (2, 448.0, 0),
+}
+
+
+def double_quant_checks(dtypes=DTYPES):
+    """Per-tensor double quantization of the block scales (the kernel's first pass finds the tensor's amax)."""
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in (16, 128):
+                for ename, (bound, qmin, qmax, e4m3) in ELEMENTS.items():
+                    for sname, sq in SCALE_QUANT.items():
+                        args = (block, bound, qmin, qmax, e4m3, *sq)
+                        out.append(
+                            Check(
+                                f"fused block={block} {ename} {sname} {name} {dtype}",
+                                "fake_block_dynamic",
+                                lambda d, mk=mk, a=args: (mk(d), *a),
+                            )
+                        )
+            args = (128, 7.0, -8, 7, False, 2, 448.0, 0)
+            out.append(
+                Check(
+                    f"fused backward block=128 int4 E4M3 scale codes {name} {dtype}",
+                    "block_dynamic_backward",
+                    lambda d, mk=mk, a=args: (_grad(mk("cpu")).to(d), mk(d), *a),
+                )
+            )
+    return out
+
+
 def backward_checks(dtypes=DTYPES):
     out = []
     for dtype in dtypes:
@@ -109,7 +144,11 @@ def backward_checks(dtypes=DTYPES):
     return out
 
 
-GROUPS: dict[str, Callable[[], list]] = {"forward": forward_checks, "backward": backward_checks}
+GROUPS: dict[str, Callable[[], list]] = {
+    "forward": forward_checks,
+    "backward": backward_checks,
+    "double_quant": double_quant_checks,
+}
 
 
 def run_check(mod, device: str, check: Check) -> None:
@@ -129,6 +168,7 @@ def flag_failures(mod, device: str) -> list[str]:
             xd = x.to(device)
             for fn, args in (
                 ("fake_block_dynamic", (xd, 128, 7.0, -8, 7, False)),
+                ("fake_block_dynamic", (xd, 16, 7.0, -8, 7, False, 1, 255.0, 255)),
                 ("block_dynamic_backward", (torch.ones_like(xd), xd, 64, 448.0, -448, 448, True)),
             ):
                 _, flag = getattr(mod, fn)(*args)
