@@ -63,6 +63,7 @@ def _bwd_impl(grad: Tensor, x: Tensor, name: str):
 def nvfp4_backward(grad: Tensor, x: Tensor, global_scale: Tensor, block: int) -> Tensor:
     if _cuda_checked(x, "nvfp4_backward"):
         cuda_args.check_nvfp4(x, global_scale, block)
+        cuda_args.check_grad(grad, x)
     return _bwd_impl(grad, x, "nvfp4_backward")(grad, x.contiguous(), global_scale, block)
 
 
@@ -87,6 +88,7 @@ def _(x, elem, block, rounding):
 def mx_backward(grad: Tensor, x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
     if _cuda_checked(x, "mx_backward"):
         cuda_args.check_mx(x, elem, block, rounding)
+        cuda_args.check_grad(grad, x)
     return _bwd_impl(grad, x, "mx_backward")(grad, x.contiguous(), elem, block, rounding)
 
 
