@@ -3,9 +3,11 @@
     python bench/bench_cuda.py                    # 2**28 elements (256M) per tensor, fp32 and bf16
     python bench/bench_cuda.py --quick            # 2**24 elements, no torch.compile / nvidia-modelopt
     python bench/bench_cuda.py --dry-run-cpu      # exercise this script on the CPU (reference kernels, tiny sizes)
+    python bench/bench_cuda.py --cases mx,hist    # some case groups only (int, mx, hist)
 
 For each case (per-tensor int8, per-channel axis 0 and last axis, E4M3, 4-bit blocks of 128, the int8 backward,
-the calibration histogram) it times, with CUDA events (median of --repeats after warm-up):
+the calibration histogram; with ``mx`` NVFP4, MXFP8/MXFP4/MXINT8/MX-E5M2, per-tensor E5M2/E2M1 and the fused dynamic
+int4 blocks, each next to ``torch.compile`` of its exact pure-torch chain: cuda_mx_rows.py) it times, with CUDA events (median of --repeats after warm-up):
 ours (the extension functions called directly, and where it differs the public API), ``y.copy_(x)`` into a
 preallocated buffer (the bandwidth ceiling), torch's ``fake_quantize_per_*_affine``, the naive eager chain,
 ``torch.compile`` of that chain, and nvidia-modelopt's CUDA path when it imports. GB/s counts the bytes each call
@@ -26,6 +28,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from cuda_mx_rows import mx_cases, reference_module  # noqa: E402  (bench/ is on sys.path as the script's folder)
 
 from modelopt_lite.functional import reference
 from modelopt_lite.functional.scales import scale_from_amax
@@ -188,15 +192,22 @@ def build_cases(mod, x, args, device):
             [("modelopt_lite", lambda: mod.int_backward(g, x, s, -128, 127, True))],
         )
     )
+    return cases
+
+
+def hist_cases(mod, x, amax):
+    n, es = x.numel(), x.element_size()
+    cases = []
     if hasattr(mod, "histogram_rows"):
         xa = x.abs()
+        top = float(amax)  # read once, outside the timed calls
         cases.append(
             (
                 "histogram 2048 bins of |x| (int64)",
                 n * es,
                 [
-                    ("modelopt_lite", lambda: mod.histogram(xa, 2048, float(amax))),
-                    ("torch.histc (float counts)", _try(lambda: torch.histc(xa.float(), 2048, 0, float(amax)))),
+                    ("modelopt_lite", lambda: mod.histogram(xa, 2048, top)),
+                    ("torch.histc (float counts)", _try(lambda: torch.histc(xa.float(), 2048, 0, top))),
                 ],
             )
         )
@@ -219,6 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-peers", dest="peers", action="store_false", help="skip nvidia-modelopt")
     p.add_argument("--no-public", dest="public", action="store_false", help="skip the public-API rows")
     p.add_argument("--dry-run-cpu", action="store_true", help="run on the CPU with the reference kernels")
+    p.add_argument("--cases", default="int,mx,hist", help="comma list of case groups: int, mx, hist")
     args = p.parse_args(argv)
     dry = args.dry_run_cpu
     if not dry and not torch.cuda.is_available():
@@ -240,21 +252,31 @@ def main(argv=None) -> int:
     dtypes = [{"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]
     print(f"### CUDA fake quantization, {name}\n")
     print(f"{numel} elements per tensor ({numel / 2**20:.0f} M), median of {repeats} runs; torch {torch.__version__}\n")
-    print("| case | dtype | implementation | ms | GB/s | % of copy |")
-    print("|---|---|---|---|---|---|")
+    print("| case | dtype | implementation | ms | GB/s | % of copy | note |")
+    print("|---|---|---|---|---|---|---|")
     for dt in dtypes:
         x = torch.randn(numel, device=device).to(dt)
         t_copy = copy_time(timer, x)
         copy_gbs = 2 * x.numel() * x.element_size() / t_copy / 1e9
-        print(f"| device-to-device copy | {SHORT[dt]} | `y.copy_(x)` | {t_copy * 1e3:.3f} | {copy_gbs:.0f} | 100 |")
-        for case, nbytes, impls in build_cases(mod, x, args, device):
-            for impl, fn in impls:
+        print(f"| device-to-device copy | {SHORT[dt]} | `y.copy_(x)` | {t_copy * 1e3:.3f} | {copy_gbs:.0f} | 100 | |")
+        groups = args.cases.split(",")
+        todo = []
+        if "int" in groups:
+            todo += build_cases(mod, x, args, device)
+        if "mx" in groups:
+            todo += mx_cases(reference_module() if dry else mod, x, args.compile)
+        if "hist" in groups:
+            todo += hist_cases(mod, x, x.float().abs().amax())
+        for case, nbytes, impls in todo:
+            for impl, fn, *note in impls:
+                tail = f" {note[0]} |" if note else " |"
                 if isinstance(fn, str):
-                    print(f"| {case} | {SHORT[dt]} | {impl} | {fn} | | |")
+                    print(f"| {case} | {SHORT[dt]} | {impl} | {fn} | | |{tail}")
                     continue
                 t = timer(fn)
                 gbs = nbytes / t / 1e9
-                print(f"| {case} | {SHORT[dt]} | {impl} | {t * 1e3:.3f} | {gbs:.0f} | {100 * gbs / copy_gbs:.0f} |")
+                row = f"| {case} | {SHORT[dt]} | {impl} | {t * 1e3:.3f} | {gbs:.0f} | {100 * gbs / copy_gbs:.0f} |"
+                print(row + tail, flush=True)
         del x
         if device == "cuda":
             torch.cuda.empty_cache()

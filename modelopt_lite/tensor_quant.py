@@ -40,7 +40,7 @@ from .formats import (
     scaled_float_format,
     torch_dtype_range,
 )
-from .functional import blocks, library, library_block, library_minifloat, reference
+from .functional import blocks, library, library_block, library_block_cuda, library_minifloat, reference
 from .functional.checks import (
     as_amax,
     check_amax_values,
@@ -365,6 +365,11 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
     ``"scale_bits"`` / ``"scale_block_sizes"`` for double quantization of the scales.
     """
     x, back = _to_compute(inputs)
+    if amax is None and not unsigned and library_block_cuda.fused_device(x):
+        check_input(x)
+        fused = library_block_cuda.fused_dynamic_args(x, block_sizes, amax, num_bits, unsigned, narrow_range)
+        if fused is not None:  # one CUDA pass: block max, scale and quantize (functional/library_block_cuda.py)
+            return _back(library_block_cuda.fake_block_dynamic(x, *fused), back)
     fmt = scaled_float_format(num_bits)
     fused = library_block.fused_block(x, block_sizes, amax, fmt.name if fmt else None, unsigned)
     if fused is not None:  # blocks along the last axis: amax, scale and quantization in one pass

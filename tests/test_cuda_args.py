@@ -34,6 +34,8 @@ QUANT_OPS = (
 REFERENCE = {name: getattr(reference, name) for name in QUANT_OPS} | {
     "fake_nvfp4": ms.fake_nvfp4,
     "fake_mx": ms.fake_mx,
+    "nvfp4_backward": ms.nvfp4_backward,
+    "mx_backward": ms.mx_backward,
     "fake_e5m2": library_minifloat.fake_e5m2_reference,
     "fake_e2m1": library_minifloat.fake_e2m1_reference,
 }
@@ -42,6 +44,8 @@ OPS = SimpleNamespace(
     **{name: getattr(library, name) for name in QUANT_OPS},
     fake_nvfp4=library_mx.fake_nvfp4,
     fake_mx=library_mx.fake_mx,
+    nvfp4_backward=library_mx.nvfp4_backward,
+    mx_backward=library_mx.mx_backward,
     fake_e5m2=library_minifloat.fake_e5m2,
     fake_e2m1=library_minifloat.fake_e2m1,
 )
@@ -98,7 +102,7 @@ def test_bad_arguments_never_reach_the_extension(stub):
             assert "histogram" in str(e)
             no_caller += 1
         assert stub.calls == [], (msg, stub.calls)
-    assert no_caller == 2 and len(quant) + len(mx) == 19
+    assert no_caller == 2 and len(quant) + len(mx) == 22
 
 
 def test_messages_are_the_bindings():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ SOURCES = [
     HERE / "cuda_host" / "emulated_kernels.cpp",
     CSRC / "mx_cuda_binding.cpp",
     HERE / "cuda_host" / "emulated_mx_kernels.cpp",
+    CSRC / "block_cuda_binding.cpp",
+    HERE / "cuda_host" / "emulated_block_kernels.cpp",
 ]
 DEPS = (
     SOURCES
@@ -38,7 +41,18 @@ DEPS = (
         CSRC / n
         for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h")
     ]
-    + [CSRC / n for n in ("mx_kernels.cu", "mx_kernels_api.h", "mx_elem.h", "mx_checks.h", "binding_errors.h")]
+    + [
+        CSRC / n
+        for n in (
+            "mx_kernels.cu",
+            "mx_lanes.cuh",
+            "block_kernels.cu",
+            "mx_kernels_api.h",
+            "mx_elem.h",
+            "mx_checks.h",
+            "binding_errors.h",
+        )
+    ]
 )
 
 pytestmark = pytest.mark.skipif(
@@ -88,6 +102,7 @@ def emulated():
 
 cases = _load("cuda_cases")
 mx_cases = _load("mx_cases")
+block_cases = _load("block_cases")
 GROUPS = {
     "int": cases.int_checks,
     "e4m3": cases.e4m3_checks,
@@ -123,7 +138,7 @@ def test_errors(emulated):
         assert type(info.value) is exc  # not a subclass: the exact builtin type
         assert "Exception raised from" not in str(info.value)  # the message without the C++ backtrace
         n += 1
-    assert n == 8 + 3 + 11 + 18
+    assert n == 8 + 3 + 14 + 42
 
 
 def test_histograms_equal_calibrator_grid(emulated):
@@ -168,7 +183,107 @@ def test_mx_gradients_equal_reference(emulated, monkeypatch):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
-@pytest.mark.parametrize("source", ["quant_cuda_binding.cpp", "mx_cuda_binding.cpp"])
+@pytest.mark.parametrize("group", list(block_cases.GROUPS))
+def test_fused_block_matrix_equals_reference(emulated, group):
+    failures = []
+    checks = block_cases.GROUPS[group]()
+    for check in checks:
+        try:
+            block_cases.run_check(emulated, "cpu", check)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert len(checks) > 100
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
+def test_fused_block_flags_nonfinite(emulated):
+    failures = block_cases.flag_failures(emulated, "cpu")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture
+def fused_on_cpu(emulated, monkeypatch):
+    """The public API routed to the emulated fused kernel for CPU tensors, as it routes CUDA tensors on a GPU."""
+    from modelopt_lite.functional import library_block_cuda
+
+    monkeypatch.setattr(library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(library_block_cuda, "kernels_for", lambda device_type: emulated)
+    monkeypatch.setattr(library_block_cuda, "is_native_cuda", lambda mod: mod is emulated)
+    return library_block_cuda
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("block_sizes", "num_bits", "narrow"),
+    [
+        ({-1: 128}, 4, False),
+        ({-1: 16, "type": "dynamic"}, 8, True),
+        ({"-1": 32}, (4, 3), False),
+        ({2: 64}, 4, False),
+        ({-1: 16, "scale_bits": 8}, 4, False),  # double quantization: unsigned 8-bit scale codes
+        ({-1: 32, "type": "dynamic", "scale_bits": (4, 3)}, (4, 3), False),  # E4M3 scale codes
+    ],
+)
+def test_public_fake_block_quant_fused_equals_unfused(fused_on_cpu, monkeypatch, dtype, block_sizes, num_bits, narrow):
+    """tensor_quant.fake_block_quant (dynamic amax): routed to the fused op, output and x's gradient equal the
+    unfused composition (block_amax, scale_from_amax, the integer / E4M3 op) bit for bit."""
+    from modelopt_lite import tensor_quant as tq
+    from modelopt_lite.functional import backend
+
+    x0 = block_cases._data((3, 2, 200), dtype, 1)
+    assert fused_on_cpu.fused_dynamic_args(x0, block_sizes, None, num_bits, False, narrow) is not None
+    calls = []
+    real = fused_on_cpu.fake_block_dynamic
+    monkeypatch.setattr(fused_on_cpu, "fake_block_dynamic", lambda *a: calls.append(a) or real(*a))
+
+    def run(x):
+        x = x.clone().requires_grad_()
+        y = tq.fake_block_quant(x, block_sizes, None, num_bits, False, narrow)
+        y.backward(block_cases._grad(y.detach()))
+        return y.detach(), x.grad
+
+    got = run(x0)
+    assert len(calls) == 1
+    with backend.use_backend("reference"), monkeypatch.context() as m:
+        m.setattr(fused_on_cpu, "FUSED_DEVICE_TYPES", ("cuda",))
+        want = run(x0)
+    cases.assert_same(got, want, f"fused public fake_block_quant {block_sizes} {num_bits} {dtype}")
+
+
+def test_fused_routing_leaves_the_other_cases_alone(fused_on_cpu):
+    """Per-tensor double quantization with integer or E4M3 scale codes is fused; static amax, grouped double
+    quantization, E5M2 scale codes, unsigned, other blocked axes, E5M2/E2M1 and unsupported block sizes keep the
+    unfused path."""
+    x = torch.randn(4, 64)
+    route = fused_on_cpu.fused_dynamic_args
+    assert route(x, {-1: 16}, None, 4, False, False) == (16, 7.0, -8, 7, False, 0, 0.0, 0)
+    assert route(x, {-1: 16}, None, (4, 3), False, False) == (16, 448.0, -448, 448, True, 0, 0.0, 0)
+    assert route(x, {-1: 16, "scale_bits": 8}, None, 4, False, False) == (16, 7.0, -8, 7, False, 1, 255.0, 255)
+    assert route(x, {-1: 16, "scale_bits": (4, 3)}, None, 4, False, True) == (16, 7.0, -7, 7, False, 2, 448.0, 0)
+    assert route(x, {-1: 16, "scale_bits": 8, "scale_block_sizes": {-1: 2}}, None, 4, False, False) is None
+    assert route(x, {-1: 16, "scale_bits": (5, 2)}, None, 4, False, False) is None
+    assert route(x, {-1: 16}, torch.ones(4, 4), 4, False, False) is None
+    assert route(x, {-1: 16}, None, 4, True, False) is None
+    assert route(x, {0: 2, -1: 16}, None, 4, False, False) is None
+    assert route(x, {-1: 16}, None, (5, 2), False, False) is None
+    assert route(x, {-1: 12}, None, 4, False, False) is None  # 3 vectors per block: not a power of two
+    assert route(x.half(), {-1: 4}, None, 4, False, False) is None  # half a 16-byte vector
+
+
+def test_fused_dynamic_nonfinite_raises_the_reference_error(fused_on_cpu):
+    from modelopt_lite.descriptor import QuantDescriptor
+    from modelopt_lite.nn import TensorQuantizer
+
+    q = TensorQuantizer(QuantDescriptor(num_bits=8, block_sizes={-1: 16, "type": "dynamic"}))
+    x = torch.ones(2, 40)
+    x[1, 33] = math.nan
+    with pytest.raises(
+        ValueError, match=r"TensorQuantizer.*NaN or Inf, so its block amax is not finite .block \(1, 2\)"
+    ):
+        q(x)
+
+
+@pytest.mark.parametrize("source", ["quant_cuda_binding.cpp", "mx_cuda_binding.cpp", "block_cuda_binding.cpp"])
 def test_real_binding_parses(source, tmp_path):
     """The non-emulated binding (CUDAGuard, getCurrentCUDAStream, cudaGetErrorString) is valid C++ against this
     torch's headers: g++ -fsyntax-only (it is compiled and run only on a GPU host)."""

@@ -1,11 +1,13 @@
 // Torch binding of the CUDA kernels of the 4-bit and microscaling formats (mx_kernels.cu): fake_nvfp4, fake_mx
-// (the functions of functional/microscaling.py, same signatures, errors and results), fake_e5m2 and fake_e2m1
+// (the functions of functional/microscaling.py, same signatures, errors and results), their STE gradients
+// nvfp4_backward and mx_backward, fake_e5m2 and fake_e2m1
 // (as fake_e4m3 of quant_cuda_binding.cpp). Registered into that module by register_mx_cuda_ops; every function
 // raises its Python exception itself (binding_errors.h: python_errors).
 //
 // Host side only: validates arguments (the reference's messages, mx_checks.h), makes x contiguous, launches on x's
-// device and current stream, and reads back the kernels' non-finite flag (one int; the reference raises
-// ValueError for NaN/Inf inputs, and so do these). With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it takes CPU
+// device and current stream, and reads back the kernels' flag (one int: NaN/Inf inputs and a bad NVFP4 global
+// scale, which the kernel reads from device memory; the reference raises ValueError for both, and so do these).
+// With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it takes CPU
 // tensors and the launchers run the kernel bodies on the host.
 #include <torch/extension.h>
 
@@ -61,15 +63,25 @@ struct Scope {
 #endif
 
 struct Blocked {
-  Tensor x, y, flag;
+  Tensor x, y, grad, flag;
   int64_t rows, cols;
 };
 
-Blocked prepare(const Tensor& x_in, const std::string& what) {
+// x contiguous, a fresh output (the caching allocator's memory on a GPU), the flag; grad (backward) of x's shape
+// and dtype, made contiguous.
+Blocked prepare(const Tensor& x_in, const std::string& what, const Tensor* grad = nullptr) {
   mol::mxchk::check_x(x_in, what);
   check_device(x_in, what);
   Blocked b;
   b.x = x_in.contiguous();
+  if (grad != nullptr) {
+    check_device(*grad, "grad");
+    TORCH_CHECK_VALUE(grad->sizes() == x_in.sizes() && grad->scalar_type() == x_in.scalar_type() &&
+                          grad->device() == x_in.device(),
+                      "modelopt_lite CUDA kernels: grad (", grad->scalar_type(), " ", grad->sizes(),
+                      ") must match x (", x_in.scalar_type(), " ", x_in.sizes(), ") in dtype, shape and device");
+    b.grad = grad->contiguous();
+  }
   b.y = at::empty(b.x.sizes(), b.x.options());
   b.cols = b.x.size(-1);
   b.rows = b.cols == 0 ? 0 : b.x.numel() / b.cols;
@@ -77,39 +89,83 @@ Blocked prepare(const Tensor& x_in, const std::string& what) {
   return b;
 }
 
-void finish(const Blocked& b, const std::string& what) {
-  if (b.flag.item<int>() != 0) mol::mxchk::raise_nonfinite(b.x, what);
+// The one host synchronization of these ops: the kernels' flag (bit 1: a NaN/Inf block amax, bit 2: a bad NVFP4
+// global scale), read back so that bad values raise ValueError as the reference does.
+void finish(const Blocked& b, const std::string& what, const Tensor* gs = nullptr) {
+  const int f = b.flag.item<int>();
+  if ((f & 1) != 0) mol::mxchk::raise_nonfinite(b.x, what);
+  if ((f & 2) != 0 && gs != nullptr) mol::mxchk::global_scale_value(*gs);  // raises the reference's ValueError
 }
 
-Tensor fake_nvfp4(const Tensor& x, const Tensor& global_scale, int64_t block) {
+// The NVFP4 global scale as one float32 in x's device memory (read by the kernel).
+Tensor device_global_scale(const Tensor& global_scale, const Tensor& x) {
+  TORCH_CHECK_VALUE(global_scale.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ",
+                    global_scale.sizes());
+  return global_scale.to(x.device(), at::kFloat).reshape({1}).contiguous();
+}
+
+Tensor nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block, const Tensor* grad) {
   const std::string what = "NVFP4 input";
   mol::mxchk::check_x(x, what);
   mol::mxchk::check_block(block, {16, 32}, "NVFP4");
-  const float gs = mol::mxchk::global_scale_value(global_scale);
-  Blocked b = prepare(x, what);
+  Blocked b = prepare(x, what, grad);
+  const Tensor gs = device_global_scale(global_scale, b.x);
   if (b.x.numel() == 0) return b.y;
   Scope scope(b.x);
-  check_status(mlq_fake_nvfp4(code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
-                              static_cast<int>(block), gs, b.flag.data_ptr<int>(), scope.stream()),
-               "fake_nvfp4");
-  finish(b, what);
+  const float* g = gs.data_ptr<float>();
+  int* flag = b.flag.data_ptr<int>();
+  if (grad == nullptr) {
+    check_status(mlq_fake_nvfp4(code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+                                static_cast<int>(block), g, flag, scope.stream()),
+                 "fake_nvfp4");
+  } else {
+    check_status(mlq_nvfp4_backward(code(b.x), b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols,
+                                    static_cast<int>(block), g, flag, scope.stream()),
+                 "nvfp4_backward");
+  }
+  finish(b, what, &gs);
   return b.y;
 }
 
-Tensor fake_mx(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
+Tensor fake_nvfp4(const Tensor& x, const Tensor& global_scale, int64_t block) {
+  return nvfp4_common(x, global_scale, block, nullptr);
+}
+
+Tensor nvfp4_backward(const Tensor& grad, const Tensor& x, const Tensor& global_scale, int64_t block) {
+  return nvfp4_common(x, global_scale, block, &grad);
+}
+
+Tensor mx_common(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
+                 const Tensor* grad) {
   const int e = mol::mxchk::elem_index(elem);
   const bool rceil = mol::mxchk::rounding_rceil(rounding);
   const std::string what = "MX (" + elem + ") input";
   mol::mxchk::check_x(x, what);
   mol::mxchk::check_block(block, {32}, "MX");
-  Blocked b = prepare(x, what);
+  Blocked b = prepare(x, what, grad);
   if (b.x.numel() == 0) return b.y;
   Scope scope(b.x);
-  check_status(mlq_fake_mx(code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
-                           static_cast<int>(block), b.flag.data_ptr<int>(), scope.stream()),
-               "fake_mx");
+  int* flag = b.flag.data_ptr<int>();
+  if (grad == nullptr) {
+    check_status(mlq_fake_mx(code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+                             static_cast<int>(block), flag, scope.stream()),
+                 "fake_mx");
+  } else {
+    check_status(mlq_mx_backward(code(b.x), e, rceil ? 1 : 0, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(),
+                                 b.rows, b.cols, static_cast<int>(block), flag, scope.stream()),
+                 "mx_backward");
+  }
   finish(b, what);
   return b.y;
+}
+
+Tensor fake_mx(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
+  return mx_common(x, elem, block, rounding, nullptr);
+}
+
+Tensor mx_backward(const Tensor& grad, const Tensor& x, const std::string& elem, int64_t block,
+                   const std::string& rounding) {
+  return mx_common(x, elem, block, rounding, &grad);
 }
 
 // elem(x / s) * s with s broadcast against x: per tensor, one channel dim, or expanded to one scale per element.
@@ -168,6 +224,10 @@ void register_mx_cuda_ops(pybind11::module_& m) {
         py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
   m.def("fake_mx", python_errors(&fake_mx), "OCP MX fake quant along the last axis (microscaling.fake_mx)",
         py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
+  m.def("nvfp4_backward", python_errors(&nvfp4_backward), "STE gradient of fake_nvfp4 (microscaling.nvfp4_backward)",
+        py::arg("grad"), py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
+  m.def("mx_backward", python_errors(&mx_backward), "STE gradient of fake_mx (microscaling.mx_backward)",
+        py::arg("grad"), py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
         py::arg("scale"));
   m.def("fake_e2m1", python_errors(&fake_e2m1), "e2m1_round(x / s) * s in x's dtype", py::arg("x"),

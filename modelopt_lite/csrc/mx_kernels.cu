@@ -1,324 +1,277 @@
-// modelopt_lite CUDA kernels of the 4-bit and microscaling formats (pure CUDA, no torch headers): E5M2 / E2M1
-// elementwise, NVFP4 and OCP MX blocked fake quant. The element math is mx_elem.h, the very code the CPU kernels
-// run, so both backends share one definition of every rounding.
+// modelopt_lite CUDA kernels of the 4-bit and microscaling formats (pure CUDA, no torch headers): NVFP4 and OCP MX
+// blocked fake quant and their straight-through backward, E5M2 / E2M1 elementwise. The element math is mx_elem.h,
+// the very code the CPU kernels run, so both backends share one definition of every rounding.
 //
-// Blocked ops: one thread per block (16 or 32 elements, at most 128 bytes), read with 16-byte vector loads when the
-// row length and the pointers allow it, else element by element; the block is kept in registers between the amax
-// and the quantization. Elementwise ops: a grid-stride loop.
+// Work distribution (mx_lanes.cuh): consecutive threads read consecutive 16-byte vectors; the 2-8 lanes of one
+// 16- or 32-element block reduce its amax with warp shuffles, then each lane quantizes and stores its own vector.
+// The elementwise ops use the same driver with one lane per vector and no reduction.
 //
-// Built with -DMODELOPT_LITE_EMULATE_ON_HOST (host compiler, no GPU), the launchers run the same bodies in a host
-// loop: tests/cuda_host/mx_host_harness.cpp checks them bit for bit against the reference that way.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include "mx_elem.h"
+// Built with -DMODELOPT_LITE_EMULATE_ON_HOST (host compiler, no GPU), the launchers run the same two phases on the
+// host, warp by warp with the lanes in order (mx_lanes.cuh): the CPU tests check the GPU's work distribution that way.
 #include "mx_kernels_api.h"
+#include "mx_lanes.cuh"
 
 namespace mxk {
 
-#if defined(__CUDACC__)
-#define MXK_HD __host__ __device__ __forceinline__
-#else
-#define MXK_HD inline
-#endif
-
-// float32 <-> storage type (round to nearest even).
-template <class T>
-struct Conv;
-template <>
-struct Conv<float> {
-  static MXK_HD float to(float v) { return v; }
-  static MXK_HD float from(float v) { return v; }
-};
-template <>
-struct Conv<__half> {
-  static MXK_HD float to(__half v) { return __half2float(v); }
-  static MXK_HD __half from(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Conv<__nv_bfloat16> {
-  static MXK_HD float to(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static MXK_HD __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
-};
-
-// Load the m (<= BLOCK) elements of one block as float32; 16-byte vector loads when `vec` (a full block whose
-// start is 16-byte aligned).
-template <class T, int BLOCK>
-MXK_HD void load_block(const T* p, int m, bool vec, float (&v)[BLOCK]) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
-  if (vec) {
-#pragma unroll
-    for (int c = 0; c < BLOCK / kPer; ++c) {
-      union {
-        uint4 u;
-        T t[kPer];
-      } pk;
+MXK_HD float load_scalar(const float* p) {
 #ifdef __CUDA_ARCH__
-      pk.u = *reinterpret_cast<const uint4*>(p + c * kPer);
+  return __ldg(p);
 #else
-      memcpy(&pk.u, p + c * kPer, sizeof pk.u);
+  return *p;
 #endif
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) v[c * kPer + j] = Conv<T>::to(pk.t[j]);
-    }
-    return;
-  }
-  for (int i = 0; i < BLOCK; ++i) v[i] = i < m ? Conv<T>::to(p[i]) : 0.0f;
 }
 
-template <class T, int BLOCK>
-MXK_HD void store_block(T* p, int m, bool vec, const float (&v)[BLOCK]) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
-  if (vec) {
-#pragma unroll
-    for (int c = 0; c < BLOCK / kPer; ++c) {
-      union {
-        uint4 u;
-        T t[kPer];
-      } pk;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) pk.t[j] = Conv<T>::from(v[c * kPer + j]);
-#ifdef __CUDA_ARCH__
-      *reinterpret_cast<uint4*>(p + c * kPer) = pk.u;
-#else
-      memcpy(p + c * kPer, &pk.u, sizeof pk.u);
-#endif
-    }
-    return;
-  }
-  for (int i = 0; i < m; ++i) p[i] = Conv<T>::from(v[i]);
+// The straight-through gradient of one lane: g where |x| <= top, else g * 0 (as the reference's grad * keep: -0.0
+// for a negative g, NaN stays NaN).
+template <class T>
+MXK_HD void ste_lane(const T* grad, T* out, const Layout& L, Lane<T, 1>& st, float top) {
+  constexpr int N = VecOf<T>::N;
+  float g[N];
+  load_other<T, 1>(grad, L, st, g);
+MXK_UNROLL
+  for (int j = 0; j < N; ++j) st.v[j] = mxe::fabs_bits(st.v[j]) <= top ? g[j] : mxe::fmul(g[j], 0.0f);
+  store_lane<T, 1>(out, L, st);
 }
 
-struct Rows {
-  int64_t rows, cols, nbr;  // nbr: blocks per row
-  bool vec_ok;              // cols * sizeof(T) % 16 == 0 and both pointers 16-byte aligned
+// NVFP4: per block s = e4m3(amax / (6 gs)), y = e2m1(x / (s gs)) * (s gs) (BWD: the STE mask |x| <= 6 s gs).
+template <class T, bool BWD>
+struct Nvfp4Op {
+  using State = Lane<T, 1>;
+  const T* x;
+  const T* grad;  // BWD only
+  T* y;
+  float* scales;
+  const float* gsp;  // the global scale, one float32 in device memory
+  int* flag;
+  Layout L;
+
+  MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
+  MXK_HD int lanes() const { return L.lanes; }
+  MXK_HD float load(int64_t slot, State& st) const { return load_lane<T, 1>(x, L, slot, st); }
+
+  MXK_HD void finish(int64_t slot, State& st, float a) const {
+    constexpr int N = VecOf<T>::N;
+    const float gs = load_scalar(gsp);
+    const float s = gs == 0.0f ? 0.0f : mxe::nvfp4_block_scale(a, gs);
+    if (st.w.lane == 0) {
+      if (scales != nullptr && !BWD) scales[st.w.b] = s;
+      if (mxe::nonfinite(a)) flag_set(flag, 1);
+    }
+    if (slot == 0 && !(gs >= 0.0f && !mxe::nonfinite(gs))) flag_set(flag, 2);
+    const float d = mxe::fmul(s, gs);
+    if (BWD) {
+      ste_lane<T>(grad, y, L, st, mxe::fmul(d, mxe::kE2M1Max));
+    } else {
+MXK_UNROLL
+      for (int j = 0; j < N; ++j) st.v[j] = s == 0.0f ? 0.0f : mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
+      store_lane<T, 1>(y, L, st);
+    }
+  }
 };
 
-// Block b of the tensor: its first element and its length.
-template <int BLOCK>
-MXK_HD int64_t block_start(const Rows& r, int64_t b, int* m) {
-  const int64_t row = b / r.nbr, j = b - row * r.nbr;
-  const int64_t left = r.cols - j * BLOCK;
-  *m = left < BLOCK ? static_cast<int>(left) : BLOCK;
-  return row * r.cols + j * BLOCK;
+MXK_HD float elem_max(int elem) {
+  return elem == mxe::kE4M3 ? mxe::kE4M3Max
+         : elem == mxe::kE5M2 ? mxe::kE5M2Max
+         : elem == mxe::kE2M1 ? mxe::kE2M1Max
+                              : mxe::kInt8Max;
 }
 
-// One NVFP4 block; returns whether its amax is NaN or Inf.
-template <class T, int BLOCK>
-MXK_HD bool nvfp4_body(const T* x, T* y, float* scales, const Rows& r, int64_t b, float gs) {
-  int m;
-  const int64_t o = block_start<BLOCK>(r, b, &m);
-  const bool vec = r.vec_ok && m == BLOCK;
-  float v[BLOCK];
-  load_block<T, BLOCK>(x + o, m, vec, v);
-  float a = 0.0f;
-#pragma unroll
-  for (int i = 0; i < BLOCK; ++i) a = mxe::amax_step(a, v[i]);  // padding zeros never change the amax
-  const float s = gs == 0.0f ? 0.0f : mxe::nvfp4_block_scale(a, gs);
-  if (scales != nullptr) scales[b] = s;
-  const float d = mxe::fmul(s, gs);
-#pragma unroll
-  for (int i = 0; i < BLOCK; ++i) v[i] = s == 0.0f ? 0.0f : mxe::fmul(mxe::e2m1(mxe::fdiv(v[i], d)), d);
-  store_block<T, BLOCK>(y + o, m, vec, v);
-  return mxe::nonfinite(a);
-}
+// OCP MX: per block X = 2**k (k from the amax), y = elem(x / X) * X (BWD: the STE mask |x| <= elem_max * X).
+template <class T, int ELEM, bool BWD>
+struct MxOp {
+  using State = Lane<T, 1>;
+  const T* x;
+  const T* grad;
+  T* y;
+  float* exps;
+  int* flag;
+  Layout L;
+  bool rceil;
 
-// One MX block; returns whether its amax is NaN or Inf.
-template <class T, int ELEM, int BLOCK>
-MXK_HD bool mx_body(const T* x, T* y, float* exps, const Rows& r, int64_t b, bool rceil) {
-  int m;
-  const int64_t o = block_start<BLOCK>(r, b, &m);
-  const bool vec = r.vec_ok && m == BLOCK;
-  float v[BLOCK];
-  load_block<T, BLOCK>(x + o, m, vec, v);
-  float a = 0.0f;
-#pragma unroll
-  for (int i = 0; i < BLOCK; ++i) a = mxe::amax_step(a, v[i]);
-  const bool nan = a != a;  // as the CPU kernels: a NaN block is all NaN, an Inf amax gets k = 127
-  const int k = nan ? 127 : mxe::mx_exponent(a, ELEM, rceil);
-  if (exps != nullptr) exps[b] = nan ? a : static_cast<float>(k);
-  const float X = mxe::pow2f(k), inv = mxe::pow2f(-k);
-#pragma unroll
-  for (int i = 0; i < BLOCK; ++i) v[i] = a != a ? a : mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(v[i], inv)), X);
-  store_block<T, BLOCK>(y + o, m, vec, v);
-  return mxe::nonfinite(a);
-}
+  MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
+  MXK_HD int lanes() const { return L.lanes; }
+  MXK_HD float load(int64_t slot, State& st) const { return load_lane<T, 1>(x, L, slot, st); }
 
-template <class T, int ELEM>
-MXK_HD void minifloat_body(const T* x, T* y, const float* scale, int64_t i, int64_t channels, int64_t inner) {
-  const float s = scale[(i / inner) % channels];
-  const float v = Conv<T>::to(x[i]);
-  y[i] = Conv<T>::from(s == 0.0f ? 0.0f : mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(v, s)), s));
-}
-
-constexpr int kThreads = 256;
-
-#ifndef MODELOPT_LITE_EMULATE_ON_HOST
-__device__ __forceinline__ void flag_bad(int* nonfinite) {
-  if (nonfinite != nullptr) atomicExch(nonfinite, 1);
-}
-
-template <class T, int BLOCK>
-__global__ void __launch_bounds__(kThreads)
-    nvfp4_kernel(const T* x, T* y, float* scales, Rows r, float gs, int* nonfinite) {
-  const int64_t total = r.rows * r.nbr;
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < total;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (nvfp4_body<T, BLOCK>(x, y, scales, r, b, gs)) flag_bad(nonfinite);
+  MXK_HD void finish(int64_t, State& st, float a) const {
+    constexpr int N = VecOf<T>::N;
+    const bool nan = a != a;  // as the CPU kernels: a NaN block is all NaN, an Inf amax gets k = 127
+    const int k = nan ? 127 : mxe::mx_exponent(a, ELEM, rceil);
+    if (st.w.lane == 0) {
+      if (exps != nullptr && !BWD) exps[st.w.b] = nan ? a : static_cast<float>(k);
+      if (mxe::nonfinite(a)) flag_set(flag, 1);
+    }
+    const float X = mxe::pow2f(k), inv = mxe::pow2f(-k);
+    if (BWD) {
+      ste_lane<T>(grad, y, L, st, mxe::fmul(X, elem_max(ELEM)));
+    } else {
+MXK_UNROLL
+      for (int j = 0; j < N; ++j) st.v[j] = nan ? a : mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
+      store_lane<T, 1>(y, L, st);
+    }
   }
-}
+};
 
+// Elementwise E4M3 / E5M2 / E2M1: y = elem(x / s) * s with s = scale[(i / inner) % channels]; one 16-byte vector
+// per lane, no reduction (lanes() == 1).
 template <class T, int ELEM>
-__global__ void __launch_bounds__(kThreads)
-    mx_kernel(const T* x, T* y, float* exps, Rows r, bool rceil, int* nonfinite) {
-  const int64_t total = r.rows * r.nbr;
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < total;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (mx_body<T, ELEM, 32>(x, y, exps, r, b, rceil)) flag_bad(nonfinite);
-  }
-}
+struct MinifloatOp {
+  using State = Lane<T, 1>;
+  const T* x;
+  T* y;
+  const float* scale;
+  int64_t channels, inner;
+  Layout L;  // one row of n elements, "blocks" of one vector
 
-template <class T, int ELEM>
-__global__ void __launch_bounds__(kThreads)
-    minifloat_kernel(const T* x, T* y, const float* scale, int64_t n, int64_t channels, int64_t inner) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    minifloat_body<T, ELEM>(x, y, scale, i, channels, inner);
+  MXK_HD int64_t slots() const { return L.nbr; }
+  MXK_HD int lanes() const { return 1; }
+  MXK_HD float load(int64_t slot, State& st) const {
+    load_lane<T, 1>(x, L, slot, st);
+    return 0.0f;
   }
-}
+  MXK_HD void finish(int64_t, State& st, float) const {
+    constexpr int N = VecOf<T>::N;
+MXK_UNROLL
+    for (int j = 0; j < N; ++j) {
+      const int64_t i = st.w.off + j;
+      const float s = load_scalar(scale + (channels == 1 ? 0 : (i / inner) % channels));
+      st.v[j] = s == 0.0f ? 0.0f : mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(st.v[j], s)), s);
+    }
+    store_lane<T, 1>(y, L, st);
+  }
+};
 
-int grid_for(int64_t work) {
-  int dev = 0, sms = 80;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int64_t want = (work + kThreads - 1) / kThreads;
-  const int64_t cap = static_cast<int64_t>(sms) * 16;
-  return static_cast<int>(want < cap ? (want > 0 ? want : 1) : cap);
-}
-#endif
+// Dispatch -----------------------------------------------------------------------------------------------------------
+struct Call {
+  const void* x;
+  const void* grad;
+  void* y;
+  float* side;  // block scales / exponents (forward), may be null
+  const float* gs;
+  int* flag;
+  int64_t rows, cols;
+  int block;
+  bool rceil;
+  cudaStream_t stream;
+};
 
 template <class T>
-Rows make_rows(const void* x, const void* y, int64_t rows, int64_t cols, int block) {
-  Rows r;
-  r.rows = rows;
-  r.cols = cols;
-  r.nbr = (cols + block - 1) / block;
-  r.vec_ok = (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-             reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  return r;
+Layout call_layout(const Call& c) {
+  return make_layout<T>(c.rows, c.cols, c.block, aligned16(c.x) && aligned16(c.y) && aligned16(c.grad));
 }
 
-template <class T, int BLOCK>
-cudaError_t nvfp4_launch(const void* xv, void* yv, float* scales, int64_t rows, int64_t cols, float gs, int* bad,
-                         cudaStream_t stream) {
-  const T* x = static_cast<const T*>(xv);
-  T* y = static_cast<T*>(yv);
-  const Rows r = make_rows<T>(xv, yv, rows, cols, BLOCK);
-#ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  (void)stream;
-  for (int64_t b = 0; b < r.rows * r.nbr; ++b) {
-    if (nvfp4_body<T, BLOCK>(x, y, scales, r, b, gs) && bad != nullptr) *bad = 1;
-  }
-  return cudaSuccess;
-#else
-  nvfp4_kernel<T, BLOCK><<<grid_for(r.rows * r.nbr), kThreads, 0, stream>>>(x, y, scales, r, gs, bad);
-  return cudaGetLastError();
-#endif
+template <class T, bool BWD>
+cudaError_t nvfp4_typed(const Call& c) {
+  Nvfp4Op<T, BWD> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                     c.side, c.gs, c.flag, call_layout<T>(c)};
+  return run_lanes<2>(op, c.stream);
 }
 
-template <class T, int ELEM>
-cudaError_t mx_launch(const void* xv, void* yv, float* exps, int64_t rows, int64_t cols, bool rceil, int* bad,
-                      cudaStream_t stream) {
-  const T* x = static_cast<const T*>(xv);
-  T* y = static_cast<T*>(yv);
-  const Rows r = make_rows<T>(xv, yv, rows, cols, 32);
-#ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  (void)stream;
-  for (int64_t b = 0; b < r.rows * r.nbr; ++b) {
-    if (mx_body<T, ELEM, 32>(x, y, exps, r, b, rceil) && bad != nullptr) *bad = 1;
-  }
-  return cudaSuccess;
-#else
-  mx_kernel<T, ELEM><<<grid_for(r.rows * r.nbr), kThreads, 0, stream>>>(x, y, exps, r, rceil, bad);
-  return cudaGetLastError();
-#endif
+template <class T, int ELEM, bool BWD>
+cudaError_t mx_elem_typed(const Call& c) {
+  MxOp<T, ELEM, BWD> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                        c.side, c.flag, call_layout<T>(c), c.rceil};
+  return run_lanes<2>(op, c.stream);
 }
 
-template <class T, int ELEM>
-cudaError_t minifloat_launch(const void* xv, void* yv, const float* scale, int64_t n, int64_t channels, int64_t inner,
-                             cudaStream_t stream) {
-  const T* x = static_cast<const T*>(xv);
-  T* y = static_cast<T*>(yv);
-#ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  (void)stream;
-  for (int64_t i = 0; i < n; ++i) minifloat_body<T, ELEM>(x, y, scale, i, channels, inner);
-  return cudaSuccess;
-#else
-  minifloat_kernel<T, ELEM><<<grid_for(n), kThreads, 0, stream>>>(x, y, scale, n, channels, inner);
-  return cudaGetLastError();
-#endif
-}
-
-template <class T>
-cudaError_t nvfp4_dtype(int block, const void* x, void* y, float* s, int64_t rows, int64_t cols, float gs, int* bad,
-                        cudaStream_t st) {
-  return block == 16 ? nvfp4_launch<T, 16>(x, y, s, rows, cols, gs, bad, st)
-                     : nvfp4_launch<T, 32>(x, y, s, rows, cols, gs, bad, st);
-}
-
-template <class T>
-cudaError_t mx_dtype(int elem, bool rceil, const void* x, void* y, float* e, int64_t rows, int64_t cols, int* bad,
-                     cudaStream_t st) {
+template <class T, bool BWD>
+cudaError_t mx_typed(int elem, const Call& c) {
   switch (elem) {
     case mxe::kE4M3:
-      return mx_launch<T, mxe::kE4M3>(x, y, e, rows, cols, rceil, bad, st);
+      return mx_elem_typed<T, mxe::kE4M3, BWD>(c);
     case mxe::kE5M2:
-      return mx_launch<T, mxe::kE5M2>(x, y, e, rows, cols, rceil, bad, st);
+      return mx_elem_typed<T, mxe::kE5M2, BWD>(c);
     case mxe::kE2M1:
-      return mx_launch<T, mxe::kE2M1>(x, y, e, rows, cols, rceil, bad, st);
+      return mx_elem_typed<T, mxe::kE2M1, BWD>(c);
     default:
-      return mx_launch<T, mxe::kInt8>(x, y, e, rows, cols, rceil, bad, st);
+      return mx_elem_typed<T, mxe::kInt8, BWD>(c);
   }
 }
 
+template <class T, int ELEM>
+cudaError_t minifloat_elem_typed(const void* x, void* y, const float* s, int64_t n, int64_t ch, int64_t inner,
+                                 cudaStream_t st) {
+  constexpr int N = VecOf<T>::N;
+  MinifloatOp<T, ELEM> op{static_cast<const T*>(x), static_cast<T*>(y), s, ch, inner,
+                          make_layout<T>(1, n, N, aligned16(x) && aligned16(y))};
+  return run_lanes<2>(op, st);
+}
+
 template <class T>
-cudaError_t minifloat_dtype(int elem, const void* x, void* y, const float* s, int64_t n, int64_t c, int64_t inner,
+cudaError_t minifloat_typed(int elem, const void* x, void* y, const float* s, int64_t n, int64_t c, int64_t inner,
                             cudaStream_t st) {
   switch (elem) {
     case mxe::kE4M3:
-      return minifloat_launch<T, mxe::kE4M3>(x, y, s, n, c, inner, st);
+      return minifloat_elem_typed<T, mxe::kE4M3>(x, y, s, n, c, inner, st);
     case mxe::kE5M2:
-      return minifloat_launch<T, mxe::kE5M2>(x, y, s, n, c, inner, st);
+      return minifloat_elem_typed<T, mxe::kE5M2>(x, y, s, n, c, inner, st);
     default:
-      return minifloat_launch<T, mxe::kE2M1>(x, y, s, n, c, inner, st);
+      return minifloat_elem_typed<T, mxe::kE2M1>(x, y, s, n, c, inner, st);
   }
 }
 
 bool bad_dtype(mlq_dtype d) { return d != MLQ_FLOAT32 && d != MLQ_FLOAT16 && d != MLQ_BFLOAT16; }
 
+// The shared argument checks of the blocked launchers: cudaErrorInvalidValue, or cudaSuccess with *done for an
+// empty tensor.
+cudaError_t check_blocked(mlq_dtype dtype, const Call& c, bool bwd, bool* done) {
+  *done = false;
+  if (bad_dtype(dtype) || c.rows < 0 || c.cols < 0) return cudaErrorInvalidValue;
+  if (c.rows == 0 || c.cols == 0) {
+    *done = true;
+    return cudaSuccess;
+  }
+  if (c.x == nullptr || c.y == nullptr || (bwd && c.grad == nullptr)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+cudaError_t nvfp4_any(mlq_dtype dtype, const Call& c, bool bwd) {
+  bool done;
+  if (c.block != 16 && c.block != 32) return cudaErrorInvalidValue;
+  const cudaError_t e = check_blocked(dtype, c, bwd, &done);
+  if (e != cudaSuccess || done) return e;
+  if (c.gs == nullptr) return cudaErrorInvalidValue;
+  if (dtype == MLQ_FLOAT32) return bwd ? nvfp4_typed<float, true>(c) : nvfp4_typed<float, false>(c);
+  if (dtype == MLQ_FLOAT16) return bwd ? nvfp4_typed<__half, true>(c) : nvfp4_typed<__half, false>(c);
+  return bwd ? nvfp4_typed<__nv_bfloat16, true>(c) : nvfp4_typed<__nv_bfloat16, false>(c);
+}
+
+cudaError_t mx_any(mlq_dtype dtype, int elem, const Call& c, bool bwd) {
+  bool done;
+  if (elem < 0 || elem > 3 || c.block != 32) return cudaErrorInvalidValue;
+  const cudaError_t e = check_blocked(dtype, c, bwd, &done);
+  if (e != cudaSuccess || done) return e;
+  if (dtype == MLQ_FLOAT32) return bwd ? mx_typed<float, true>(elem, c) : mx_typed<float, false>(elem, c);
+  if (dtype == MLQ_FLOAT16) return bwd ? mx_typed<__half, true>(elem, c) : mx_typed<__half, false>(elem, c);
+  return bwd ? mx_typed<__nv_bfloat16, true>(elem, c) : mx_typed<__nv_bfloat16, false>(elem, c);
+}
+
 }  // namespace mxk
 
 extern "C" cudaError_t mlq_fake_nvfp4(mlq_dtype dtype, const void* x, void* y, float* scales, int64_t rows,
-                                      int64_t cols, int block, float global_scale, int* nonfinite,
+                                      int64_t cols, int block, const float* global_scale, int* nonfinite,
                                       cudaStream_t stream) {
-  if (mxk::bad_dtype(dtype) || (block != 16 && block != 32) || rows < 0 || cols < 0 || !(global_scale >= 0.0f))
-    return cudaErrorInvalidValue;
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (dtype == MLQ_FLOAT32) return mxk::nvfp4_dtype<float>(block, x, y, scales, rows, cols, global_scale, nonfinite, stream);
-  if (dtype == MLQ_FLOAT16) return mxk::nvfp4_dtype<__half>(block, x, y, scales, rows, cols, global_scale, nonfinite, stream);
-  return mxk::nvfp4_dtype<__nv_bfloat16>(block, x, y, scales, rows, cols, global_scale, nonfinite, stream);
+  const mxk::Call c{x, nullptr, y, scales, global_scale, nonfinite, rows, cols, block, false, stream};
+  return mxk::nvfp4_any(dtype, c, false);
+}
+
+extern "C" cudaError_t mlq_nvfp4_backward(mlq_dtype dtype, const void* grad, const void* x, void* grad_x,
+                                          int64_t rows, int64_t cols, int block, const float* global_scale,
+                                          int* nonfinite, cudaStream_t stream) {
+  const mxk::Call c{x, grad, grad_x, nullptr, global_scale, nonfinite, rows, cols, block, false, stream};
+  return mxk::nvfp4_any(dtype, c, true);
 }
 
 extern "C" cudaError_t mlq_fake_mx(mlq_dtype dtype, int elem, int rceil, const void* x, void* y, float* exps,
                                    int64_t rows, int64_t cols, int block, int* nonfinite, cudaStream_t stream) {
-  if (mxk::bad_dtype(dtype) || elem < 0 || elem > 3 || block != 32 || rows < 0 || cols < 0)
-    return cudaErrorInvalidValue;
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (dtype == MLQ_FLOAT32) return mxk::mx_dtype<float>(elem, rceil != 0, x, y, exps, rows, cols, nonfinite, stream);
-  if (dtype == MLQ_FLOAT16) return mxk::mx_dtype<__half>(elem, rceil != 0, x, y, exps, rows, cols, nonfinite, stream);
-  return mxk::mx_dtype<__nv_bfloat16>(elem, rceil != 0, x, y, exps, rows, cols, nonfinite, stream);
+  const mxk::Call c{x, nullptr, y, exps, nullptr, nonfinite, rows, cols, block, rceil != 0, stream};
+  return mxk::mx_any(dtype, elem, c, false);
+}
+
+extern "C" cudaError_t mlq_mx_backward(mlq_dtype dtype, int elem, int rceil, const void* grad, const void* x,
+                                       void* grad_x, int64_t rows, int64_t cols, int block, int* nonfinite,
+                                       cudaStream_t stream) {
+  const mxk::Call c{x, grad, grad_x, nullptr, nullptr, nonfinite, rows, cols, block, rceil != 0, stream};
+  return mxk::mx_any(dtype, elem, c, true);
 }
 
 extern "C" cudaError_t mlq_fake_minifloat(mlq_dtype dtype, int elem, const void* x, void* y, const float* scale,
@@ -326,7 +279,7 @@ extern "C" cudaError_t mlq_fake_minifloat(mlq_dtype dtype, int elem, const void*
   if (mxk::bad_dtype(dtype) || elem < 0 || elem > 2 || n < 0 || channels < 1 || inner < 1) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr || scale == nullptr) return cudaErrorInvalidValue;
-  if (dtype == MLQ_FLOAT32) return mxk::minifloat_dtype<float>(elem, x, y, scale, n, channels, inner, stream);
-  if (dtype == MLQ_FLOAT16) return mxk::minifloat_dtype<__half>(elem, x, y, scale, n, channels, inner, stream);
-  return mxk::minifloat_dtype<__nv_bfloat16>(elem, x, y, scale, n, channels, inner, stream);
+  if (dtype == MLQ_FLOAT32) return mxk::minifloat_typed<float>(elem, x, y, scale, n, channels, inner, stream);
+  if (dtype == MLQ_FLOAT16) return mxk::minifloat_typed<__half>(elem, x, y, scale, n, channels, inner, stream);
+  return mxk::minifloat_typed<__nv_bfloat16>(elem, x, y, scale, n, channels, inner, stream);
 }

@@ -19,19 +19,44 @@ extern "C" {
 #endif
 
 /* NVFP4 fake quant: per block s = e4m3(min(amax / (6 gs), 448)), y = e2m1(x / (s gs)) * (s gs); gs == 0 or s == 0:
- * +0. block 16 or 32. scales (float32, rows x ceil(cols / block)) receives s when not NULL. */
+ * +0. block 16 or 32. scales (float32, rows x ceil(cols / block)) receives s when not NULL. global_scale: ONE
+ * float32 in device memory (read by the kernel: no host synchronization); a negative, NaN or Inf value sets bit 2
+ * of *nonfinite (a NaN/Inf block amax sets bit 1). */
 cudaError_t mlq_fake_nvfp4(mlq_dtype dtype, const void* x, void* y, float* scales, int64_t rows, int64_t cols,
-                           int block, float global_scale, int* nonfinite, cudaStream_t stream);
+                           int block, const float* global_scale, int* nonfinite, cudaStream_t stream);
+
+/* The straight-through gradient of mlq_fake_nvfp4: grad_x = grad where |x| <= 6 s gs (its block's range), else
+ * grad * 0. grad, x and grad_x share dtype and shape. */
+cudaError_t mlq_nvfp4_backward(mlq_dtype dtype, const void* grad, const void* x, void* grad_x, int64_t rows,
+                               int64_t cols, int block, const float* global_scale, int* nonfinite,
+                               cudaStream_t stream);
 
 /* OCP MX fake quant: per block X = 2**k (k from the block amax, floor or rceil, clamped to [-127, 127]),
  * y = elem(x / X) * X; elem 0..3 = e4m3, e5m2, e2m1, int8; block 32. exps (float32 k) when not NULL. */
 cudaError_t mlq_fake_mx(mlq_dtype dtype, int elem, int rceil, const void* x, void* y, float* exps, int64_t rows,
                         int64_t cols, int block, int* nonfinite, cudaStream_t stream);
 
+/* The straight-through gradient of mlq_fake_mx: grad_x = grad where |x| <= elem_max * 2**k, else grad * 0. */
+cudaError_t mlq_mx_backward(mlq_dtype dtype, int elem, int rceil, const void* grad, const void* x, void* grad_x,
+                            int64_t rows, int64_t cols, int block, int* nonfinite, cudaStream_t stream);
+
 /* Elementwise E4M3 / E5M2 / E2M1 (elem 0 / 1 / 2): y = elem(x / s) * s, 0 where s == 0. Element i uses
  * scale[(i / inner) % channels] (channels = 1: per tensor; channels = n, inner = 1: one scale per element). */
 cudaError_t mlq_fake_minifloat(mlq_dtype dtype, int elem, const void* x, void* y, const float* scale, int64_t n,
                                int64_t channels, int64_t inner, cudaStream_t stream);
+
+/* Dynamic block quantization along the last axis, fused (block_kernels.cu): per block of `block` elements
+ * s = scale_from_amax(block amax, bound), integer y = clamp(rint(x / s), qmin, qmax) * s or (e4m3 != 0)
+ * y = e4m3(clamp(x / s, -448, 448)) * s; with grad != NULL the straight-through gradient instead (grad where
+ * qmin s <= x <= qmax s, E4M3: -448 s .. 448 s). Supported block sizes: mlq_dynamic_block_supported.
+ * Double quantization: scale_kind 1 (unsigned integer scale codes 0..scale_qmax) or 2 (E4M3 scale codes), with
+ * scale_bound the scales' bound and amax_scratch one float32 of device memory set to +0 by the caller (it receives
+ * the tensor's amax: a first read of x). scale_kind 0: none. */
+int mlq_dynamic_block_supported(mlq_dtype dtype, int64_t block);
+cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* grad, const void* x, void* y, int64_t rows,
+                              int64_t cols, int block, float bound, float qmin, float qmax, int scale_kind,
+                              float scale_bound, float scale_qmax, float* amax_scratch, int* nonfinite,
+                              cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,8 @@
 #include "quant_kernels_api.h"
 
 namespace mol {
-void register_mx_cuda_ops(pybind11::module_& m);  // mx_cuda_binding.cpp: NVFP4 / MX / E5M2 / E2M1
+void register_mx_cuda_ops(pybind11::module_& m);     // mx_cuda_binding.cpp: NVFP4 / MX / E5M2 / E2M1
+void register_block_cuda_ops(pybind11::module_& m);  // block_cuda_binding.cpp: fused dynamic blocks
 }
 
 namespace {
@@ -308,4 +309,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "num_bins)",
         py::arg("x_abs"), py::arg("num_bins"), py::arg("max"));
   mol::register_mx_cuda_ops(m);
+  mol::register_block_cuda_ops(m);
 }

@@ -19,8 +19,42 @@ constexpr int kBlocksPerSm = 16;  // grid cap, in blocks per SM (grid-stride loo
 constexpr int kHistThreads = 512;
 constexpr int64_t kHistMaxPerBlock = int64_t{1} << 31;  // keeps the 32-bit shared-memory counters exact
 constexpr int64_t kHistSmemBins = 12288;                 // 48 KiB of 32-bit counters
+constexpr int kHistCopies = 4;                           // private copies of the bins per block (at most)
 
 bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) % 16) == 0; }
+
+// One thread's share of the columns [begin, end) of one row: 16-byte vectors t, t + T, ... (two in flight) when
+// `vec` (the row start 16-byte aligned, begin and end multiples of the vector), else elements t, t + T, ... Each
+// counted bin goes to count(b). The device kernel and the host emulation both run this.
+template <class T, class Count>
+MLQ_HD void hist_share(const typename HistElem<T>::raw* xr, int64_t begin, int64_t end, bool vec, int64_t t,
+                       int64_t T_, double inv_width, int64_t num_bins, Count count) {
+  using R = typename HistElem<T>::raw;
+  constexpr int V = 16 / static_cast<int>(sizeof(R));
+  if (vec) {
+    const int64_t ve = end / V;
+    for (int64_t v = begin / V + t; v < ve; v += 2 * T_) {
+      Pack16<R> p[2];
+      p[0].u = load16(xr + v * V);
+      const bool two = v + T_ < ve;
+      if (two) p[1].u = load16(xr + (v + T_) * V);
+MLQ_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        if (k == 1 && !two) break;
+MLQ_UNROLL
+        for (int j = 0; j < V; ++j) {
+          const int64_t b = grid_bin(HistElem<T>::value(p[k].r[j]), inv_width, num_bins);
+          if (b >= 0) count(b);
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t j = begin + t; j < end; j += T_) {
+    const int64_t b = grid_bin(HistElem<T>::value(xr[j]), inv_width, num_bins);
+    if (b >= 0) count(b);
+  }
+}
 
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -47,36 +81,39 @@ MLQ_UNROLL
     body.scalar(i);
 }
 
-// One block handles `chunk` columns of a row at a time, counting into 32-bit shared-memory bins (at most 2**31
-// values per block and row, so they cannot overflow) and then adding its non-zero bins to the int64 counts.
+// One block handles `chunk` columns of a row at a time (hist_share below), counting into kHistCopies private
+// copies of 32-bit shared-memory bins (warp w counts into copy w % copies: fewer threads contend on one counter;
+// at most 2**31 values per block and row, so they cannot overflow), then adds its non-zero bins to the int64 counts.
 template <class T>
 __global__ void __launch_bounds__(kHistThreads)
     histogram_kernel(const typename HistElem<T>::raw* x, int64_t rows, int64_t cols, int64_t chunk,
                      const int64_t* exps, int64_t exp_all, int64_t num_bins, unsigned long long* counts,
-                     bool shared_counts) {
+                     int copies, bool vec) {
   extern __shared__ unsigned int bins[];
+  const bool shared_counts = copies > 0;
+  unsigned int* mine = bins + (shared_counts ? (threadIdx.x / 32) % copies : 0) * num_bins;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const double inv_width = pow2_neg(exps != nullptr ? exps[row] : exp_all);
     unsigned long long* row_counts = counts + row * num_bins;
     if (shared_counts) {
-      for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x) bins[b] = 0u;
+      for (int64_t b = threadIdx.x; b < num_bins * copies; b += blockDim.x) bins[b] = 0u;
       __syncthreads();
     }
     const int64_t begin = blockIdx.x * chunk;
     const int64_t end = begin + chunk < cols ? begin + chunk : cols;
-    const typename HistElem<T>::raw* xr = x + row * cols;
-    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-      const int64_t b = grid_bin(HistElem<T>::value(xr[j]), inv_width, num_bins);
-      if (b < 0) continue;
+    hist_share<T>(x + row * cols, begin, end, vec, threadIdx.x, blockDim.x, inv_width, num_bins, [&](int64_t b) {
       if (shared_counts)
-        atomicAdd(&bins[b], 1u);
+        atomicAdd(&mine[b], 1u);
       else
         atomicAdd(&row_counts[b], 1ull);
-    }
+    });
     if (shared_counts) {
       __syncthreads();
-      for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x)
-        if (bins[b] != 0u) atomicAdd(&row_counts[b], static_cast<unsigned long long>(bins[b]));
+      for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x) {
+        unsigned long long c = 0;
+        for (int k = 0; k < copies; ++k) c += bins[k * num_bins + b];
+        if (c != 0ull) atomicAdd(&row_counts[b], c);
+      }
       __syncthreads();
     }
   }
@@ -287,32 +324,44 @@ template <class T>
 cudaError_t histogram_typed(const void* x, int64_t rows, int64_t cols, const int64_t* exps, int64_t exp_all,
                             int64_t num_bins, int64_t* counts, cudaStream_t stream) {
   using R = typename HistElem<T>::raw;
+  constexpr int64_t V = 16 / static_cast<int64_t>(sizeof(R));
   const R* xr = static_cast<const R*>(x);
+  const bool vec = aligned16(x) && cols % V == 0;
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  const int64_t sms = 4;  // the device's grid for a small GPU: every row cut into chunks, each thread's share in order
+#else
+  const int64_t sms = sm_count();
+#endif
+  const int64_t grid_y = rows < 65535 ? rows : 65535;
+  int64_t grid_x = (cols + kHistThreads * 16 - 1) / (kHistThreads * 16);
+  const int64_t want_x = (sms * 8 + grid_y - 1) / grid_y;  // about 8 blocks per SM in all
+  if (grid_x > want_x) grid_x = want_x;
+  if (grid_x < (cols + kHistMaxPerBlock - 1) / kHistMaxPerBlock) grid_x = (cols + kHistMaxPerBlock - 1) / kHistMaxPerBlock;
+  if (grid_x < 1) grid_x = 1;
+  int64_t chunk = (cols + grid_x - 1) / grid_x;
+  chunk = (chunk + V - 1) / V * V;  // whole vectors: every chunk of an aligned row starts aligned
+  grid_x = (cols + chunk - 1) / chunk;
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   (void)stream;
   for (int64_t r = 0; r < rows; ++r) {
     const double inv_width = pow2_neg(exps != nullptr ? exps[r] : exp_all);
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t b = grid_bin(HistElem<T>::value(xr[r * cols + j]), inv_width, num_bins);
-      if (b >= 0) ++counts[r * num_bins + b];
+    int64_t* row_counts = counts + r * num_bins;
+    for (int64_t bx = 0; bx < grid_x; ++bx) {
+      const int64_t begin = bx * chunk, end = begin + chunk < cols ? begin + chunk : cols;
+      for (int64_t t = 0; t < kHistThreads; ++t)
+        hist_share<T>(xr + r * cols, begin, end, vec, t, kHistThreads, inv_width, num_bins,
+                      [&](int64_t b) { ++row_counts[b]; });
     }
   }
   return cudaSuccess;
 #else
-  const int64_t sms = sm_count();
-  const int64_t grid_y = rows < 65535 ? rows : 65535;
-  int64_t grid_x = ceil_div(cols, static_cast<int64_t>(kHistThreads) * 16);
-  const int64_t want_x = (sms * 8 + grid_y - 1) / grid_y;  // about 8 blocks per SM in all
-  if (grid_x > want_x) grid_x = want_x;
-  if (grid_x < ceil_div(cols, kHistMaxPerBlock)) grid_x = ceil_div(cols, kHistMaxPerBlock);
-  if (grid_x < 1) grid_x = 1;
-  const int64_t chunk = ceil_div(cols, grid_x);
-  const bool shared_counts = num_bins <= kHistSmemBins;
-  const size_t smem = shared_counts ? static_cast<size_t>(num_bins) * sizeof(unsigned int) : 0;
+  int copies = num_bins <= kHistSmemBins ? static_cast<int>(kHistSmemBins / num_bins) : 0;
+  if (copies > kHistCopies) copies = kHistCopies;
+  const size_t smem = static_cast<size_t>(copies) * static_cast<size_t>(num_bins) * sizeof(unsigned int);
   const dim3 grid(static_cast<unsigned int>(grid_x), static_cast<unsigned int>(grid_y));
   histogram_kernel<T><<<grid, kHistThreads, smem, stream>>>(xr, rows, cols, chunk, exps, exp_all, num_bins,
-                                                            reinterpret_cast<unsigned long long*>(counts),
-                                                            shared_counts);
+                                                            reinterpret_cast<unsigned long long*>(counts), copies,
+                                                            vec);
   return cudaGetLastError();
 #endif
 }

@@ -95,3 +95,13 @@ def check_mx(x: torch.Tensor, elem: str, block, rounding: str) -> None:
     ms._check_rounding(rounding)
     ms._check_blocked_input(x, f"MX ({elem}) input")
     ms._check_block(block, ms.MX_BLOCK_SIZES, "MX")
+
+
+def check_grad(grad: torch.Tensor, x: torch.Tensor) -> None:
+    """The NVFP4 / MX backward bindings' grad check (shape and device; a grad of another dtype is the caller's to
+    route to the reference)."""
+    if grad.shape != x.shape or grad.device != x.device:
+        raise ValueError(
+            f"modelopt_lite CUDA kernels: grad ({grad.dtype} {list(grad.shape)} on {grad.device}) must match x "
+            f"({x.dtype} {list(x.shape)} on {x.device}) in dtype, shape and device"
+        )

@@ -52,9 +52,19 @@ def _(x, global_scale, block):
     return _like(x)
 
 
+def _bwd_impl(grad: Tensor, x: Tensor, name: str):
+    """The backward kernel: the CUDA extension's when grad matches x (dtype, shape, device), else the reference."""
+    if _cuda_checked(x, name) and not (grad.dtype == x.dtype and grad.shape == x.shape and grad.device == x.device):
+        return getattr(ref, name)
+    return _impl(x, name)
+
+
 @torch.library.custom_op("modelopt_lite::nvfp4_backward", mutates_args=())
 def nvfp4_backward(grad: Tensor, x: Tensor, global_scale: Tensor, block: int) -> Tensor:
-    return _impl(x, "nvfp4_backward")(grad, x.contiguous(), global_scale, block)
+    if _cuda_checked(x, "nvfp4_backward"):
+        cuda_args.check_nvfp4(x, global_scale, block)
+        cuda_args.check_grad(grad, x)
+    return _bwd_impl(grad, x, "nvfp4_backward")(grad, x.contiguous(), global_scale, block)
 
 
 @nvfp4_backward.register_fake
@@ -76,7 +86,10 @@ def _(x, elem, block, rounding):
 
 @torch.library.custom_op("modelopt_lite::mx_backward", mutates_args=())
 def mx_backward(grad: Tensor, x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
-    return _impl(x, "mx_backward")(grad, x.contiguous(), elem, block, rounding)
+    if _cuda_checked(x, "mx_backward"):
+        cuda_args.check_mx(x, elem, block, rounding)
+        cuda_args.check_grad(grad, x)
+    return _bwd_impl(grad, x, "mx_backward")(grad, x.contiguous(), elem, block, rounding)
 
 
 @mx_backward.register_fake

@@ -42,7 +42,14 @@ SOURCES = {
         "mx_avx2.cpp",
         "output_pool.cpp",
     ],
-    "cuda": ["quant_cuda_binding.cpp", "quant_kernels.cu", "mx_cuda_binding.cpp", "mx_kernels.cu"],
+    "cuda": [
+        "quant_cuda_binding.cpp",
+        "quant_kernels.cu",
+        "mx_cuda_binding.cpp",
+        "mx_kernels.cu",
+        "block_cuda_binding.cpp",
+        "block_kernels.cu",
+    ],
 }
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
 HEADERS = {
@@ -53,6 +60,7 @@ HEADERS = {
         "quant_math.cuh",
         "quant_kernels_api.h",
         "mx_kernels_api.h",
+        "mx_lanes.cuh",
         "mx_elem.h",
         "mx_checks.h",
         "binding_errors.h",

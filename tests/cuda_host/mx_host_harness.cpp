@@ -65,7 +65,7 @@ int main() {
       Buf x(read_file(xf), bytes, static_cast<size_t>(mis)), y({}, bytes, static_cast<size_t>(mis));
       std::vector<float> s(static_cast<size_t>(rows * ((cols + block - 1) / block)) + 1);
       st = cmd == "nvfp4" ? mlq_fake_nvfp4(static_cast<mlq_dtype>(dt), x.data(), y.data(), s.data(), rows, cols, block,
-                                           gs, &bad, nullptr)
+                                           &gs, &bad, nullptr)
                           : mlq_fake_mx(static_cast<mlq_dtype>(dt), elem, rceil, x.data(), y.data(), s.data(), rows,
                                         cols, block, &bad, nullptr);
       write_file(yf, y.data(), bytes);

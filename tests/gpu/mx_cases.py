@@ -12,6 +12,9 @@ Backward (:func:`grad_checks`): the public autograd ops (``nvfp4_fake_quant``, `
 ``fake_e2m1`` with a learned scale) run on the device against the same code on the CPU with the reference backend:
 the output, x's gradient and the scale's gradient (the NVFP4 case also computes its global scale on the device).
 
+The binding's own backward kernels (:func:`backward_checks`: ``nvfp4_backward`` / ``mx_backward``) against the
+reference's, over the forward matrix's inputs (the STE mask, -0.0 for a masked negative gradient, dead blocks).
+
 Errors (:func:`error_cases`, :func:`value_error_cases`): bad arguments the binding rejects before any launch, and
 NaN / Inf inputs that the kernels flag and the host turns into ValueError.
 """
@@ -34,6 +37,8 @@ REFERENCE: dict[str, Callable] = {
     "fake_mx": ms.fake_mx,
     "fake_e5m2": lm.fake_e5m2_reference,
     "fake_e2m1": lm.fake_e2m1_reference,
+    "nvfp4_backward": ms.nvfp4_backward,
+    "mx_backward": ms.mx_backward,
 }
 ELEMS = ("e4m3", "e5m2", "e2m1", "int8")
 ROUNDINGS = ("floor", "rceil")
@@ -91,11 +96,16 @@ SHAPES = {
     "4x64 full blocks": (4, 64),
     "2x3x48 3-D": (2, 3, 48),
     "5x7 shorter than a block": (5, 7),
+    "3x4104 many blocks, partial last warp tile": (3, 4104),
+    "1x1000 one row, partial last vector block": (1, 1000),
 }
 VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "transposed": lambda t: t.reshape(-1, 40)[:, :40].t(),  # (40, rows): non-contiguous
     "strided": lambda t: t[..., ::2],
     "misaligned": lambda t: t.reshape(-1)[1 : 1 + 17 * 37].reshape(17, 37),  # storage offset of 1 element
+    # whole 16-byte vectors per row but a storage offset of 1 element: the element-load path over the same lanes
+    "misaligned, vector-sized rows": lambda t: t.reshape(-1)[1 : 1 + 9 * 64].reshape(9, 64),
+    "column slice (row stride 80)": lambda t: t[:, 16:64],
 }
 
 
@@ -209,11 +219,61 @@ def _with_specials(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _grad_like(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """An incoming gradient of x's shape and dtype with negative values and zeros (the STE mask gives -0.0 for a
+    masked negative gradient, as grad * keep does)."""
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed))
+    g.view(-1)[::7] = 0.0
+    return g.to(x.dtype)
+
+
+def backward_checks(dtypes=DTYPES):
+    """The binding's nvfp4_backward / mx_backward against the reference's, over the inputs of the forward matrix."""
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in (16, 32):
+
+                def make(d, mk=mk, block=block):
+                    x = mk(d)
+                    gs = ms.nvfp4_global_scale(_amax(x) * 0.25)  # saturating block scales: both mask branches
+                    return _grad_like(x, 5).to(d), x, gs.to(d), block
+
+                out.append(Check(f"nvfp4_backward block={block} {name} {dtype}", "nvfp4_backward", make))
+            for elem in ELEMS:
+                for rounding in ROUNDINGS:
+                    out.append(
+                        Check(
+                            f"mx_backward {elem} {rounding} {name} {dtype}",
+                            "mx_backward",
+                            lambda d, mk=mk, e=elem, r=rounding: (_grad_like(mk("cpu"), 6).to(d), mk(d), e, 32, r),
+                        )
+                    )
+        out.append(
+            Check(
+                f"nvfp4_backward global scale 0 {dtype}",
+                "nvfp4_backward",
+                lambda d, dtype=dtype: (
+                    _grad_like(torch.zeros(4, 48, dtype=dtype), 8).to(d),
+                    _data((4, 48), dtype, 7).to(d),
+                    torch.tensor(0.0, device=d),
+                    16,
+                ),
+            )
+        )
+    return out
+
+
 def forward_checks():
     return nvfp4_checks() + mx_checks() + minifloat_checks()
 
 
-GROUPS: dict[str, Callable[[], list]] = {"nvfp4": nvfp4_checks, "mx": mx_checks, "minifloat": minifloat_checks}
+GROUPS: dict[str, Callable[[], list]] = {
+    "nvfp4": nvfp4_checks,
+    "mx": mx_checks,
+    "minifloat": minifloat_checks,
+    "backward": backward_checks,
+}
 
 
 # --- backward through the public autograd ops -----------------------------------------------------------------------
@@ -296,6 +356,9 @@ def error_cases(device: str):
         (lambda m: m.fake_e5m2(x.to(torch.int32), s), TypeError, "float32, float16 or bfloat16"),
         (lambda m: m.fake_e2m1(x, torch.ones(3, 1, device=device)), ValueError, "does not broadcast"),
         (lambda m: m.fake_e5m2(x, torch.ones(1, 1, 32, device=device)), ValueError, "does not broadcast"),
+        (lambda m: m.nvfp4_backward(x[:2], x, gs, 16), ValueError, "must match x"),
+        (lambda m: m.mx_backward(x[:, :16], x, "e4m3", 32, "floor"), ValueError, "must match x"),
+        (lambda m: m.mx_backward(x, x, "e4m3", 8, "floor"), ValueError, r"MX block size must be one of \(32,\)"),
     ]
 
 
@@ -312,4 +375,23 @@ def value_error_cases(device: str):
             out.append(
                 (lambda m, xd=xd: m.fake_mx(xd, "e2m1", 32, "rceil"), ValueError, rf"MX \(e2m1\) input .*\({text}\)")
             )
+            g = torch.ones_like(xd)
+            out.append(
+                (lambda m, xd=xd, g=g, gs=gs: m.nvfp4_backward(g, xd, gs, 32), ValueError, rf"NVFP4 input .*\({text}\)")
+            )
+            out.append(
+                (
+                    lambda m, xd=xd, g=g: m.mx_backward(g, xd, "int8", 32, "floor"),
+                    ValueError,
+                    rf"MX \(int8\) .*\({text}\)",
+                )
+            )
+    # a bad global scale: the kernel reads it from device memory and flags it (no host read before the launch)
+    x = torch.randn(3, 70, device=device)
+    for v, text in ((-1.0, "-1"), (math.nan, "nan"), (math.inf, "inf")):
+        gs = torch.tensor(v, device=device)
+        out.append((lambda m, gs=gs: m.fake_nvfp4(x, gs, 16), ValueError, rf"global_scale must be finite .*{text}"))
+        out.append(
+            (lambda m, gs=gs: m.nvfp4_backward(x, x, gs, 16), ValueError, rf"global_scale must be finite .*{text}")
+        )
     return out

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One GPU session: build the CUDA kernels, run every GPU test, the calibration parity and the GPU benchmarks, each
-# under its own time limit (so that one slow or hung step cannot eat the others). Limits sum to 465 s (+2 s kill grace each) (the last
-# H100 run: build 51 s, tests ~22 s before the NVFP4/MX matrix was added). Logs go to $OUT (or ./gpu_logs) as
-# gpu_<step>.log, and a one-line summary per step to stdout and $OUT/gpu_summary.log. Exit status: 0 when every
-# step that ran passed, 1 otherwise (a step killed by its limit reports rc=124).
+# under its own time limit (so that one slow or hung step cannot eat the others). Limits sum to 475 s (+2 s kill
+# grace each) (the last H100 run: build 51 s, tests ~22 s before the NVFP4/MX, backward and fused-block matrices were
+# added). Logs go to $OUT (or ./gpu_logs) as gpu_<step>.log, and a one-line summary per step to stdout and
+# $OUT/gpu_summary.log. Exit status: 0 when every step that ran passed, 1 otherwise (a step killed by its limit
+# reports rc=124). The benchmark steps print their table rows as they go: a step cut by its limit keeps its rows.
 #   bash tests/gpu/run_session.sh                       # everything
 #   STEPS="build tests" bash tests/gpu/run_session.sh   # some steps
+#   STEPS="build bench_cuda_int" bash tests/gpu/run_session.sh  # the integer/E4M3 rows of bench_cuda (issue 8)
 #   STEPS="build bench_real_gpu" bash tests/gpu/run_session.sh   # the real-GEMM benchmark (issue 25; not in the
 #                                                                # default list, which stays under 8 minutes)
 set -u
@@ -14,7 +16,7 @@ out=${OUT:-gpu_logs}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-steps=${STEPS:-"build tests calib_parity bench_fake_quant bench_real_int8 bench_cuda"}
+steps=${STEPS:-"build tests calib_parity bench_fake_quant bench_real_int8 bench_cuda bench_qat"}
 summary="$out/gpu_summary.log"
 : >"$summary"
 failed=0
@@ -50,10 +52,14 @@ from modelopt_lite.functional import backend
 t = time.perf_counter(); r = backend.precompile(('cpu', 'cuda')); print(r, f'{time.perf_counter() - t:.1f} s')
 sys.exit(0 if set(r.values()) == {'ok'} else 1)"
 step tests 130 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu tests/test_quant_modules_cuda.py
-step calib_parity 30 python3 bench/calib_cuda_parity.py
-step bench_fake_quant 70 python3 bench/bench_fake_quant.py --device cuda --dtype fp32
-step bench_real_int8 45 python3 bench/bench_real_int8.py --device cuda
-step bench_cuda 70 python3 bench/bench_cuda.py --no-peers
+step calib_parity 25 python3 bench/calib_cuda_parity.py
+step bench_fake_quant 40 python3 bench/bench_fake_quant.py --device cuda --dtype fp32
+step bench_real_int8 30 python3 bench/bench_real_int8.py --device cuda
+# issue 24's table: NVFP4/MX/E5M2/E2M1/fused dynamic blocks and the histogram, fp32 and bf16, each next to
+# torch.compile of its exact pure-torch chain (bench/cuda_mx_rows.py)
+step bench_cuda 75 python3 bench/bench_cuda.py --no-peers --cases mx,hist --repeats 10
+step bench_qat 55 python3 bench/bench_qat_cuda.py --repeats 10
+step bench_cuda_int 70 python3 bench/bench_cuda.py --no-peers --cases int
 step bench_real_gpu 300 python3 bench/bench_real_gpu.py --device cuda
 echo "=== summary"
 cat "$summary"

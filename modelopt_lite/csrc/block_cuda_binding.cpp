@@ -1,0 +1,135 @@
+// Torch binding of the fused dynamic block quantization kernel (block_kernels.cu): fake_block_dynamic and
+// block_dynamic_backward, the kernels of functional/library_blocks.py's ops (same signatures and results as that
+// module's reference; its Python wrapper checks the arguments first and turns a raised flag into the reference's
+// ValueError). Registered into the CUDA module by register_block_cuda_ops.
+//
+// Host side only: makes x (and grad) contiguous, allocates the output (the caching allocator on a GPU), launches
+// on x's device and current stream and returns (y, flag) WITHOUT reading the flag (an int32 tensor, non-zero when
+// a block amax is NaN or Inf): no host synchronization here. With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it
+// takes CPU tensors and the launcher runs the kernel's lanes on the host.
+#include <torch/extension.h>
+
+#include <string>
+#include <tuple>
+
+#ifndef MODELOPT_LITE_EMULATE_ON_HOST
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "binding_errors.h"
+#include "mx_kernels_api.h"
+
+namespace {
+
+using at::Tensor;
+
+mlq_dtype dtype_code(const Tensor& t) {
+  return t.scalar_type() == at::kFloat ? MLQ_FLOAT32 : t.scalar_type() == at::kHalf ? MLQ_FLOAT16 : MLQ_BFLOAT16;
+}
+
+void check_tensor(const Tensor& t, const char* what) {
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+                    " must be a CPU tensor in the host-emulated build, got ", t.device());
+#else
+  TORCH_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+                    " must be a CUDA tensor, got ", t.device());
+#endif
+  const auto dt = t.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+                   "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+                   " must be float32, float16 or bfloat16, got ", dt);
+  TORCH_CHECK_VALUE(t.dim() > 0, "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+                    " must have at least one dimension");
+}
+
+// Double quantization of the block scales (scale_kind 1: unsigned integer codes 0..scale_qmax, 2: E4M3; 0: none).
+struct ScaleQuant {
+  int64_t kind;
+  double bound;
+  int64_t qmax;
+};
+
+std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_t block, double bound, int64_t qmin,
+                               int64_t qmax, bool e4m3, const ScaleQuant& sq) {
+  check_tensor(x_in, "x");
+  TORCH_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
+                    "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
+                    x_in.scalar_type(), " (see block_dynamic_supported)");
+  TORCH_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
+                    bound, " qmin=", qmin, " qmax=", qmax);
+  TORCH_CHECK_VALUE(sq.kind >= 0 && sq.kind <= 2 && (sq.kind == 0 || sq.bound > 0.0),
+                    "modelopt_lite CUDA kernels, fake_block_dynamic: bad scale quantization kind=", sq.kind,
+                    " bound=", sq.bound);
+  const Tensor x = x_in.contiguous();
+  Tensor grad;
+  if (grad_in != nullptr) {
+    check_tensor(*grad_in, "grad");
+    TORCH_CHECK_VALUE(grad_in->sizes() == x.sizes() && grad_in->scalar_type() == x.scalar_type() &&
+                          grad_in->device() == x.device(),
+                      "modelopt_lite CUDA kernels, block_dynamic_backward: grad must match x in dtype, shape and "
+                      "device");
+    grad = grad_in->contiguous();
+  }
+  Tensor y = at::empty(x.sizes(), x.options());
+  Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
+  Tensor gmax = sq.kind != 0 ? at::zeros({1}, x.options().dtype(at::kFloat)) : Tensor();
+  const int64_t cols = x.size(-1);
+  if (x.numel() == 0) return {y, flag};
+  const int64_t rows = x.numel() / cols;
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  cudaStream_t stream = nullptr;
+#else
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+#endif
+  const cudaError_t st = mlq_dynamic_block(dtype_code(x), e4m3 ? 1 : 0, grad_in ? grad.data_ptr() : nullptr,
+                                           x.data_ptr(), y.data_ptr(), rows, cols, static_cast<int>(block),
+                                           static_cast<float>(bound), static_cast<float>(qmin),
+                                           static_cast<float>(qmax), static_cast<int>(sq.kind),
+                                           static_cast<float>(sq.bound), static_cast<float>(sq.qmax),
+                                           sq.kind != 0 ? gmax.data_ptr<float>() : nullptr, flag.data_ptr<int>(),
+                                           stream);
+  TORCH_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, fake_block_dynamic: launch failed with status ",
+              static_cast<int>(st));
+  return {y, flag};
+}
+
+std::tuple<Tensor, Tensor> fake_block_dynamic(const Tensor& x, int64_t block, double bound, int64_t qmin,
+                                              int64_t qmax, bool e4m3, int64_t scale_kind, double scale_bound,
+                                              int64_t scale_qmax) {
+  return run(nullptr, x, block, bound, qmin, qmax, e4m3, {scale_kind, scale_bound, scale_qmax});
+}
+
+std::tuple<Tensor, Tensor> block_dynamic_backward(const Tensor& grad, const Tensor& x, int64_t block, double bound,
+                                                  int64_t qmin, int64_t qmax, bool e4m3, int64_t scale_kind,
+                                                  double scale_bound, int64_t scale_qmax) {
+  return run(&grad, x, block, bound, qmin, qmax, e4m3, {scale_kind, scale_bound, scale_qmax});
+}
+
+bool block_dynamic_supported(const std::string& dtype, int64_t block) {
+  const mlq_dtype d = dtype == "float32" ? MLQ_FLOAT32 : dtype == "float16" ? MLQ_FLOAT16 : MLQ_BFLOAT16;
+  return (dtype == "float32" || dtype == "float16" || dtype == "bfloat16") && mlq_dynamic_block_supported(d, block);
+}
+
+}  // namespace
+
+namespace mol {
+
+void register_block_cuda_ops(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("fake_block_dynamic", python_errors(&fake_block_dynamic),
+        "fused dynamic block fake quant along the last axis -> (y, nonfinite flag)", py::arg("x"), py::arg("block"),
+        py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"), py::arg("scale_kind") = 0,
+        py::arg("scale_bound") = 0.0, py::arg("scale_qmax") = 0);
+  m.def("block_dynamic_backward", python_errors(&block_dynamic_backward),
+        "STE gradient of fake_block_dynamic -> (grad_x, nonfinite flag)", py::arg("grad"), py::arg("x"),
+        py::arg("block"), py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"),
+        py::arg("scale_kind") = 0, py::arg("scale_bound") = 0.0, py::arg("scale_qmax") = 0);
+  m.def("block_dynamic_supported", &block_dynamic_supported,
+        "whether fake_block_dynamic takes this dtype ('float32', 'float16', 'bfloat16') and block size",
+        py::arg("dtype"), py::arg("block"));
+}
+
+}  // namespace mol

@@ -1,0 +1,218 @@
+// modelopt_lite CUDA kernel of dynamic block quantization (integer and E4M3 blocks along the last axis), fused: one
+// read of x, the block amax reduced by the block's lanes (warp shuffles, mx_lanes.cuh), the scale computed in
+// registers, quantize and one write. No amax or scale tensor goes through memory. The backward pass recomputes the
+// block scales the same way and applies the straight-through mask (one read of x and grad, one write).
+//
+// Double quantization (scale_kind != 0): a first pass reads x for the tensor's amax (one float in device memory,
+// abs_max below), from which every block derives the scales' scale; the block scales are fake-quantized in
+// registers (still no per-block tensor). That is two reads of x: the scales' scale depends on every block.
+//
+// Numerics (functional/library_blocks.py's reference, the composition of blocks.block_amax, scales.scale_from_amax
+// and the integer / E4M3 ops), all in float32:
+//   s = amax / bound; s = s * (1 - 2**-24) where s * bound overflows (a finite amax); s = 0 where amax <= 2**-24
+//   integer: y = clamp(rint(x / s), qmin, qmax) * s;  E4M3: y = e4m3(clamp(x / s, -448, 448)) * s;  s == 0: +0
+//   backward: grad where lo <= x <= hi (lo = qmin * s, hi = qmax * s; E4M3: -448 s, 448 s), else +0
+// The element math is quant_math.cuh's (the integer/E4M3 kernels' own).
+//
+// Built with MODELOPT_LITE_EMULATE_ON_HOST, run_lanes executes the lanes warp by warp on the host (tests).
+#include "mx_kernels_api.h"
+#include "mx_lanes.cuh"
+#include "quant_math.cuh"
+
+namespace mxk {
+
+MXK_HD float load_scalar(const float* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// scales.scale_from_amax of one float32 amax.
+MXK_HD float block_scale(float a, float bound) {
+  float s = mxe::fdiv(a, bound);
+  const float end = mxe::fmul(s, bound);
+  if (mxe::nonfinite(end) && end == end && !mxe::nonfinite(a)) s = mxe::fmul(s, 0.99999994f);  // 1 - 2**-24
+  return a <= 5.9604644775390625e-8f ? 0.0f : s;
+}
+
+template <class T, int P, bool E4M3, bool BWD>
+struct DynBlockOp {
+  using State = Lane<T, P>;
+  const T* x;
+  const T* grad;
+  T* y;
+  int* flag;
+  Layout L;
+  float bound, qmin, qmax;
+  const float* gmax;  // double quantization: the tensor's amax (device), else null
+  int scale_kind;     // 1: unsigned integer scale codes [0, scale_qmax], 2: E4M3 scale codes
+  float scale_bound, scale_qmax;
+
+  MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
+  MXK_HD int lanes() const { return L.lanes; }
+  MXK_HD float load(int64_t slot, State& st) const { return load_lane<T, P>(x, L, slot, st); }
+
+  // The block scale, double-quantized when asked: the largest block scale is scale_from_amax(the tensor's amax)
+  // (scale_from_amax is monotonic), the scales' own scale is scale_from_amax of that, and the block scale is
+  // fake-quantized with it as the integer / E4M3 ops do.
+  MXK_HD float scale_of(float a) const {
+    const float s = block_scale(a, bound);
+    if (gmax == nullptr) return s;
+    const float ss = block_scale(block_scale(load_scalar(gmax), bound), scale_bound);
+    return scale_kind == 2 ? mlq::forward_elem<mlq::Fwd::E4m3Fake>(s, ss, 0.0f, 0.0f, 0.0f)
+                           : mlq::forward_elem<mlq::Fwd::IntFake>(s, ss, 0.0f, 0.0f, scale_qmax);
+  }
+
+  MXK_HD void finish(int64_t, State& st, float a) const {
+    constexpr int N = VecOf<T>::N;
+    if (st.w.lane == 0 && mxe::nonfinite(a)) flag_set(flag, 1);
+    const float s = scale_of(a);
+    if (BWD) {
+      float g[P * N];
+      load_other<T, P>(grad, L, st, g);
+MXK_UNROLL
+      for (int j = 0; j < P * N; ++j) {
+        const bool keep = E4M3 ? mlq::backward_pass<mlq::Bwd::E4m3>(st.v[j], s, 0.0f, qmin, qmax)
+                               : mlq::backward_pass<mlq::Bwd::Int>(st.v[j], s, 0.0f, qmin, qmax);
+        st.v[j] = keep ? g[j] : 0.0f;
+      }
+    } else {
+MXK_UNROLL
+      for (int j = 0; j < P * N; ++j) {
+        st.v[j] = E4M3 ? mlq::forward_elem<mlq::Fwd::E4m3Fake>(st.v[j], s, 0.0f, qmin, qmax)
+                       : mlq::forward_elem<mlq::Fwd::IntFake>(st.v[j], s, 0.0f, qmin, qmax);
+      }
+    }
+    store_lane<T, P>(y, L, st);
+  }
+};
+
+struct DynCall {
+  const void* x;
+  const void* grad;
+  void* y;
+  int* flag;
+  int64_t rows, cols;
+  int block;
+  float bound, qmin, qmax;
+  float* gmax;
+  int scale_kind;
+  float scale_bound, scale_qmax;
+  cudaStream_t stream;
+};
+
+template <class T, int P, bool E4M3, bool BWD>
+cudaError_t dyn_run(const DynCall& c, const Layout& L) {
+  DynBlockOp<T, P, E4M3, BWD> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                                 c.flag, L, c.bound, c.qmin, c.qmax, c.gmax, c.scale_kind, c.scale_bound,
+                                 c.scale_qmax};
+  return run_lanes<P == 1 ? 2 : 1>(op, c.stream);
+}
+
+// The tensor's amax for double quantization (one read of x): each thread's running max over its 16-byte vectors
+// (grid-stride), a warp butterfly, one atomicMax per warp on the float's bits (non-negative floats order as
+// their bits; a NaN, above +Inf, wins). The host emulation runs the same threads warp by warp.
+template <class T>
+MXK_HD float thread_max(const T* x, int64_t n, bool vec, int64_t t, int64_t threads) {
+  constexpr int N = VecOf<T>::N;
+  float a = 0.0f, f[N];
+  const int64_t nvec = vec ? n / N : 0;
+  for (int64_t v = t; v < nvec; v += threads) {
+    load_vec<T>(x + v * N, N, true, f);
+    MXK_UNROLL
+    for (int j = 0; j < N; ++j) a = mxe::amax_step(a, f[j]);
+  }
+  for (int64_t i = nvec * N + t; i < n; i += threads) a = mxe::amax_step(a, Conv<T>::to(x[i]));
+  return a;
+}
+
+#ifndef MODELOPT_LITE_EMULATE_ON_HOST
+template <class T>
+__global__ void __launch_bounds__(kThreads) abs_max_kernel(const T* x, int64_t n, bool vec, unsigned int* out) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  float a = thread_max<T>(x, n, vec, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, threads);
+  for (int o = kWarp / 2; o > 0; o >>= 1) a = amax_join(a, __shfl_xor_sync(0xffffffffu, a, o));
+  if ((threadIdx.x & (kWarp - 1)) == 0 && a != 0.0f) atomicMax(out, mxe::fbits(a));
+}
+#endif
+
+template <class T>
+cudaError_t abs_max(const T* x, int64_t n, float* out, cudaStream_t stream) {
+  constexpr int N = VecOf<T>::N;
+  const bool vec = aligned16(x);
+  const int64_t want = (n / N + kThreads - 1) / kThreads;
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  (void)stream;
+  const int64_t grid = want < 4 * kBlocksPerSm ? (want > 0 ? want : 1) : 4 * kBlocksPerSm;  // a 4-SM device's grid
+  const int64_t threads = grid * kThreads;
+  uint32_t best = mxe::fbits(*out);
+  for (int64_t w = 0; w < threads; w += kWarp) {
+    float a[kWarp], b[kWarp];
+    for (int l = 0; l < kWarp; ++l) a[l] = thread_max<T>(x, n, vec, w + l, threads);
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      for (int l = 0; l < kWarp; ++l) b[l] = a[l];
+      for (int l = 0; l < kWarp; ++l) a[l] = amax_join(b[l], b[l ^ o]);
+    }
+    if (a[0] != 0.0f && mxe::fbits(a[0]) > best) best = mxe::fbits(a[0]);
+  }
+  *out = mxe::ffrom(best);
+  return cudaSuccess;
+#else
+  const int64_t cap = static_cast<int64_t>(sm_count()) * kBlocksPerSm;
+  const int64_t grid = want < cap ? (want > 0 ? want : 1) : cap;
+  abs_max_kernel<T><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(x, n, vec,
+                                                                              reinterpret_cast<unsigned int*>(out));
+  return cudaGetLastError();
+#endif
+}
+
+template <class T, bool E4M3, bool BWD>
+cudaError_t dyn_p(const DynCall& c) {
+  constexpr int N = VecOf<T>::N;
+  const Layout L =
+      make_layout<T>(c.rows, c.cols, c.block, aligned16(c.x) && aligned16(c.y) && aligned16(c.grad));
+  const int p = c.block / (N * L.lanes);
+  if (p == 1) return dyn_run<T, 1, E4M3, BWD>(c, L);
+  if (p == 2) return dyn_run<T, 2, E4M3, BWD>(c, L);
+  return dyn_run<T, 4, E4M3, BWD>(c, L);
+}
+
+template <class T>
+cudaError_t dyn_typed(const DynCall& c, bool e4m3, bool bwd) {
+  if (c.gmax != nullptr) {
+    const cudaError_t e = abs_max<T>(static_cast<const T*>(c.x), c.rows * c.cols, c.gmax, c.stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (e4m3) return bwd ? dyn_p<T, true, true>(c) : dyn_p<T, true, false>(c);
+  return bwd ? dyn_p<T, false, true>(c) : dyn_p<T, false, false>(c);
+}
+
+}  // namespace mxk
+
+extern "C" int mlq_dynamic_block_supported(mlq_dtype dtype, int64_t block) {
+  const int64_t n = dtype == MLQ_FLOAT32 ? 4 : 8;
+  if (dtype != MLQ_FLOAT32 && dtype != MLQ_FLOAT16 && dtype != MLQ_BFLOAT16) return 0;
+  if (block < 1 || block % n != 0) return 0;
+  const int64_t v = block / n;  // vectors per block: a power of two, at most 32 lanes of 4 vectors
+  return (v & (v - 1)) == 0 && v <= 128 ? 1 : 0;
+}
+
+extern "C" cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* grad, const void* x, void* y,
+                                         int64_t rows, int64_t cols, int block, float bound, float qmin, float qmax,
+                                         int scale_kind, float scale_bound, float scale_qmax, float* amax_scratch,
+                                         int* nonfinite, cudaStream_t stream) {
+  if (!mlq_dynamic_block_supported(dtype, block) || rows < 0 || cols < 0 || !(bound > 0.0f) || !(qmin <= qmax))
+    return cudaErrorInvalidValue;
+  if (scale_kind < 0 || scale_kind > 2 || (scale_kind != 0 && (amax_scratch == nullptr || !(scale_bound > 0.0f))))
+    return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  const mxk::DynCall c{x,     grad, y,          nonfinite,  rows,  cols, block, bound, qmin, qmax,
+                       scale_kind != 0 ? amax_scratch : nullptr, scale_kind, scale_bound, scale_qmax, stream};
+  const bool bwd = grad != nullptr;
+  if (dtype == MLQ_FLOAT32) return mxk::dyn_typed<float>(c, e4m3 != 0, bwd);
+  if (dtype == MLQ_FLOAT16) return mxk::dyn_typed<__half>(c, e4m3 != 0, bwd);
+  return mxk::dyn_typed<__nv_bfloat16>(c, e4m3 != 0, bwd);
+}

@@ -1,0 +1,314 @@
+// The work distribution of the blocked CUDA kernels (pure CUDA, no torch headers): consecutive threads ("lanes")
+// read consecutive 16-byte vectors, and the lanes of one quantization block reduce its amax together with warp
+// shuffles (__shfl_xor_sync butterflies within the group).
+//
+// A quantization block of B elements (along the last axis of a row-major [rows, cols] tensor; the last block of a
+// row may be partial) is handled by G lanes (G a power of two <= 32, so a group never straddles a warp), each lane
+// owning P vectors of N = 16 / sizeof(T) elements: vector p of lane l starts at element (p * G + l) * N of the block,
+// so one warp instruction reads 512 contiguous bytes. 16-byte loads and stores when every vector is whole and
+// aligned (`vec`: every pointer 16-byte aligned and cols % N == 0 or a single row), else element loads over the same mapping (a
+// misaligned view or a partial vector). Elements past a block's end read as +0.0 (they never change an amax) and are
+// never written.
+//
+// An Op supplies the per-lane work in two phases around the group reduction:
+//   float load(int64_t slot, Lane& st) const     read the lane's elements, return its partial amax
+//   void finish(int64_t slot, Lane& st, float a) const   a = the group's amax: quantize and store
+// and `int64_t slots() const` (groups * G) and `int lanes() const` (G). The reduction is mxe::amax_join (a NaN wins).
+//
+// Built with MODELOPT_LITE_EMULATE_ON_HOST, run_lanes executes the same two phases on the host one warp at a time,
+// the 32 lanes in order, with each shuffle emulated as the lanes' values exchanged (b[l] = a[l ^ offset] from a
+// snapshot): the CPU tests then check the very work distribution the GPU runs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "mx_elem.h"
+
+namespace mxk {
+
+#if defined(__CUDACC__)
+#define MXK_HD __host__ __device__ __forceinline__
+#define MXK_UNROLL _Pragma("unroll")
+#else
+#define MXK_HD inline
+#define MXK_UNROLL
+#endif
+
+constexpr int kThreads = 256;  // threads per CUDA block (a multiple of 32)
+constexpr int kWarp = 32;
+constexpr int kBlocksPerSm = 16;  // grid cap per SM (grid-stride loops cover the rest)
+
+// float32 <-> storage type (round to nearest even).
+template <class T>
+struct Conv;
+template <>
+struct Conv<float> {
+  static MXK_HD float to(float v) { return v; }
+  static MXK_HD float from(float v) { return v; }
+};
+template <>
+struct Conv<__half> {
+  static MXK_HD float to(__half v) { return __half2float(v); }
+  static MXK_HD __half from(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Conv<__nv_bfloat16> {
+  static MXK_HD float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static MXK_HD __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <class T>
+struct VecOf {
+  static constexpr int N = 16 / static_cast<int>(sizeof(T));
+};
+
+template <class T>
+union Pack {
+  uint4 u;
+  T t[VecOf<T>::N];
+};
+
+// N elements at p as float32: one 16-byte load when `vec`, else element loads of the first m (the rest +0.0).
+template <class T>
+MXK_HD void load_vec(const T* p, int m, bool vec, float* v) {
+  constexpr int N = VecOf<T>::N;
+  if (vec) {
+    Pack<T> pk;
+#ifdef __CUDA_ARCH__
+    pk.u = __ldg(reinterpret_cast<const uint4*>(p));
+#else
+    memcpy(&pk.u, p, sizeof pk.u);
+#endif
+MXK_UNROLL
+    for (int j = 0; j < N; ++j) v[j] = Conv<T>::to(pk.t[j]);
+    return;
+  }
+MXK_UNROLL
+  for (int j = 0; j < N; ++j) v[j] = j < m ? Conv<T>::to(p[j]) : 0.0f;
+}
+
+template <class T>
+MXK_HD void store_vec(T* p, int m, bool vec, const float* v) {
+  constexpr int N = VecOf<T>::N;
+  if (vec) {
+    Pack<T> pk;
+MXK_UNROLL
+    for (int j = 0; j < N; ++j) pk.t[j] = Conv<T>::from(v[j]);
+#ifdef __CUDA_ARCH__
+    *reinterpret_cast<uint4*>(p) = pk.u;
+#else
+    memcpy(static_cast<void*>(p), &pk.u, sizeof pk.u);
+#endif
+    return;
+  }
+  for (int j = 0; j < N && j < m; ++j) p[j] = Conv<T>::from(v[j]);
+}
+
+// max of two partial amaxes (each >= 0 or NaN); a NaN wins, as in mxe::amax_step.
+MXK_HD float amax_join(float a, float b) { return (b > a || b != b) ? b : a; }
+
+// Blocked layout: rows x cols, blocks of `block` along each row, `lanes` lanes of P vectors per block.
+struct Layout {
+  int64_t rows, cols, nbr;  // nbr: blocks per row
+  int block, lanes, lane_shift;
+  bool vec;
+};
+
+inline int log2_exact(int v) {
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+// lanes = min(32, block / N) (block / N a power of two), P = block / (N * lanes). `vec` as described above.
+template <class T>
+Layout make_layout(int64_t rows, int64_t cols, int block, bool aligned) {
+  constexpr int N = VecOf<T>::N;
+  Layout L;
+  L.rows = rows;
+  L.cols = cols;
+  L.block = block;
+  L.nbr = (cols + block - 1) / block;
+  const int per = block / N > 0 ? block / N : 1;
+  L.lanes = per < kWarp ? per : kWarp;
+  L.lane_shift = log2_exact(L.lanes);
+  L.vec = aligned && block % N == 0 && (rows == 1 || cols % N == 0);
+  return L;
+}
+
+inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Where a lane's elements are: the block's first element, the block's length m, and the lane index.
+struct Where {
+  int64_t b, off;
+  int m, lane;
+};
+
+MXK_HD Where where(const Layout& L, int64_t slot) {
+  Where w;
+  w.b = slot >> L.lane_shift;
+  w.lane = static_cast<int>(slot & (L.lanes - 1));
+  const int64_t row = w.b / L.nbr, j = w.b - row * L.nbr;
+  const int64_t left = L.cols - j * L.block;
+  w.m = left < L.block ? static_cast<int>(left) : L.block;
+  w.off = row * L.cols + j * L.block;
+  return w;
+}
+
+// The lane's P vectors of x (float32, padded with +0.0) and its partial amax.
+template <class T, int P>
+struct Lane {
+  static constexpr int N = VecOf<T>::N;
+  float v[P * N];
+  Where w;
+};
+
+// Element index (within the block) of vector p of lane `lane` for a group of `lanes` lanes.
+template <class T>
+MXK_HD int vec_start(int p, int lane, int lanes) {
+  return (p * lanes + lane) * VecOf<T>::N;
+}
+
+template <class T, int P>
+MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P>& st) {
+  constexpr int N = VecOf<T>::N;
+  st.w = where(L, slot);
+  float a = 0.0f;
+MXK_UNROLL
+  for (int p = 0; p < P; ++p) {
+    const int e = vec_start<T>(p, st.w.lane, L.lanes);
+    const int m = st.w.m - e;
+    if (m > 0) {
+      load_vec<T>(x + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
+    } else {
+MXK_UNROLL
+      for (int j = 0; j < N; ++j) st.v[p * N + j] = 0.0f;
+    }
+MXK_UNROLL
+    for (int j = 0; j < N; ++j) a = mxe::amax_step(a, st.v[p * N + j]);
+  }
+  return a;
+}
+
+template <class T, int P>
+MXK_HD void store_lane(T* y, const Layout& L, const Lane<T, P>& st) {
+  constexpr int N = VecOf<T>::N;
+MXK_UNROLL
+  for (int p = 0; p < P; ++p) {
+    const int e = vec_start<T>(p, st.w.lane, L.lanes);
+    const int m = st.w.m - e;
+    if (m > 0) store_vec<T>(y + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
+  }
+}
+
+// g: the lane's elements of a second tensor (the incoming gradient) at the same places.
+template <class T, int P>
+MXK_HD void load_other(const T* g, const Layout& L, const Lane<T, P>& st, float* out) {
+  constexpr int N = VecOf<T>::N;
+MXK_UNROLL
+  for (int p = 0; p < P; ++p) {
+    const int e = vec_start<T>(p, st.w.lane, L.lanes);
+    const int m = st.w.m - e;
+    if (m > 0) {
+      load_vec<T>(g + st.w.off + e, m, L.vec && m >= N, out + p * N);
+    } else {
+MXK_UNROLL
+      for (int j = 0; j < N; ++j) out[p * N + j] = 0.0f;
+    }
+  }
+}
+
+// *flag |= value (atomically on the device; flags are only ever set, so the order of the writers does not matter).
+MXK_HD void flag_set(int* flag, int value) {
+  if (flag == nullptr) return;
+#ifdef __CUDA_ARCH__
+  atomicOr(flag, value);
+#else
+  *flag |= value;
+#endif
+}
+
+#ifndef MODELOPT_LITE_EMULATE_ON_HOST
+
+template <class Op, int U>
+__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op) {
+  const int64_t slots = op.slots();
+  const int lanes = op.lanes();
+  const int64_t tile = static_cast<int64_t>(blockDim.x) * U;
+  for (int64_t base = blockIdx.x * tile; base < slots; base += static_cast<int64_t>(gridDim.x) * tile) {
+    typename Op::State st[U];
+    float a[U];
+MXK_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t slot = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      a[u] = slot < slots ? op.load(slot, st[u]) : 0.0f;
+    }
+MXK_UNROLL
+    for (int u = 0; u < U; ++u) {
+      for (int o = lanes >> 1; o > 0; o >>= 1) a[u] = amax_join(a[u], __shfl_xor_sync(0xffffffffu, a[u], o));
+    }
+MXK_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t slot = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (slot < slots) op.finish(slot, st[u], a[u]);
+    }
+  }
+}
+
+inline int sm_count() {
+  static int cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+    cached[dev] = sms;
+  }
+  return cached[dev];
+}
+#endif
+
+// Launch (or, host-emulated, run warp by warp) the two phases of `op` over all its slots, U slots per thread.
+template <int U, class Op>
+cudaError_t run_lanes(const Op& op, cudaStream_t stream) {
+  const int64_t slots = op.slots();
+  if (slots <= 0) return cudaSuccess;
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  (void)stream;
+  const int lanes = op.lanes();
+  const int64_t tile = static_cast<int64_t>(kThreads) * U;
+  for (int64_t base = 0; base < slots; base += tile) {
+    for (int u = 0; u < U; ++u) {
+      for (int warp = 0; warp < kThreads / kWarp; ++warp) {
+        const int64_t first = base + u * static_cast<int64_t>(kThreads) + warp * kWarp;
+        if (first >= slots) break;
+        typename Op::State st[kWarp];
+        float a[kWarp], b[kWarp];
+        for (int l = 0; l < kWarp; ++l) a[l] = first + l < slots ? op.load(first + l, st[l]) : 0.0f;
+        for (int o = lanes >> 1; o > 0; o >>= 1) {  // __shfl_xor_sync(full mask, a, o) on every lane at once
+          for (int l = 0; l < kWarp; ++l) b[l] = a[l];
+          for (int l = 0; l < kWarp; ++l) a[l] = amax_join(b[l], b[l ^ o]);
+        }
+        for (int l = 0; l < kWarp; ++l) {
+          if (first + l < slots) op.finish(first + l, st[l], a[l]);
+        }
+      }
+    }
+  }
+  return cudaSuccess;
+#else
+  const int64_t tile = static_cast<int64_t>(kThreads) * U;
+  int64_t grid = (slots + tile - 1) / tile;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * kBlocksPerSm;
+  if (grid > cap) grid = cap;
+  if (grid < 1) grid = 1;
+  lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op);
+  return cudaGetLastError();
+#endif
+}
+
+}  // namespace mxk

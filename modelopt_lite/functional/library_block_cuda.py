@@ -1,0 +1,213 @@
+"""Dynamic block quantization along the last axis as ONE op: on CUDA a fused kernel (block max, scale, quantize in
+one pass, ``csrc/block_kernels.cu``), elsewhere the reference composition it is tested against bit for bit.
+
+Ops (namespace ``modelopt_lite``):
+
+- ``fake_block_dynamic(x, block, bound, qmin, qmax, e4m3, scale_kind, scale_bound, scale_qmax) -> y``
+- ``block_dynamic_backward(grad, x, <the same>) -> grad_x``
+
+Definition (:func:`fake_block_dynamic_reference`): ``amax = blocks.block_amax(x, {-1: block})`` (a partial last
+block is zero-padded; a NaN/Inf block raises ValueError), ``s = scales.scale_from_amax(amax, bound)``, then per block
+the integer op ``clamp(rint(x / s), qmin, qmax) * s`` or (``e4m3``) ``e4m3(clamp(x / s, -448, 448)) * s`` of
+:mod:`.reference`; the gradient is their straight-through mask (:func:`block_dynamic_backward_reference`). Double
+quantization (``scale_kind`` 1: unsigned integer scale codes ``0..scale_qmax``, 2: E4M3 scale codes; 0: none) first
+fake-quantizes the block scales with ``scale_from_amax(max(scales), scale_bound)``, as
+:func:`modelopt_lite.tensor_quant.quantize_block_scales` does (the CUDA kernel then reads x twice: the scales' scale
+depends on every block). This is
+what :func:`modelopt_lite.tensor_quant.fake_block_quant` computes for a dynamic amax (``amax=None``) with
+last-axis blocks; it routes CUDA tensors here (:func:`fused_dynamic_args`) so that no amax or scale tensor is
+written and read back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..formats import int_range, scaled_float_format
+from . import blocks, reference
+from .backend import is_native_cuda, kernels_for
+from .scales import scale_from_amax
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+#: Device types routed to the fused kernel (the host-emulated tests add "cpu" with the emulated extension).
+FUSED_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+
+
+# --- the reference ---------------------------------------------------------------------------------------------------
+def _blocked(x: Tensor, block: int, bound: float, scale_kind: int, scale_bound: float, scale_qmax: int):
+    sizes = {x.dim() - 1: block}
+    scale = scale_from_amax(blocks.block_amax(x, {-1: block}), bound)
+    if scale_kind:
+        s_amax = scale.reshape(-1).amax(0) if scale.numel() else scale.new_zeros(())
+        ss = scale_from_amax(s_amax, scale_bound)
+        if scale_kind == 2:
+            scale = reference.fake_e4m3(scale, ss)
+        else:
+            scale = reference.fake_quant_int(scale, ss, 0, scale_qmax)
+    xb, pad = blocks.to_blocks(x, sizes)
+    return xb, pad, blocks.expand_amax(scale, sizes)
+
+
+def fake_block_dynamic_reference(
+    x: Tensor,
+    block: int,
+    bound: float,
+    qmin: int,
+    qmax: int,
+    e4m3: bool,
+    scale_kind: int = 0,
+    scale_bound: float = 0.0,
+    scale_qmax: int = 0,
+) -> Tensor:
+    """The definition (pure torch): block amax, scale (double-quantized if asked), integer or E4M3 fake quant on
+    the zero-padded blocks."""
+    xb, pad, sb = _blocked(x, block, bound, scale_kind, scale_bound, scale_qmax)
+    yb = reference.fake_e4m3(xb, sb) if e4m3 else reference.fake_quant_int(xb, sb, qmin, qmax)
+    return blocks.from_blocks(yb, x.shape, pad)
+
+
+def block_dynamic_backward_reference(
+    grad: Tensor,
+    x: Tensor,
+    block: int,
+    bound: float,
+    qmin: int,
+    qmax: int,
+    e4m3: bool,
+    scale_kind: int = 0,
+    scale_bound: float = 0.0,
+    scale_qmax: int = 0,
+) -> Tensor:
+    """The straight-through gradient of :func:`fake_block_dynamic_reference` (the block scales get none: the amax
+    is computed from ``x.detach()``)."""
+    xb, pad, sb = _blocked(x, block, bound, scale_kind, scale_bound, scale_qmax)
+    gb, _ = blocks.to_blocks(grad, {x.dim() - 1: block})
+    if e4m3:
+        g, _ = reference.e4m3_backward(gb, xb, sb, False)
+    else:
+        g, _ = reference.int_backward(gb, xb, sb, qmin, qmax, False)
+    return blocks.from_blocks(g, x.shape, pad)
+
+
+# --- routing ---------------------------------------------------------------------------------------------------------
+def fused_device(x) -> bool:
+    """Whether x is a tensor on a device the fused kernel serves (CUDA)."""
+    return isinstance(x, Tensor) and x.device.type in FUSED_DEVICE_TYPES
+
+
+def _fused_kernels(x: Tensor, block: int):
+    """The CUDA extension when it runs this (dtype, block) fused, else None."""
+    if not fused_device(x) or x.dtype not in _DTYPE_NAMES or x.dim() == 0:
+        return None
+    mod = kernels_for(x.device.type)
+    if not is_native_cuda(mod) or not hasattr(mod, "fake_block_dynamic"):
+        return None
+    return mod if mod.block_dynamic_supported(_DTYPE_NAMES[x.dtype], int(block)) else None
+
+
+def fused_dynamic_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: bool, narrow_range: bool):
+    """The op's arguments after x (``block, bound, qmin, qmax, e4m3, scale_kind, scale_bound, scale_qmax``) when
+    ``fake_block_quant(x, block_sizes, amax, ...)`` can run as :func:`fake_block_dynamic` on the fused CUDA kernel
+    (a dynamic amax, signed elements, blocks along the last axis only, an integer or E4M3 element, scales
+    double-quantized per tensor with unsigned integer or E4M3 codes or not at all, a supported dtype and block
+    size), else None."""
+    if amax is not None or unsigned or not fused_device(x) or x.dim() == 0:
+        return None
+    scale_q = (0, 0.0, 0)
+    scale_bits = block_sizes.get("scale_bits")
+    if scale_bits is not None:
+        if block_sizes.get("scale_block_sizes"):
+            return None
+        sfmt = scaled_float_format(scale_bits)
+        if sfmt is not None and sfmt.name != "e4m3":
+            return None
+        if sfmt is not None:
+            scale_q = (2, float(sfmt.bound), 0)
+        else:
+            sb, _, sq = int_range(scale_bits, True, False)
+            scale_q = (1, float(sb), int(sq))
+    sizes = blocks.normalize(block_sizes, x.shape)
+    if list(sizes) != [x.dim() - 1]:
+        return None
+    block = sizes[x.dim() - 1]
+    fmt = scaled_float_format(num_bits)
+    if fmt is not None:
+        if fmt.name != "e4m3":
+            return None
+        args = (block, float(fmt.bound), -448, 448, True)
+    else:
+        bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
+        args = (block, float(bound), int(qmin), int(qmax), False)
+    return args + scale_q if _fused_kernels(x, block) is not None else None
+
+
+def _checked(x: Tensor, block: int, out) -> Tensor:
+    y, flag = out
+    if bool(flag.item()):  # the one synchronization: a NaN/Inf block raises the reference's ValueError
+        blocks.block_amax(x, {-1: block})
+    return y
+
+
+# --- the ops ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("modelopt_lite::fake_block_dynamic", mutates_args=())
+def fake_block_dynamic(
+    x: Tensor,
+    block: int,
+    bound: float,
+    qmin: int,
+    qmax: int,
+    e4m3: bool,
+    scale_kind: int = 0,
+    scale_bound: float = 0.0,
+    scale_qmax: int = 0,
+) -> Tensor:
+    args = (block, bound, qmin, qmax, e4m3, scale_kind, scale_bound, scale_qmax)
+    mod = _fused_kernels(x, block)
+    if mod is None:
+        return fake_block_dynamic_reference(x, *args)
+    return _checked(x, block, mod.fake_block_dynamic(x, *args))
+
+
+@fake_block_dynamic.register_fake
+def _(x, *args):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("modelopt_lite::block_dynamic_backward", mutates_args=())
+def block_dynamic_backward(
+    grad: Tensor,
+    x: Tensor,
+    block: int,
+    bound: float,
+    qmin: int,
+    qmax: int,
+    e4m3: bool,
+    scale_kind: int = 0,
+    scale_bound: float = 0.0,
+    scale_qmax: int = 0,
+) -> Tensor:
+    args = (block, bound, qmin, qmax, e4m3, scale_kind, scale_bound, scale_qmax)
+    mod = _fused_kernels(x, block)
+    if mod is None or grad.dtype != x.dtype or grad.shape != x.shape or grad.device != x.device:
+        return block_dynamic_backward_reference(grad, x, *args)
+    return _checked(x, block, mod.block_dynamic_backward(grad, x, *args))
+
+
+@block_dynamic_backward.register_fake
+def _(grad, x, *args):
+    return torch.empty_like(grad, memory_format=torch.contiguous_format)
+
+
+def _setup(ctx, inputs, output):
+    x, *args = inputs
+    ctx.save_for_backward(x)
+    ctx.args = tuple(args)
+
+
+def _bwd(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return (block_dynamic_backward(grad.contiguous(), x, *ctx.args),) + (None,) * len(ctx.args)
+
+
+fake_block_dynamic.register_autograd(_bwd, setup_context=_setup)

@@ -1,0 +1,177 @@
+"""The fused dynamic block quantization matrix (csrc/block_kernels.cu through the binding's fake_block_dynamic /
+block_dynamic_backward), shared by tests/gpu/test_cuda_blocks.py (real GPU) and the host-emulated binding test.
+
+Each check compares the extension against :mod:`modelopt_lite.functional.library_block_cuda`' reference (block amax,
+``scale_from_amax``, the integer / E4M3 ops) bit for bit: fp32 / fp16 / bf16, integer (4-bit, 8-bit narrow) and
+E4M3 elements, every supported block size from one 16-byte vector per block to 4 vectors per lane (fp32 blocks of
+8..512), partial last blocks, rows shorter than a block, dead (all-zero) and tiny blocks, 3-D inputs, misaligned,
+strided and transposed views, forward and backward, and per-tensor double quantization of the block scales
+(unsigned 8-/4-bit and E4M3 scale codes). :func:`flag_checks`: a NaN / Inf anywhere raises the flag.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from cuda_cases import DTYPES, assert_same
+from mx_cases import Check
+
+from modelopt_lite.functional import library_block_cuda as lb
+
+ELEMENTS = {  # name: (bound, qmin, qmax, e4m3)
+    "int4": (7.0, -8, 7, False),
+    "int8 narrow": (127.0, -127, 127, False),
+    "e4m3": (448.0, -448, 448, True),
+}
+REFERENCE: dict[str, Callable] = {
+    "fake_block_dynamic": lb.fake_block_dynamic_reference,
+    "block_dynamic_backward": lb.block_dynamic_backward_reference,
+}
+
+
+def _blocks_for(dtype) -> tuple[int, ...]:
+    return (8, 16, 32, 64, 128, 256, 512) if dtype == torch.float32 else (8, 16, 64, 128, 256, 1024)
+
+
+def _data(shape, dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rows = math.prod(shape[:-1])
+    top = 12 if dtype == torch.float16 else 30
+    x = torch.randn(rows, shape[-1], generator=g) * 2.0 ** torch.randint(-top // 2, top // 2, (rows, 1), generator=g)
+    n = shape[-1]
+    if rows >= 3:
+        x[0, : min(n, 600)] = 0.0  # dead blocks (every block size)
+        x[1, : min(n, 40)] = 1e-30 if dtype != torch.float16 else 1e-8  # tiny: a dead scale (amax <= 2**-24)
+        x[2, :5] = torch.tensor([3.5, -2.5, 0.5, -0.5, 1.5])[: min(n, 5)] * (2.0 if n > 5 else 1.0)  # ties
+    return x.reshape(shape).to(dtype)
+
+
+SHAPES = {
+    "5x1100 partial last block": (5, 1100),
+    "2x3x1024 3-D": (2, 3, 1024),
+    "4x24 shorter than most blocks": (4, 24),
+}
+VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "misaligned, vector-sized rows": lambda t: t.reshape(-1)[1 : 1 + 6 * 512].reshape(6, 512),
+    "misaligned, odd rows": lambda t: t.reshape(-1)[3 : 3 + 7 * 301].reshape(7, 301),
+    "strided": lambda t: t[:, ::2],
+    "transposed": lambda t: t[:, :64].t(),
+}
+
+
+def _inputs(dtype):
+    out = [
+        (name, lambda d, s=shape, k=i: _data(s, dtype, 300 + k).to(d)) for i, (name, shape) in enumerate(SHAPES.items())
+    ]
+    for i, (name, view) in enumerate(VIEWS.items()):
+        out.append((name, lambda d, v=view, k=i: v(_data((8, 1040), dtype, 400 + k).to(d))))
+    return out
+
+
+def _grad(x: torch.Tensor) -> torch.Tensor:
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
+    g.view(-1)[::5] = -0.0
+    return g.to(x.dtype)
+
+
+def forward_checks(dtypes=DTYPES):
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in _blocks_for(dtype):
+                for ename, (bound, qmin, qmax, e4m3) in ELEMENTS.items():
+                    args = (block, bound, qmin, qmax, e4m3)
+                    out.append(
+                        Check(
+                            f"fused block={block} {ename} {name} {dtype}",
+                            "fake_block_dynamic",
+                            lambda d, mk=mk, a=args: (mk(d), *a),
+                        )
+                    )
+    return out
+
+
+SCALE_QUANT = {
+    "8-bit scale codes": (1, 255.0, 255),
+    "4-bit scale codes": (1, 15.0, 15),
+    "E4M3 scale codes": (2, 448.0, 0),
+}
+
+
+def double_quant_checks(dtypes=DTYPES):
+    """Per-tensor double quantization of the block scales (the kernel's first pass finds the tensor's amax)."""
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in (16, 128):
+                for ename, (bound, qmin, qmax, e4m3) in ELEMENTS.items():
+                    for sname, sq in SCALE_QUANT.items():
+                        args = (block, bound, qmin, qmax, e4m3, *sq)
+                        out.append(
+                            Check(
+                                f"fused block={block} {ename} {sname} {name} {dtype}",
+                                "fake_block_dynamic",
+                                lambda d, mk=mk, a=args: (mk(d), *a),
+                            )
+                        )
+            args = (128, 7.0, -8, 7, False, 2, 448.0, 0)
+            out.append(
+                Check(
+                    f"fused backward block=128 int4 E4M3 scale codes {name} {dtype}",
+                    "block_dynamic_backward",
+                    lambda d, mk=mk, a=args: (_grad(mk("cpu")).to(d), mk(d), *a),
+                )
+            )
+    return out
+
+
+def backward_checks(dtypes=DTYPES):
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in (8, 128, 512 if dtype == torch.float32 else 1024):
+                for ename, (bound, qmin, qmax, e4m3) in ELEMENTS.items():
+                    args = (block, bound, qmin, qmax, e4m3)
+                    out.append(
+                        Check(
+                            f"fused backward block={block} {ename} {name} {dtype}",
+                            "block_dynamic_backward",
+                            lambda d, mk=mk, a=args: (_grad(mk("cpu")).to(d), mk(d), *a),
+                        )
+                    )
+    return out
+
+
+GROUPS: dict[str, Callable[[], list]] = {
+    "forward": forward_checks,
+    "backward": backward_checks,
+    "double_quant": double_quant_checks,
+}
+
+
+def run_check(mod, device: str, check: Check) -> None:
+    y, flag = getattr(mod, check.fn)(*check.make(device))
+    want = REFERENCE[check.fn](*check.make("cpu"))
+    assert int(flag.item()) == 0, f"{check.what}: flag raised on finite input"
+    assert_same(y, want, check.what)
+
+
+def flag_failures(mod, device: str) -> list[str]:
+    """NaN / Inf (fp32, fp16, bf16) in a partial last block: the binding's flag is raised (forward and backward)."""
+    failures = []
+    for dtype in DTYPES:
+        for v in (math.nan, math.inf, -math.inf):
+            x = torch.randn(3, 300).to(dtype)
+            x[2, 290] = v
+            xd = x.to(device)
+            for fn, args in (
+                ("fake_block_dynamic", (xd, 128, 7.0, -8, 7, False)),
+                ("fake_block_dynamic", (xd, 16, 7.0, -8, 7, False, 1, 255.0, 255)),
+                ("block_dynamic_backward", (torch.ones_like(xd), xd, 64, 448.0, -448, 448, True)),
+            ):
+                _, flag = getattr(mod, fn)(*args)
+                if int(flag.item()) == 0:
+                    failures.append(f"{fn} {dtype} {v}: flag not raised")
+    return failures

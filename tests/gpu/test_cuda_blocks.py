@@ -1,0 +1,51 @@
+"""The fused dynamic block kernel (csrc/block_kernels.cu) equals the reference bit for bit on the GPU, forward and
+backward, and the public fake_block_quant / dynamic block quantizers run it for CUDA tensors.
+
+Skipped without a GPU (conftest.py); the matrix is block_cases.py, which the host-emulated test runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import block_cases
+import pytest
+import torch
+
+from modelopt_lite import tensor_quant as tq
+from modelopt_lite.functional import backend, library_block_cuda
+
+
+@pytest.mark.parametrize("group", list(block_cases.GROUPS))
+def test_matrix_equals_reference(cuda_module, group):
+    failures = []
+    for check in block_cases.GROUPS[group]():
+        try:
+            block_cases.run_check(cuda_module, "cuda", check)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
+def test_flags(cuda_module):
+    failures = block_cases.flag_failures(cuda_module, "cuda")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_public_api_routes_to_the_fused_kernel(cuda_module, dtype):
+    x0 = block_cases._data((64, 1024), dtype, 2)
+    assert library_block_cuda.fused_dynamic_args(x0.cuda(), {-1: 128}, None, 4, False, False) is not None
+    x = x0.cuda().requires_grad_()
+    with backend.use_backend("native"):
+        y = tq.fake_block_quant(x, {-1: 128}, None, 4)
+        y.backward(block_cases._grad(y.detach().cpu()).cuda())
+    xr = x0.clone().requires_grad_()
+    with backend.use_backend("reference"):
+        yr = tq.fake_block_quant(xr, {-1: 128}, None, 4)
+        yr.backward(block_cases._grad(yr.detach()))
+    assert torch.equal(y.cpu(), yr) and torch.equal(x.grad.cpu(), xr.grad)
+    bad = x0.cuda().clone()
+    bad[3, 700] = math.nan
+    with backend.use_backend("native"), pytest.raises(ValueError, match=r"NaN or Inf.*block \(3, 5\)"):
+        tq.fake_block_quant(bad, {-1: 128}, None, 4)
