@@ -29,6 +29,7 @@ LAYERS = {
     "conversion": 4,
     "opt": 4,
     "model_calib": 4,
+    "utils": 4,
     "plugins": 4,
     "onnx_export": 5,
     "real": 5,

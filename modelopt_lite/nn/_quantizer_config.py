@@ -50,7 +50,7 @@ def check_calibrator_factory(value, label: str) -> tuple | None:
     parts = (value,) if isinstance(value, type) else value
     if not isinstance(parts, (tuple, list)) or not 1 <= len(parts) <= 3 or not isinstance(parts[0], type):
         raise TypeError(f"{label}: calibrator must be a class or (class, args, kwargs), got {value!r}")
-    cls, args, kwargs = (*parts, (), {})[:3]
+    cls, args, kwargs = (*parts, *((), {})[len(parts) - 1 :])  # (cls,), (cls, args), (cls, args, kwargs)
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, Mapping):
         raise TypeError(f"{label}: calibrator (class, args, kwargs) needs a tuple of args and a dict of kwargs")
     for method in ("collect", "compute_amax", "reset"):

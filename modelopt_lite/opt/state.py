@@ -35,14 +35,39 @@ MODELOPT_VERSION = "0.47.0"
 _QUANTIZE = "quantize"
 
 
+class ModelAlreadyQuantizedError(ValueError, AssertionError):
+    """Restoring a state onto a model that already holds quantizers (ModelOpt raises an AssertionError there; this is
+    both, so code catching either keeps working)."""
+
+
+def peer_flat_amax_keys(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """``{state_dict key: ModelOpt's shape}`` of the static block weight amaxes that ModelOpt stores flat,
+    ``(rows * blocks, 1)``, where ours are ``(rows, blocks)`` (what :func:`our_amax_shape` maps back)."""
+    out = {}
+    for site in quantizer_sites(model):
+        a = site.quantizer._amax
+        if a is None or a.dim() == 0 or (a.dim() == 2 and a.shape[1] == 1):
+            continue
+        flat = (int(a.numel()), 1)
+        if our_amax_shape(site.quantizer, site.owner, site.local, flat) == tuple(a.shape):
+            out[f"{site.name}._amax"] = flat
+    return out
+
+
 def modelopt_state(model: nn.Module) -> dict:
     """The quantization state of ``model`` as ModelOpt's plain dict (no tensors: their shapes only).
 
-    A model without quantizers gives an empty ``modelopt_state_dict`` (as ModelOpt does for a plain model)."""
+    A static block weight amax is recorded in ModelOpt's flat shape ``(rows * blocks, 1)`` (as :func:`save` writes
+    it), so ModelOpt restores the state; restoring here maps it back. A model without quantizers gives an empty
+    ``modelopt_state_dict`` (as ModelOpt does for a plain model)."""
     qstate: dict[str, dict] = {}
+    flat = peer_flat_amax_keys(model)
     for name, m in model.named_modules():
         if isinstance(m, TensorQuantizer):
             qstate[name] = m.get_modelopt_state()
+            key = f"{name}._amax"
+            if key in flat and "_amax" in qstate[name]["_pytorch_state_metadata"]["buffers"]:
+                qstate[name]["_pytorch_state_metadata"]["buffers"]["_amax"]["shape"] = torch.Size(flat[key])
         elif isinstance(m, SequentialQuantizer):
             qstate[name] = {"num_quantizers": len(m), "is_sequential_quantizer": True}
     modes = []
@@ -196,6 +221,12 @@ def restore_with_undo(model: nn.Module, state) -> tuple[nn.Module, object]:
     qstate = quantizer_state_of(state)
     if qstate is None:
         return model, lambda: None
+    held = next((name for name, _ in named_quantizers(model)), None)
+    if held is not None:
+        raise ModelAlreadyQuantizedError(
+            f"restore_from_modelopt_state: Model already has modelopt state! (it holds quantizer {held!r}); "
+            "restore into the float model"
+        )
     before = snapshot_quantizers(q for _, q in named_quantizers(model))
     undo = _Replacements()
 
