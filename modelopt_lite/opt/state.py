@@ -49,7 +49,7 @@ def peer_flat_amax_keys(model: nn.Module) -> dict[str, tuple[int, int]]:
         if a is None or a.dim() == 0 or (a.dim() == 2 and a.shape[1] == 1):
             continue
         flat = (int(a.numel()), 1)
-        if our_amax_shape(site.quantizer, site.owner, site.local, flat) == tuple(a.shape):
+        if our_amax_shape(site.quantizer, *_weight_owner(model, site), flat) == tuple(a.shape):
             out[f"{site.name}._amax"] = flat
     return out
 
@@ -72,7 +72,15 @@ def modelopt_state(model: nn.Module) -> dict:
             qstate[name] = {"num_quantizers": len(m), "is_sequential_quantizer": True}
     modes = []
     if qstate:
-        config = {"quant_cfg": [], "algorithm": None}  # the settings themselves are in the quantizer states
+        # the settings themselves are in the quantizer states; ModelOpt builds a SequentialQuantizer only from a
+        # list-valued config entry, so each one gets an entry naming it (placeholder attributes, which the states
+        # then replace)
+        seqs = [
+            {"quantizer_name": name, "cfg": [{"num_bits": 8} for _ in range(st["num_quantizers"])]}
+            for name, st in qstate.items()
+            if st.get("is_sequential_quantizer") is True
+        ]
+        config = {"quant_cfg": seqs, "algorithm": None}
         modes.append((_QUANTIZE, {"config": config, "metadata": {"quantizer_state": qstate}}))
     return {"modelopt_state_dict": modes, "modelopt_version": MODELOPT_VERSION}
 
@@ -180,6 +188,15 @@ def _make_sequential(model: nn.Module, seq: Mapping[str, int], undo: _Replacemen
         setattr(owner, attr, new)
 
 
+def _weight_owner(model: nn.Module, site) -> tuple[nn.Module | None, str]:
+    """``(module, quantizer attribute)`` a quantizer serves: for a member of a SequentialQuantizer, the module
+    holding the sequence and the sequence's attribute name (``weight_quantizer.0`` serves the weight too)."""
+    if isinstance(site.owner, SequentialQuantizer):
+        parent, _, attr = site.name.rpartition(".")[0].rpartition(".")
+        return model.get_submodule(parent), attr
+    return site.owner, site.local
+
+
 def our_amax_shape(q: TensorQuantizer, owner, local: str, shape: tuple) -> tuple:
     """Our layout of a ModelOpt amax shape: a static block weight amax ``(rows * blocks, 1)`` is ``(rows, blocks)``."""
     d = q.quant_desc
@@ -210,7 +227,7 @@ def apply_quantizer_states(model: nn.Module, qstate: Mapping, undo: _Replacement
         q.set_from_modelopt_state(st)
         meta = tensor_metadata(st, f"quantizer {name!r}")
         if "_amax" in meta:
-            shape = our_amax_shape(q, site.owner, site.local, meta["_amax"][0])
+            shape = our_amax_shape(q, *_weight_owner(model, site), meta["_amax"][0])
             if shape != meta["_amax"][0]:
                 q._store_amax(torch.zeros(shape, device=q._amax.device if q._amax is not None else None))
     return model
