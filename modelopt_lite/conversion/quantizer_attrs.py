@@ -92,7 +92,9 @@ def postprocess_amax(model: nn.Module, key: WildcardOrFilter, post_process_fn: C
         for name, q in chosen:
             new = post_process_fn(q.amax)
             if not isinstance(new, torch.Tensor):
-                raise TypeError(f"postprocess_amax: {name}: post_process_fn returned {type(new).__name__}, not a tensor")
+                raise TypeError(
+                    f"postprocess_amax: {name}: post_process_fn returned {type(new).__name__}, not a tensor"
+                )
             q.amax = new
     except BaseException:
         before.restore()

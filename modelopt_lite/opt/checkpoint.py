@@ -13,7 +13,6 @@ their names, dtypes and shapes.
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Mapping
 
 import torch
