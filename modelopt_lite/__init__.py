@@ -20,6 +20,8 @@ _LAZY = {
     # functional layer
     "ScaledQuantDescriptor": "modelopt_lite.descriptor",
     "QuantDescriptor": "modelopt_lite.descriptor",
+    # ModelOpt's name for the descriptor (``modelopt.torch.quantization.config.QuantizerAttributeConfig``)
+    "QuantizerAttributeConfig": ("modelopt_lite.descriptor", "QuantDescriptor"),
     # the submodule, never its function of the same name (that is ``modelopt_lite.tensor_quant.tensor_quant``):
     # ``import modelopt_lite.tensor_quant`` binds the submodule here too, so anything else would depend on import order
     "tensor_quant": ("modelopt_lite.tensor_quant", None),
@@ -40,6 +42,7 @@ _LAZY = {
     "calib": ("modelopt_lite.calib", None),
     "opt": ("modelopt_lite.opt", None),
     "model_calib": ("modelopt_lite.model_calib", None),
+    "utils": ("modelopt_lite.utils", None),
     "plugins": ("modelopt_lite.plugins", None),
     "quantize": "modelopt_lite.conversion.model_quant",
     "calibrate": "modelopt_lite.conversion.model_quant",
@@ -53,6 +56,7 @@ _LAZY = {
     "replace_quant_module": "modelopt_lite.conversion.model_quant",
     "replace_quant_modules": "modelopt_lite.conversion.model_quant",
     "set_quantizer_attribute": "modelopt_lite.conversion.quantizer_attrs",
+    "postprocess_amax": "modelopt_lite.conversion.quantizer_attrs",
     "set_quantizer_by_cfg": "modelopt_lite.conversion.model_quant",
     "set_quantizer_by_cfg_context": "modelopt_lite.conversion.cfg_context",
     "enable_quantizer": "modelopt_lite.conversion.quantizer_attrs",
@@ -90,6 +94,7 @@ _LAZY = {
     "register_attention_module": "modelopt_lite.nn.modules.quant_attention_hf",
     "INT4_AWQ_CFG": "modelopt_lite.presets",
     "W4A8_AWQ_BETA_CFG": "modelopt_lite.presets",
+    "NVFP4_AWQ_LITE_CFG": "modelopt_lite.presets",
     "awq": "modelopt_lite.algorithms.awq",
     "algorithms": ("modelopt_lite.algorithms", None),
     "presets": ("modelopt_lite.presets", None),

@@ -10,7 +10,12 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   the registered algorithms, each followed by the max calibration as in ``quantize``; if one raises, the weights and
   quantizers are put back exactly;
 - ``enable_stats_collection(model)`` / ``finish_stats_collection(model, method=None, **kwargs)``: the two halves
-  of a calibration run by hand.
+  of a calibration run by hand;
+- ``weight_only_quantize(model)``: the weight quantizers calibrated (max) on the weights alone;
+- ``disable_pre_quant_scale_and_resmooth(linear, delete_pre_quant_scale=False)`` /
+  ``apply_pre_quant_scale_and_smooth(linear, pre_quant_scale=None)``: undo / redo SmoothQuant on one quantized
+  Linear: the weight is rescaled, the ``pre_quant_scale`` removed (kept aside unless deleted) or set, and the weight
+  and input amaxes recomputed with max from the weight and the per-channel input maxima SmoothQuant measured.
 
 Parameters the registered algorithm does not take raise a QuantConfigError naming them, before anything runs.
 """
@@ -28,6 +33,7 @@ from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights
 from .conversion.state import ModuleSnapshot, snapshot_quantizers
 from .conversion.utils import named_quantizers
+from .nn import TensorQuantizer
 
 ForwardLoop = Callable[[nn.Module], object]
 
@@ -38,9 +44,12 @@ __all__ = [
     "awq_lite",
     "enable_stats_collection",
     "finish_stats_collection",
+    "apply_pre_quant_scale_and_smooth",
+    "disable_pre_quant_scale_and_resmooth",
     "gptq",
     "max_calibrate",
     "smoothquant",
+    "weight_only_quantize",
 ]
 
 
@@ -120,3 +129,68 @@ def finish_stats_collection(model: nn.Module, method: str | None = None, **kwarg
             q.load_calib_amax(method, strict=False, **kwargs)
             q.disable_calib()
             q.enable_quant()
+
+
+def weight_only_quantize(model: nn.Module) -> nn.Module:
+    """ModelOpt's ``weight_only_quantize``: every enabled static weight quantizer calibrated (max) on its module's
+    weight; activation quantizers untouched. Returns the model."""
+    return calibrate_weights(model, None)
+
+
+def _smoothed_linear(linear: nn.Module, what: str):
+    iq = getattr(linear, "input_quantizer", None)
+    w = getattr(linear, "weight", None)
+    if not isinstance(iq, TensorQuantizer) or not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise TypeError(f"{what}: expected a quantized Linear (input_quantizer and a 2-D weight), got {linear!r}")
+    stats = getattr(iq, "_smoothing_channel_amax", None)
+    if not isinstance(stats, torch.Tensor):
+        raise ValueError(
+            f"{what}: {iq._label()} has no per-channel input maxima from SmoothQuant (smooth the model with "
+            "INT8_SMOOTHQUANT_CFG / model_calib.smoothquant in this session first)"
+        )
+    return iq, w, stats
+
+
+def _recalibrate(linear: nn.Module, iq: TensorQuantizer, channel_amax: torch.Tensor) -> None:
+    """The weight amax by max from the weight; a static per-tensor input amax from the per-channel input maxima."""
+    calibrate_weights(linear, None)
+    if iq.is_enabled and not iq.quant_desc.dynamic and iq.axis is None and iq.amax is not None:
+        iq.amax = channel_amax.amax().reshape(iq.amax.shape)
+
+
+def disable_pre_quant_scale_and_resmooth(linear: nn.Module, delete_pre_quant_scale: bool = False) -> None:
+    """Undo SmoothQuant on one quantized Linear (ModelOpt's name): ``weight *= pre_quant_scale``, the scale removed
+    from the input quantizer (kept on the module for :func:`apply_pre_quant_scale_and_smooth` unless
+    ``delete_pre_quant_scale``), the weight amax recomputed with max and a per-tensor input amax set to the largest
+    input channel maximum. The weight is modified in place, as SmoothQuant itself does."""
+    what = "disable_pre_quant_scale_and_resmooth"
+    iq, w, stats = _smoothed_linear(linear, what)
+    pqs = iq.pre_quant_scale
+    if pqs is None:
+        raise ValueError(f"{what}: {iq._label()} has no pre_quant_scale to disable")
+    with torch.no_grad():
+        w.mul_(pqs.to(w.device, w.dtype))
+    iq.pre_quant_scale = None
+    linear._disabled_pre_quant_scale = None if delete_pre_quant_scale else pqs
+    _recalibrate(linear, iq, stats)
+
+
+def apply_pre_quant_scale_and_smooth(linear: nn.Module, pre_quant_scale: torch.Tensor | None = None) -> None:
+    """Redo SmoothQuant on one quantized Linear (ModelOpt's name): with ``pre_quant_scale`` (default: the one
+    :func:`disable_pre_quant_scale_and_resmooth` kept), ``weight /= pre_quant_scale``, the scale set on the input
+    quantizer, the weight amax recomputed with max and a per-tensor input amax set from the scaled channel maxima.
+    Raises ValueError when the layer already has a pre_quant_scale or none is given or kept."""
+    what = "apply_pre_quant_scale_and_smooth"
+    iq, w, stats = _smoothed_linear(linear, what)
+    if iq.pre_quant_scale is not None:
+        raise ValueError(f"{what}: {iq._label()} already has a pre_quant_scale (disable it first)")
+    pqs = pre_quant_scale if pre_quant_scale is not None else getattr(linear, "_disabled_pre_quant_scale", None)
+    if pqs is None:
+        raise ValueError(f"{what}: no pre_quant_scale given and none kept by disable_pre_quant_scale_and_resmooth")
+    iq.pre_quant_scale = pqs  # validated: finite, > 0, one value per input channel
+    pqs = iq.pre_quant_scale
+    assert pqs is not None
+    with torch.no_grad():
+        w.div_(pqs.to(w.device, w.dtype))
+    linear._disabled_pre_quant_scale = None
+    _recalibrate(linear, iq, stats * pqs.to(stats.device, stats.dtype))

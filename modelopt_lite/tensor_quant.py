@@ -347,6 +347,8 @@ def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=Fals
         else:
             amax = as_amax(amax, inputs, "block amax")
         expected = blocks.blocks_shape(inputs.shape, sizes)
+        if amax.dim() == 2 and amax.shape[1] == 1 and amax.numel() == torch.Size(expected).numel() > 1:
+            amax = amax.reshape(expected)  # ModelOpt's flat layout (one row per block, in row-major block order)
         if amax.numel() != 1 and tuple(amax.shape) != expected:
             raise ValueError(
                 f"block amax has shape {tuple(amax.shape)}, expected {expected} for block_sizes "

@@ -58,7 +58,10 @@ def test_presets_package_is_the_one_owner_of_the_named_configs():
     assert mtq.NVFP4_DEFAULT_CFG is presets.NVFP4_DEFAULT_CFG
     assert mtq.INT8_DEFAULT_CFG is presets.INT8_DEFAULT_CFG is config.INT8_DEFAULT_CFG
     assert config.PRESETS is presets.PRESETS
-    assert len(presets.PRESETS) == 24
+    families = [presets.basic.BASIC_PRESETS, presets.mx.MX_PRESETS, presets.attention.ATTENTION_PRESETS]
+    families += [presets.kv.KV_PRESETS, presets.awq.AWQ_PRESETS]
+    assert sum(len(f) for f in families) == len(presets.PRESETS)  # no family shadows another's name
+    assert all(presets.PRESETS[k] is v for f in families for k, v in f.items())
     for name, cfg in presets.PRESETS.items():
         assert getattr(presets, name, cfg) is cfg, name  # every exported preset is the one in the table
 

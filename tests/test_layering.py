@@ -33,6 +33,7 @@ LAYERS = {
     "plugins": 5,
     "algorithms": 6,
     "model_calib": 6,
+    "utils": 5,
     "onnx_export": 7,
     "real": 7,
     "analysis": 7,

@@ -34,6 +34,11 @@ class LiteRecord:
     loss: dict
     folded_into: str = "pre_quant_scale"
 
+    @property
+    def best_scale(self) -> torch.Tensor | None:
+        """ModelOpt's name for ``scale`` (its ``module.awq_lite.best_scale``)."""
+        return self.scale
+
 
 @dataclass
 class ClipRecord:
@@ -42,6 +47,11 @@ class ClipRecord:
     ratio: torch.Tensor
     amax: torch.Tensor
     loss: dict
+
+    @property
+    def best_clip_val(self) -> torch.Tensor:
+        """ModelOpt's ``module.awq_clip.best_clip_val``: ``amax`` in its flat layout, one row per block."""
+        return self.amax.reshape(-1, 1)
 
 
 @dataclass

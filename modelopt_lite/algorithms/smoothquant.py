@@ -127,6 +127,7 @@ def smooth_quant(model: nn.Module, forward_loop, alpha: float = 0.5) -> list[lis
                 m = mods[n]
                 m.weight.mul_(s.to(m.weight.device, m.weight.dtype))
                 m.input_quantizer.pre_quant_scale = (1.0 / s).to(m.weight.device)
+                m.input_quantizer._smoothing_channel_amax = a.to(m.weight.device)  # model_calib's resmooth reads it
         done.append(group)
     log.info("smoothquant: %d layer(s) in %d group(s) smoothed (alpha=%g)", sum(map(len, done)), len(done), alpha)
     return done

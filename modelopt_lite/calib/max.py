@@ -61,6 +61,11 @@ class MaxCalibrator(Calibrator):
         self._amaxs = []
 
     @property
+    def _calib_amax(self) -> torch.Tensor | None:
+        """The running max on this rank (the peers' attribute, which subclasses overriding ``compute_amax`` read)."""
+        return self._amax
+
+    @property
     def amaxs(self) -> list[torch.Tensor]:
         """Per-batch amax tensors (float32, the public amax shape), when ``track_amax=True``; else an empty list."""
         return list(self._amaxs)

@@ -1,4 +1,5 @@
-"""ModelOpt's quantizer switches: ``set_quantizer_attribute``, ``enable_quantizer``, ``disable_quantizer``.
+"""ModelOpt's quantizer switches: ``set_quantizer_attribute``, ``enable_quantizer``, ``disable_quantizer``, and
+``postprocess_amax`` (a function applied to the amax of the matching quantizers).
 
 A quantizer is selected by its module path (``"features.0.weight_quantizer"``) with an fnmatch wildcard
 (``"*weight_quantizer"``) or a filter callable ``f(name) -> bool``, optionally only inside modules of
@@ -10,10 +11,11 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 
+import torch
 from torch import nn
 
 from .state import snapshot_quantizers
-from .utils import quantizer_sites
+from .utils import named_quantizers, quantizer_sites
 
 WildcardOrFilter = str | Callable[[str], bool]
 
@@ -70,3 +72,31 @@ def enable_quantizer(quant_model: nn.Module, wildcard_or_filter_func: WildcardOr
 def disable_quantizer(quant_model: nn.Module, wildcard_or_filter_func: WildcardOrFilter) -> list[str]:
     """Disable the matching quantizers (they pass their input through); returns their names."""
     return set_quantizer_attribute(quant_model, wildcard_or_filter_func, {"enable": False})
+
+
+def postprocess_amax(model: nn.Module, key: WildcardOrFilter, post_process_fn: Callable) -> nn.Module:
+    """ModelOpt's ``postprocess_amax``: ``amax = post_process_fn(amax)`` for every calibrated quantizer whose module
+    path matches ``key`` (a wildcard or a filter callable); returns the model. The new amax goes through the amax
+    setter's checks (finite, non-negative, a shape the quantizer takes).
+
+    Raises:
+        TypeError: a bad ``key`` or ``post_process_fn``, or a result that is not a tensor (naming the quantizer).
+        ValueError: a result the quantizer rejects (naming it). Every amax is restored then.
+    """
+    match = _matcher(key, "postprocess_amax")
+    if not callable(post_process_fn):
+        raise TypeError(f"postprocess_amax: post_process_fn must be callable, got {type(post_process_fn).__name__}")
+    chosen = [(n, q) for n, q in named_quantizers(model) if match(n) and q.amax is not None]
+    before = snapshot_quantizers(q for _, q in chosen)
+    try:
+        for name, q in chosen:
+            new = post_process_fn(q.amax)
+            if not isinstance(new, torch.Tensor):
+                raise TypeError(
+                    f"postprocess_amax: {name}: post_process_fn returned {type(new).__name__}, not a tensor"
+                )
+            q.amax = new
+    except BaseException:
+        before.restore()
+        raise
+    return model

@@ -60,7 +60,7 @@ _IGNORED = frozenset(
     }
 )
 _OURS = "_modelopt_lite"
-_OUR_KEYS = ("calib_method", "scale_amax", "num_steps", "amax")
+_OUR_KEYS = ("calib_method", "scale_amax", "num_steps", "amax", "calibrator")
 #: the tensors a quantizer may hold (``_amax`` a parameter too, with learn_amax)
 TENSOR_NAMES = ("_amax", "_pre_quant_scale", "_bias_value")
 
@@ -162,6 +162,7 @@ class ModeloptStateMixin(nn.Module):
         _if_calib: bool
         _num_steps: int
         _peer: dict
+        _calib_factory: tuple | None
         bias: Any
         maxbound: Any
         dynamic: bool
@@ -212,6 +213,8 @@ class ModeloptStateMixin(nn.Module):
                 "amax": amax,
             },
         }
+        if self._calib_factory is not None:  # a user calibrator class: in-memory states only (see opt.save)
+            state[_OURS]["calibrator"] = self._calib_factory
         if not properties_only:
             meta: dict[str, dict] = {"params": {}, "buffers": {}}
             for kind, table in (("params", self._parameters), ("buffers", self._buffers)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -50,7 +51,9 @@ def check_calibrator_factory(value, label: str) -> tuple | None:
     parts = (value,) if isinstance(value, type) else value
     if not isinstance(parts, (tuple, list)) or not 1 <= len(parts) <= 3 or not isinstance(parts[0], type):
         raise TypeError(f"{label}: calibrator must be a class or (class, args, kwargs), got {value!r}")
-    cls, args, kwargs = (*parts, (), {})[:3]
+    cls: type = parts[0]
+    args: Any = parts[1] if len(parts) > 1 else ()  # (cls,), (cls, args) or (cls, args, kwargs)
+    kwargs: Any = parts[2] if len(parts) > 2 else {}
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, Mapping):
         raise TypeError(f"{label}: calibrator (class, args, kwargs) needs a tuple of args and a dict of kwargs")
     for method in ("collect", "compute_amax", "reset"):

@@ -18,6 +18,7 @@ every quantizer of the sequence.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -137,6 +138,35 @@ class SequentialQuantizer(nn.Sequential):
             yield from quantizers
         else:
             raise TypeError(f"expected a TensorQuantizer or a SequentialQuantizer, got {type(quantizers).__name__}")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def convert_to_single_quantizer(model: nn.Module, indx: int = 0) -> Iterator[None]:
+        """ModelOpt's context manager: inside it, every ``SequentialQuantizer`` of ``model`` is replaced by its
+        quantizer number ``indx`` (to calibrate or inspect that one alone); on exit the very same sequences are put
+        back, also when the body raises.
+
+        Raises:
+            TypeError: ``indx`` is not an int.
+            ValueError: a sequence has no quantizer ``indx`` (the message names it); nothing is replaced then.
+        """
+        if isinstance(indx, bool) or not isinstance(indx, int):
+            raise TypeError(f"convert_to_single_quantizer: indx must be an int, got {indx!r}")
+        found = [(n, m) for n, m in model.named_modules() if n and isinstance(m, SequentialQuantizer)]
+        for name, seq in found:
+            if not -len(seq) <= indx < len(seq):
+                raise ValueError(f"convert_to_single_quantizer: {name!r} has {len(seq)} quantizers, no index {indx}")
+        swapped = []
+        for name, seq in found:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, attr, seq[indx])
+            swapped.append((parent, attr, seq))
+        try:
+            yield
+        finally:
+            for parent, attr, seq in reversed(swapped):
+                setattr(parent, attr, seq)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` through every quantizer in order (a new tensor; ``x`` is never modified)."""

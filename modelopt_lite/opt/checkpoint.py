@@ -12,6 +12,7 @@ their names, dtypes and shapes.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -20,13 +21,30 @@ from torch import nn
 from ..conversion.state_file import check_quantizer_tensor
 from ..conversion.utils import quantizer_sites
 from ..nn._modelopt_state import TENSOR_NAMES
-from .state import modelopt_state, restore_with_undo
+from .state import modelopt_state, peer_flat_amax_keys, restore_with_undo
 
 
 def save(model: nn.Module, f, **kwargs) -> None:
     """Write ModelOpt's checkpoint of ``model`` (its modelopt state and its whole ``state_dict``) to ``f``;
-    ``kwargs`` go to ``torch.save``."""
-    torch.save({"modelopt_state": modelopt_state(model), "model_state_dict": model.state_dict()}, f, **kwargs)
+    ``kwargs`` go to ``torch.save``. Static block weight amaxes are written in ModelOpt's flat layout
+    ``(rows * blocks, 1)``, so ModelOpt's ``mto.restore`` reads the file (:func:`restore` maps them back)."""
+    sd = model.state_dict()
+    for key, shape in peer_flat_amax_keys(model).items():
+        sd[key] = sd[key].reshape(shape)
+    state = modelopt_state(model)
+    custom = []
+    for _, body in state["modelopt_state_dict"]:
+        for name, qs in body["metadata"]["quantizer_state"].items():
+            if qs.get("_modelopt_lite", {}).pop("calibrator", None) is not None:
+                custom.append(name)
+    if custom:
+        warnings.warn(
+            f"mto.save: the calibrator classes of {custom[:3]}{' ...' if len(custom) > 3 else ''} are not written "
+            "(a checkpoint never names code to import); restoring the file gives them the default calibrator",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    torch.save({"modelopt_state": state, "model_state_dict": sd}, f, **kwargs)
 
 
 def load_checkpoint(path) -> dict:

@@ -35,19 +35,52 @@ MODELOPT_VERSION = "0.47.0"
 _QUANTIZE = "quantize"
 
 
+class ModelAlreadyQuantizedError(ValueError, AssertionError):
+    """Restoring a state onto a model that already holds quantizers (ModelOpt raises an AssertionError there; this is
+    both, so code catching either keeps working)."""
+
+
+def peer_flat_amax_keys(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """``{state_dict key: ModelOpt's shape}`` of the static block weight amaxes that ModelOpt stores flat,
+    ``(rows * blocks, 1)``, where ours are ``(rows, blocks)`` (what :func:`our_amax_shape` maps back)."""
+    out = {}
+    for site in quantizer_sites(model):
+        a = site.quantizer._amax
+        if a is None or a.dim() == 0 or (a.dim() == 2 and a.shape[1] == 1):
+            continue
+        flat = (int(a.numel()), 1)
+        if our_amax_shape(site.quantizer, *_weight_owner(model, site), flat) == tuple(a.shape):
+            out[f"{site.name}._amax"] = flat
+    return out
+
+
 def modelopt_state(model: nn.Module) -> dict:
     """The quantization state of ``model`` as ModelOpt's plain dict (no tensors: their shapes only).
 
-    A model without quantizers gives an empty ``modelopt_state_dict`` (as ModelOpt does for a plain model)."""
+    A static block weight amax is recorded in ModelOpt's flat shape ``(rows * blocks, 1)`` (as :func:`save` writes
+    it), so ModelOpt restores the state; restoring here maps it back. A model without quantizers gives an empty
+    ``modelopt_state_dict`` (as ModelOpt does for a plain model)."""
     qstate: dict[str, dict] = {}
+    flat = peer_flat_amax_keys(model)
     for name, m in model.named_modules():
         if isinstance(m, TensorQuantizer):
             qstate[name] = m.get_modelopt_state()
+            key = f"{name}._amax"
+            if key in flat and "_amax" in qstate[name]["_pytorch_state_metadata"]["buffers"]:
+                qstate[name]["_pytorch_state_metadata"]["buffers"]["_amax"]["shape"] = torch.Size(flat[key])
         elif isinstance(m, SequentialQuantizer):
             qstate[name] = {"num_quantizers": len(m), "is_sequential_quantizer": True}
     modes = []
     if qstate:
-        config = {"quant_cfg": [], "algorithm": None}  # the settings themselves are in the quantizer states
+        # the settings themselves are in the quantizer states; ModelOpt builds a SequentialQuantizer only from a
+        # list-valued config entry, so each one gets an entry naming it (placeholder attributes, which the states
+        # then replace)
+        seqs = [
+            {"quantizer_name": name, "cfg": [{"num_bits": 8} for _ in range(st["num_quantizers"])]}
+            for name, st in qstate.items()
+            if st.get("is_sequential_quantizer") is True
+        ]
+        config = {"quant_cfg": seqs, "algorithm": None}
         modes.append((_QUANTIZE, {"config": config, "metadata": {"quantizer_state": qstate}}))
     return {"modelopt_state_dict": modes, "modelopt_version": MODELOPT_VERSION}
 
@@ -155,6 +188,15 @@ def _make_sequential(model: nn.Module, seq: Mapping[str, int], undo: _Replacemen
         setattr(owner, attr, new)
 
 
+def _weight_owner(model: nn.Module, site) -> tuple[nn.Module | None, str]:
+    """``(module, quantizer attribute)`` a quantizer serves: for a member of a SequentialQuantizer, the module
+    holding the sequence and the sequence's attribute name (``weight_quantizer.0`` serves the weight too)."""
+    if isinstance(site.owner, SequentialQuantizer):
+        parent, _, attr = site.name.rpartition(".")[0].rpartition(".")
+        return model.get_submodule(parent), attr
+    return site.owner, site.local
+
+
 def our_amax_shape(q: TensorQuantizer, owner, local: str, shape: tuple) -> tuple:
     """Our layout of a ModelOpt amax shape: a static block weight amax ``(rows * blocks, 1)`` is ``(rows, blocks)``."""
     d = q.quant_desc
@@ -185,7 +227,7 @@ def apply_quantizer_states(model: nn.Module, qstate: Mapping, undo: _Replacement
         q.set_from_modelopt_state(st)
         meta = tensor_metadata(st, f"quantizer {name!r}")
         if "_amax" in meta:
-            shape = our_amax_shape(q, site.owner, site.local, meta["_amax"][0])
+            shape = our_amax_shape(q, *_weight_owner(model, site), meta["_amax"][0])
             if shape != meta["_amax"][0]:
                 q._store_amax(torch.zeros(shape, device=q._amax.device if q._amax is not None else None))
     return model
@@ -196,6 +238,12 @@ def restore_with_undo(model: nn.Module, state) -> tuple[nn.Module, object]:
     qstate = quantizer_state_of(state)
     if qstate is None:
         return model, lambda: None
+    held = next((name for name, _ in named_quantizers(model)), None)
+    if held is not None:
+        raise ModelAlreadyQuantizedError(
+            f"restore_from_modelopt_state: Model already has modelopt state! (it holds quantizer {held!r}); "
+            "restore into the float model"
+        )
     before = snapshot_quantizers(q for _, q in named_quantizers(model))
     undo = _Replacements()
 

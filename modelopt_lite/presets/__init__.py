@@ -11,7 +11,7 @@ family is one module here and one line in :data:`PRESETS`.
 """
 
 from .attention import ATTENTION_PRESETS, FP8_ATTENTION_CFG, INT8_ATTENTION_CFG, INT8_SMOOTHQUANT_ATTENTION_CFG
-from .awq import AWQ_PRESETS, INT4_AWQ_CFG, W4A8_AWQ_BETA_CFG
+from .awq import AWQ_PRESETS, INT4_AWQ_CFG, NVFP4_AWQ_LITE_CFG, W4A8_AWQ_BETA_CFG
 from .base import CONVTRANSPOSE_WEIGHT_AXIS, DEFAULT_DISABLED, preset
 from .basic import (
     BASIC_PRESETS,
@@ -59,6 +59,7 @@ __all__ = [
     "MXFP8_DEFAULT_CFG",
     "MXINT8_DEFAULT_CFG",
     "NVFP4_AFFINE_KV_CFG",
+    "NVFP4_AWQ_LITE_CFG",
     "NVFP4_DEFAULT_CFG",
     "NVFP4_KV_CFG",
     "PRESETS",
