@@ -91,6 +91,9 @@ _LAZY = {
     "INT4_AWQ_CFG": "modelopt_lite.conversion.presets_awq",
     "W4A8_AWQ_BETA_CFG": "modelopt_lite.conversion.presets_awq",
     "awq": "modelopt_lite.conversion.awq",
+    "svdquant": "modelopt_lite.algorithms.svdquant",
+    "NVFP4_SVDQUANT_DEFAULT_CFG": "modelopt_lite.algorithms.svdquant_presets",
+    "INT4_SVDQUANT_CFG": "modelopt_lite.algorithms.svdquant_presets",
     # export
     "export_onnx": "modelopt_lite.onnx_export.export",
     "inspect_onnx": "modelopt_lite.onnx_export.inspect",
@@ -113,6 +116,8 @@ def __getattr__(name: str):
     if target is None:
         raise AttributeError(f"module 'modelopt_lite' has no attribute {name!r}")
     mod_name, attr = target if isinstance(target, tuple) else (target, name)
+    if mod_name.startswith("modelopt_lite.conversion"):
+        importlib.import_module("modelopt_lite.algorithms")  # registers the algorithms a config may name
     mod = importlib.import_module(mod_name)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
