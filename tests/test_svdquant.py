@@ -172,9 +172,14 @@ def test_non_linear_modules_are_refused():
         add_lowrank(nn.Linear(8, 8), 2, "fc")
     # in a model, quantized non-Linear modules are max-calibrated as usual
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 4 * 4, 16))
-    q = mtq.quantize(model, {"quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer":
-                                           {"num_bits": 8}}, "algorithm": ALG},  # fmt: skip
-                     lambda m: m(torch.randn(4, 3, 6, 6)))
+    q = mtq.quantize(
+        model,
+        {
+            "quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"num_bits": 8}},
+            "algorithm": ALG,
+        },  # fmt: skip
+        lambda m: m(torch.randn(4, 3, 6, 6)),
+    )
     assert q[2].weight_quantizer.has_lowrank and not q[0].weight_quantizer.has_lowrank
     assert q[0].weight_quantizer.amax is not None
 
@@ -256,3 +261,10 @@ def test_onnx_export_runs_in_ort_within_the_one_step_rule(tmp_path):
     sess = ort_session(tmp_path / "s.onnx")
     y = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
     assert torch.allclose(y, q(x).detach(), atol=1e-4, rtol=1e-5)
+
+
+def test_direct_call_on_a_configured_model():
+    batches = data()
+    q = mtq.quantize(copy.deepcopy(outlier_mlp()), cfg(None, inp=A8))
+    assert svdquant(q, loop_of(batches), lowrank=3, progress=False) == {"fc1": 3, "fc2": 3}
+    assert q.fc1.weight_quantizer.svdquant_lora_b.shape == (48, 3) and q.fc1.input_quantizer.amax is not None

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ._pre_quant_scale import PreQuantScaleState
+
 #: the buffer names (ModelOpt's)
 LORA_A, LORA_B = "_svdquant_lora_a", "_svdquant_lora_b"
 
@@ -103,14 +105,16 @@ def lowrank_output(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """The low-rank branch ``F.linear(F.linear(x_s, A), B)`` of a quantized Linear with SVDQuant factors (None
     without them); ``x_s`` is ``x`` times the input quantizer's ``pre_quant_scale``, in float."""
     wq = getattr(module, "weight_quantizer", None)
-    if not getattr(wq, "has_lowrank", False):
+    if not isinstance(wq, LowRankState) or not wq.has_lowrank:
         return None
     a, b = wq.svdquant_lora_a, wq.svdquant_lora_b
     w = module.weight
+    assert isinstance(w, torch.Tensor) and a is not None and b is not None
     if a.shape[1] != w.shape[1] or b.shape[0] != w.shape[0] or a.shape[0] != b.shape[1]:
         raise ValueError(
             f"{type(module).__name__}: the SVDQuant factors svdquant_lora_a {tuple(a.shape)} and svdquant_lora_b "
             f"{tuple(b.shape)} do not fit the weight {tuple(w.shape)} (need (rank, in) and (out, rank))"
         )
-    xs = module.input_quantizer._apply_pre_quant_scale(x)
+    iq = module.input_quantizer
+    xs = iq._apply_pre_quant_scale(x) if isinstance(iq, PreQuantScaleState) else x
     return nn.functional.linear(nn.functional.linear(xs, a.to(xs.dtype)), b.to(xs.dtype))

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
-from . import _integer_requant
 from .._svdquant_lora import lowrank_output
+from . import _integer_requant
 from ._base import QuantModuleMixin
 from ._integer_requant import IntegerRequantLayer
 from ._registry import QuantModuleRegistry
