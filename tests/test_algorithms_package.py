@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-BUILTIN = ["awq_clip", "awq_full", "awq_lite", "gptq", "sequence", "smoothquant"]
+BUILTIN = ["awq_clip", "awq_full", "awq_lite", "gptq", "sequence", "smoothquant", "svdquant"]
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def test_presets_package_is_the_one_owner_of_the_named_configs():
     assert mtq.INT8_DEFAULT_CFG is presets.INT8_DEFAULT_CFG is config.INT8_DEFAULT_CFG
     assert config.PRESETS is presets.PRESETS
     families = [presets.basic.BASIC_PRESETS, presets.mx.MX_PRESETS, presets.attention.ATTENTION_PRESETS]
-    families += [presets.kv.KV_PRESETS, presets.awq.AWQ_PRESETS]
+    families += [presets.kv.KV_PRESETS, presets.awq.AWQ_PRESETS, presets.svdquant.SVDQUANT_PRESETS]
     assert sum(len(f) for f in families) == len(presets.PRESETS)  # no family shadows another's name
     assert all(presets.PRESETS[k] is v for f in families for k, v in f.items())
     for name, cfg in presets.PRESETS.items():

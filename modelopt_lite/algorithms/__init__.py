@@ -2,7 +2,7 @@
 
 - :mod:`.awq` (``awq_lite``, ``awq_clip``, ``awq_full``; search, statistics, folding and replay in ``awq_*``),
 - :mod:`.gptq` (``gptq``; Hessian passes, solver and refit in ``gptq_*``),
-- :mod:`.smoothquant` (``smoothquant``), :mod:`.sequence` (a list of algorithms run in order),
+- :mod:`.smoothquant` (``smoothquant``), :mod:`.svdquant` (``svdquant``: a low-rank float branch, residual quantized), :mod:`.sequence` (a list of algorithms run in order),
 - :mod:`.block_replay` (replaying one block of a model on recorded inputs, shared by AWQ and GPTQ),
 - :mod:`.relu_grids` (shared grids across a ReLU), :mod:`.auto_quantize` (per-layer format search).
 
@@ -18,10 +18,12 @@ from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .gptq import run_gptq  # registers "gptq"
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .smoothquant import smooth_quant  # registers "smoothquant"
+from .svdquant import add_lowrank, svd_factors, svdquant  # registers "svdquant"
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "add_lowrank",
     "auto_quantize",
     "awq",
     "find_relu_pairs",
@@ -29,4 +31,6 @@ __all__ = [
     "run_gptq",
     "share_relu_grids",
     "smooth_quant",
+    "svd_factors",
+    "svdquant",
 ]

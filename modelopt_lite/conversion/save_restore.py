@@ -80,6 +80,13 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
     """
     from safetensors.torch import save_file
 
+    lowrank = [n for n, q in named_quantizers(model) if getattr(q, "has_lowrank", False)]
+    if lowrank and not include_weights:
+        raise ValueError(
+            f"save: {len(lowrank)} quantizer(s) have SVDQuant low-rank factors (first: {lowrank[0]!r}), so the "
+            "model's weights are the residuals W - B @ A and a fresh float model cannot reproduce it: save with "
+            "include_weights=True"
+        )
     smoothed = [n for n, q in named_quantizers(model) if q.pre_quant_scale is not None]
     if smoothed and not include_weights:
         raise ValueError(

@@ -23,7 +23,7 @@ from .requant import check_mode
 FORMAT = "modelopt_lite.quant_state"
 VERSION = 1
 #: the tensors a quantizer may hold in the file
-QUANTIZER_TENSORS = ("_amax", "_pre_quant_scale", "_bias_value")
+QUANTIZER_TENSORS = ("_amax", "_pre_quant_scale", "_bias_value", "_svdquant_lora_a", "_svdquant_lora_b")
 _TAGS = ("__tuple__", "__dict__")
 
 
@@ -200,6 +200,21 @@ def _amax_shape_problem(shape: tuple, q, owner, local: str) -> str | None:
     return None
 
 
+def lowrank_shape_problem(key: str, shape: tuple, owner, local: str) -> str | None:
+    """Why an SVDQuant factor's shape does not fit its layer (``(rank, in)`` / ``(out, rank)``), or None."""
+    w = getattr(owner, "weight", None)
+    if local != "weight_quantizer" or not isinstance(w, torch.Tensor) or w.dim() != 2:
+        return "SVDQuant factors belong to the weight quantizer of a Linear"
+    if len(shape) != 2:
+        return f"must be 2-D, got shape {shape}"
+    a = key.endswith("_a")
+    dim, n = (1, w.shape[1]) if a else (0, w.shape[0])
+    if shape[dim] != n or not 1 <= shape[1 - dim] <= min(w.shape):
+        want = f"(rank, {w.shape[1]})" if a else f"({w.shape[0]}, rank)"
+        return f"has shape {shape}, the layer's weight {tuple(w.shape)} needs {want} with 1 <= rank <= {min(w.shape)}"
+    return None
+
+
 def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str) -> None:
     """dtype, shape, finiteness and sign of one quantizer tensor of the file."""
     if t.dtype != torch.float32:
@@ -213,6 +228,11 @@ def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str
         problem = bias_value_problem(q.bias, tuple(t.shape))
         if problem:
             raise bad(path, key, f"shape {tuple(t.shape)} does not fit: {problem}")
+        return
+    if key.endswith(("_svdquant_lora_a", "_svdquant_lora_b")):
+        problem = lowrank_shape_problem(key, tuple(t.shape), owner, local)
+        if problem:
+            raise bad(path, key, problem)
         return
     if key.endswith("_pre_quant_scale"):
         if t.dim() != 1:

@@ -62,7 +62,7 @@ _IGNORED = frozenset(
 _OURS = "_modelopt_lite"
 _OUR_KEYS = ("calib_method", "scale_amax", "num_steps", "amax", "calibrator")
 #: the tensors a quantizer may hold (``_amax`` a parameter too, with learn_amax)
-TENSOR_NAMES = ("_amax", "_pre_quant_scale", "_bias_value")
+TENSOR_NAMES = ("_amax", "_pre_quant_scale", "_bias_value", "_svdquant_lora_a", "_svdquant_lora_b")
 
 
 def _check_bool(state: Mapping, key: str, label: str, default: bool) -> bool:

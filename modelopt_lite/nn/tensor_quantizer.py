@@ -47,6 +47,7 @@ from ._calib_plumbing import compute_step_amaxes, make_calibrator
 from ._modelopt_state import ModeloptStateMixin
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
+from ._svdquant_lora import LowRankState
 
 
 def _bool(v, what: str, label: str) -> bool:
@@ -55,7 +56,9 @@ def _bool(v, what: str, label: str) -> bool:
     return v
 
 
-class TensorQuantizer(ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQuantScaleState, AmaxStateMixin):
+class TensorQuantizer(
+    ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQuantScaleState, LowRankState, AmaxStateMixin
+):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
 
     Args:

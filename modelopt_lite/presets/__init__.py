@@ -2,6 +2,7 @@
 
 - :mod:`.basic`: INT8 (max, histogram, ORT layouts, SmoothQuant), FP8, INT4 blocks, W4A8;
 - :mod:`.mx`: NVFP4, MXFP8, MXFP4, MXINT8; :mod:`.awq`: INT4 AWQ, W4A8 AWQ; :mod:`.attention`: attention BMMs;
+- :mod:`.svdquant`: NVFP4 / INT4 with SVDQuant's low-rank float branch;
 - :mod:`.kv`: KV-cache quantization (and :func:`with_kv_cache`, which adds it to any preset);
 - :mod:`.base`: the pieces every family builds from (:func:`~.base.preset`, the shared attribute dicts).
 
@@ -34,9 +35,10 @@ from .mx import (
     W4A8_NVFP4_FP8_CFG,
     W4A16_NVFP4_CFG,
 )
+from .svdquant import INT4_SVDQUANT_CFG, NVFP4_SVDQUANT_DEFAULT_CFG, SVDQUANT_PRESETS
 
 #: every preset by name
-PRESETS = {**BASIC_PRESETS, **MX_PRESETS, **ATTENTION_PRESETS, **KV_PRESETS, **AWQ_PRESETS}
+PRESETS = {**BASIC_PRESETS, **MX_PRESETS, **ATTENTION_PRESETS, **KV_PRESETS, **AWQ_PRESETS, **SVDQUANT_PRESETS}
 
 __all__ = [
     "CONVTRANSPOSE_WEIGHT_AXIS",
@@ -47,6 +49,7 @@ __all__ = [
     "FP8_KV_CFG",
     "INT4_AWQ_CFG",
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
+    "INT4_SVDQUANT_CFG",
     "INT8_ATTENTION_CFG",
     "INT8_DEFAULT_CFG",
     "INT8_HISTOGRAM_CFG",
@@ -62,6 +65,7 @@ __all__ = [
     "NVFP4_AWQ_LITE_CFG",
     "NVFP4_DEFAULT_CFG",
     "NVFP4_KV_CFG",
+    "NVFP4_SVDQUANT_DEFAULT_CFG",
     "PRESETS",
     "W4A8_AWQ_BETA_CFG",
     "W4A8_CFG",

@@ -94,6 +94,8 @@ def unfit_reason(module: nn.Module) -> str | None:
         )
     if w.block_sizes or w.dynamic or not w.fake_quant or w.pre_quant_scale is not None:
         return "weight_quantizer uses blocks, a dynamic amax, real quantization or a pre_quant_scale"
+    if getattr(w, "has_lowrank", False):
+        return "weight_quantizer has SVDQuant low-rank factors (a float branch)"
     axes = (w.axis,) if isinstance(w.axis, int) else w.axis
     if axes is not None and tuple(a % module.weight.dim() for a in axes) != (0,):
         return f"weight_quantizer axis={w.axis} (per tensor or per output channel, axis 0)"

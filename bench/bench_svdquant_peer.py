@@ -1,0 +1,131 @@
+"""SVDQuant on all-MiniLM-L6-v2, NVFP4 W4A4: modelopt_lite beside nvidia-modelopt 0.47, same data, same metric.
+
+    HF_HUB_OFFLINE=1 PYTHONPATH=$PWD /tmp/venv-peer/bin/python bench/bench_svdquant_peer.py [--calib N]
+
+Both sides quantize a copy of the encoder with their ``NVFP4_DEFAULT_CFG`` (max calibration: round-to-nearest
+weights) and their ``NVFP4_SVDQUANT_DEFAULT_CFG`` (awq_lite, then a rank-32 float branch per Linear, the residual
+quantized), calibrated on the demo's first N calibration sentences (default 256, batches of 32, as the demo), and
+are scored by the mean/min cosine to the FP32 embeddings of the demo's held-out retrieval set (48 query/passage
+pairs). Seconds are the wall time of ``quantize`` (calibration included) on this machine's CPU.
+
+ModelOpt's NVFP4 fake quantization is CUDA-only (its ``dynamic_block_quantize_op`` asserts a CUDA amax); on the CPU
+this script routes that op through ModelOpt's own NVFP4 arithmetic (``NVFP4QTensor.quantize``/``dequantize`` with the
+calibrated global scale ``amax / (6 * 448)``), so the peer's numbers are its algorithm with its NVFP4 math, and its
+seconds include that emulation (slower than a kernel would be). Prints a Markdown table.
+
+Measured 2026-11-26 (AMD EPYC, 2 logical CPUs shared with ~6 other jobs, load ~13: seconds are only indicative;
+the same scripts' logic, run as two processes at the same time, 256 sentences):
+
+| implementation | config | mean cosine | min cosine | seconds |
+|---|---|---|---|---|
+| modelopt_lite | NVFP4 W4A4 max (RTN) | 0.96656 | 0.9394 | 124 |
+| modelopt_lite | NVFP4 W4A4 svdquant r=32 | 0.98264 | 0.9758 | 1458 |
+| ModelOpt 0.47 (CPU stand-in) | NVFP4 W4A4 max (RTN) | 0.94058 | 0.8996 | 60 |
+| ModelOpt 0.47 (CPU stand-in) | NVFP4 W4A4 svdquant r=32 | 0.95751 | 0.9399 | 4722 |
+
+ModelOpt's own RTN row is lower than ours (0.9406 vs 0.9666) on the same data; why (which extra quantizers, or
+the stand-in's activation path) is not yet explained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import time
+import warnings
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _patch_peer_nvfp4() -> None:
+    """ModelOpt's NVFP4 dynamic block fake quant on the CPU, by its own NVFP4QTensor arithmetic."""
+    import modelopt.torch.quantization.tensor_quant as tq
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    def dbq(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits):
+        if (num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) != (4, 2, 8, 4):
+            raise NotImplementedError("this CPU stand-in covers NVFP4 (E2M1 elements, E4M3 scales) only")
+        s2 = amax.float().amax() / (6.0 * 448.0)
+        q, s, s2 = NVFP4QTensor.quantize(inputs.float(), block_size, weights_scaling_factor_2=s2)
+        y = q.dequantize(dtype=torch.float32, scale=s, double_scale=s2, block_sizes={-1: block_size})
+        return y.to(inputs.dtype)
+
+    tq.dynamic_block_quantize_op = dbq
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calib", type=int, default=256, help="calibration sentences (default 256, as the demo)")
+    ap.add_argument("--skip-peer", action="store_true", help="only modelopt_lite")
+    args = ap.parse_args()
+
+    import modelopt_lite as mtq
+    from modelopt_lite.demo import minilm
+    from modelopt_lite.demo.sentences import calibration_sentences, retrieval_pairs
+
+    tok, model = minilm.load_minilm()
+    kw = dict(padding=True, truncation=True, max_length=minilm.MAX_LENGTH, return_tensors="pt",
+              return_token_type_ids=False)  # fmt: skip
+    calib = calibration_sentences(args.calib)
+    batches = [dict(tok(calib[i : i + 32], **kw)) for i in range(0, len(calib), 32)]
+    pairs = retrieval_pairs()
+    enc = tok([q for q, _ in pairs] + [p for _, p in pairs], **kw)
+    feed = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    with torch.no_grad():
+        ref = model(**feed)
+
+    def loop(m):
+        with torch.no_grad():
+            for b in batches:
+                m(**b)
+
+    def run(quantize, cfg):
+        m = copy.deepcopy(model)
+        t0 = time.perf_counter()
+        m = quantize(m, copy.deepcopy(cfg), loop) or m
+        dt = time.perf_counter() - t0
+        with torch.no_grad():
+            cos = minilm._cos(m(**feed), ref)
+        return float(cos.mean()), float(cos.min()), dt
+
+    ours_svd = copy.deepcopy(mtq.NVFP4_SVDQUANT_DEFAULT_CFG)
+    ours_svd["algorithm"]["progress"] = False
+    rows = [
+        ("modelopt_lite", "NVFP4 W4A4 max (RTN)", run(mtq.quantize, mtq.NVFP4_DEFAULT_CFG)),
+        ("modelopt_lite", "NVFP4 W4A4 svdquant r=32", run(mtq.quantize, ours_svd)),
+    ]
+    if not args.skip_peer:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import modelopt.torch.quantization as peer
+
+            _patch_peer_nvfp4()
+            rows.append(("ModelOpt 0.47", "NVFP4 W4A4 max (RTN)", run(peer.quantize, peer.NVFP4_DEFAULT_CFG)))
+            rows.append(
+                ("ModelOpt 0.47", "NVFP4 W4A4 svdquant r=32", run(peer.quantize, peer.NVFP4_SVDQUANT_DEFAULT_CFG))
+            )
+    print(f"MiniLM (all-MiniLM-L6-v2), {len(calib)} calibration sentences, {len(pairs)} held-out pairs")
+    print(f"CPU: {_cpu_name()} ({os.cpu_count()} logical CPUs), torch {torch.__version__}")
+    print("| implementation | config | mean cosine | min cosine | seconds |")
+    print("|---|---|---|---|---|")
+    for who, what, (mean, low, dt) in rows:
+        print(f"| {who} | {what} | {mean:.5f} | {low:.4f} | {dt:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
