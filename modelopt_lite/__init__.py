@@ -41,6 +41,8 @@ _LAZY = {
     "opt": ("modelopt_lite.opt", None),
     "model_calib": ("modelopt_lite.model_calib", None),
     "plugins": ("modelopt_lite.plugins", None),
+    "optim": ("modelopt_lite.optim", None),
+    "utils": ("modelopt_lite.utils", None),
     "quantize": "modelopt_lite.conversion.model_quant",
     "calibrate": "modelopt_lite.conversion.model_quant",
     "calibrate_loop": "modelopt_lite.conversion.model_quant",
