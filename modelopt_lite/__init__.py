@@ -43,6 +43,7 @@ _LAZY = {
     "plugins": ("modelopt_lite.plugins", None),
     "optim": ("modelopt_lite.optim", None),
     "utils": ("modelopt_lite.utils", None),
+    "cuda_ext": ("modelopt_lite.cuda_ext", None),
     "quantize": "modelopt_lite.conversion.model_quant",
     "calibrate": "modelopt_lite.conversion.model_quant",
     "calibrate_loop": "modelopt_lite.conversion.model_quant",

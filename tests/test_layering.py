@@ -24,6 +24,7 @@ LAYERS = {
     "functional": 1,
     "tensor_quant": 1,
     "utils": 1,
+    "cuda_ext": 1,
     "calib": 2,
     "nn": 3,
     "quant_modules": 3,
