@@ -13,7 +13,7 @@ The bounds are parameters of the ``clip`` submodule (``clip.clip_value_min`` / `
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -50,21 +50,30 @@ class ClipStateMixin(nn.Module):
             a = float(np.max(np.asarray(amax, dtype=np.float32)))
         self.clip = Clip(-a, a, learn_min=True, learn_max=True)
 
+    def _clip_module(self) -> Clip | None:
+        m = self._modules.get("clip")
+        return m if isinstance(m, Clip) else None
+
+    @staticmethod
+    def _bounds(clip: Clip) -> tuple[torch.Tensor, torch.Tensor]:
+        return cast(torch.Tensor, clip.clip_value_min), cast(torch.Tensor, clip.clip_value_max)
+
     def _sync_clip(self, amax: torch.Tensor) -> None:
         """Set the clip bounds to ``[-max(amax), max(amax)]`` (``init_learn_amax``), creating ``clip`` if needed."""
-        clip = self._modules.get("clip")
+        clip = self._clip_module()
         if clip is None:
             self._make_clip(amax.detach())
-            clip = self._modules["clip"]
+            clip = cast(Clip, self._modules["clip"])
             clip.to(amax.device)
+        lo, hi = self._bounds(clip)
         a = amax.detach().float().max()
         with torch.no_grad():
-            clip.clip_value_min.copy_(-a)
-            clip.clip_value_max.copy_(a)
+            lo.copy_(-a)
+            hi.copy_(a)
 
     def enable_clip(self) -> None:
         """Clip inputs to the learned ``[clip_value_min, clip_value_max]`` before quantizing (needs learn_amax)."""
-        if self._modules.get("clip") is None:
+        if self._clip_module() is None:
             raise ValueError(f"{self._label()}: enable_clip() needs learn_amax=True (the clip bounds are learned)")
         self._if_clip = True
 
@@ -79,19 +88,20 @@ class ClipStateMixin(nn.Module):
         a calibrated PTQ model loaded for QAT) sets them to ``[-max(amax), max(amax)]`` (else keeps them), and a
         quantizer without ``clip`` ignores saved bounds. (``state_dict`` is torch's per-load copy.)"""
         keys = (prefix + "clip.clip_value_min", prefix + "clip.clip_value_max")
-        if self._modules.get("clip") is None:
+        clip = self._clip_module()
+        if clip is None:
             for k in keys:
                 state_dict.pop(k, None)
         elif not any(k in state_dict for k in keys):
+            lo, hi = self._bounds(clip)
             amax = state_dict.get(prefix + "_amax")
-            clip = self._modules["clip"]
             if isinstance(amax, torch.Tensor) and amax.numel() and amax.is_floating_point():
-                a = amax.detach().float().max().to(clip.clip_value_max.device)
+                a = amax.detach().float().max().to(hi.device)
                 state_dict[keys[0]], state_dict[keys[1]] = -a, a
             else:
-                state_dict[keys[0]] = clip.clip_value_min.detach().clone()
-                state_dict[keys[1]] = clip.clip_value_max.detach().clone()
+                state_dict[keys[0]], state_dict[keys[1]] = lo.detach().clone(), hi.detach().clone()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _apply_clip(self, x: torch.Tensor) -> torch.Tensor:
-        return self._modules["clip"](x) if self._if_clip else x
+        clip = self._clip_module()
+        return clip(x) if self._if_clip and clip is not None else x

@@ -138,8 +138,8 @@ class _QuantCell(_QuantRNNMixin, _CellTyping):
     input_quantizer = property(lambda self: self.cell_quantizers.ih.input_quantizer, doc="Quantizer of x.")
     weight_quantizer = property(lambda self: self.cell_quantizers.ih.weight_quantizer, doc="Quantizer of W_ih.")
     # pytorch-quantization's names: one switch for the x and h (W_ih and W_hh) quantizers (see QuantizerGroup)
-    _input_quantizer = property(lambda self: _group(self.cell_quantizers, "input_quantizer"))  # type: ignore[assignment]
-    _weight_quantizer = property(lambda self: _group(self.cell_quantizers, "weight_quantizer"))  # type: ignore[assignment]
+    _input_quantizer = property(lambda self: _group(self.cell_quantizers, "input_quantizer"))
+    _weight_quantizer = property(lambda self: _group(self.cell_quantizers, "weight_quantizer"))
 
     def forward(self, input, hx=None):
         self._check_fake_quant()
