@@ -44,6 +44,8 @@ _LAZY = {
     "model_calib": ("modelopt_lite.model_calib", None),
     "utils": ("modelopt_lite.utils", None),
     "plugins": ("modelopt_lite.plugins", None),
+    "optim": ("modelopt_lite.optim", None),
+    "cuda_ext": ("modelopt_lite.cuda_ext", None),
     "quantize": "modelopt_lite.conversion.model_quant",
     "calibrate": "modelopt_lite.conversion.model_quant",
     "calibrate_loop": "modelopt_lite.conversion.model_quant",

@@ -140,7 +140,10 @@ def _check_block_sizes(v):
 def _check_amax(v):
     if v is None:
         return None
-    arr = np.array(v, dtype=np.float32)
+    try:
+        arr = np.array(v, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise TypeError(f"amax must be float, list or ndarray, got {v!r}") from None
     if arr.size == 0:
         raise ValueError("amax must not be empty")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):

@@ -37,6 +37,11 @@ class IntRange(NamedTuple):
     qmax: int
 
 
+class UnsupportedFormatError(ValueError, TypeError):
+    """An ``(E, M)`` ``num_bits`` that is not a supported float format: a ValueError, and also the TypeError that
+    pytorch-quantization raises for it, so code catching either works."""
+
+
 def int_range(num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> IntRange:
     """Return ``(bound, qmin, qmax)`` for an integer format.
 
@@ -296,7 +301,9 @@ def element_format(num_bits, unsigned: bool = False, narrow_range: bool = False)
         key = tuple(num_bits)
         if key not in FLOAT_ELEMENTS:
             names = ", ".join(f"{k} ({f.name.upper()})" for k, f in FLOAT_ELEMENTS.items() if f.name != "e8m0")
-            raise ValueError(f"num_bits={key!r} is not a supported floating-point format; supported: {names}")
+            raise UnsupportedFormatError(
+                f"num_bits={key!r} is not a supported floating-point format; supported: {names}"
+            )
         return FLOAT_ELEMENTS[key]
     bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
     c = smallest_code_type(qmin, qmax, ONNX_WEIGHT_TYPES)

@@ -66,7 +66,7 @@ _lock = threading.RLock()
 _patched: dict[tuple[object, str], tuple[object, object]] = {}
 
 
-def _entries(float_module_list, custom_quant_modules):
+def _entries(float_module_list, custom_quant_modules) -> list[tuple[object, str, type]]:
     skip = set()
     for item in float_module_list or ():
         if isinstance(item, str):
@@ -130,6 +130,41 @@ def active() -> dict[str, type]:
     """What is patched now: ``{"ClassName": QuantClass}``."""
     with _lock:
         return {name: patched for (_, name), (_, patched) in _patched.items()}
+
+
+class QuantModuleReplacementHelper:
+    """pytorch-quantization's object form of :func:`initialize` / :func:`deactivate`.
+
+    ``prepare_state(float_module_list, custom_map)`` validates and records what to patch (same arguments as
+    :func:`initialize`; nothing is patched yet), ``apply_quant_modules()`` patches ``torch.nn`` (first restoring
+    whatever was patched before, as :func:`initialize` does) and ``restore_float_modules()`` restores the
+    originals. The patches live in this module's one table, so :func:`deactivate` and :func:`active` see them too.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[object, str, type]] | None = None
+
+    def prepare_state(self, float_module_list=None, custom_map=None) -> None:
+        """Record the classes to patch: the default map minus ``float_module_list``, plus ``custom_map``."""
+        with _lock:
+            self._entries = _entries(float_module_list, custom_map)
+
+    @property
+    def quant_map(self) -> dict[str, type]:
+        """``{"ClassName": QuantClass}`` that :meth:`apply_quant_modules` patches (empty before ``prepare_state``)."""
+        return {name: quant_cls for _, name, quant_cls in self._entries or ()}
+
+    def apply_quant_modules(self) -> None:
+        """Patch ``torch.nn`` as prepared; RuntimeError when :meth:`prepare_state` was not called."""
+        if self._entries is None:
+            raise RuntimeError("QuantModuleReplacementHelper: call prepare_state() before apply_quant_modules()")
+        with _lock:
+            _restore_all()
+            _apply(self._entries)
+
+    def restore_float_modules(self) -> None:
+        """Restore every patched class (a no-op when nothing is patched)."""
+        deactivate()
 
 
 @contextlib.contextmanager

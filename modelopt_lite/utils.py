@@ -37,6 +37,8 @@ def _dims(input: torch.Tensor, axis, what: str) -> list[int] | None:
     if axis is None:
         return None
     axes = [axis] if isinstance(axis, int) else list(axis)
+    if len(axes) > input.dim():  # (pytorch-quantization's message)
+        raise ValueError(f"{what}: Cannot reduce more axes than there are axes: axis={axis!r}, rank {input.dim()}")
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, int) or not -input.dim() <= a < max(input.dim(), 1):

@@ -324,13 +324,15 @@ def test_export_info_returns_copies():
 def test_learn_amax_gets_lsq_gradient():
     q = TensorQuantizer(QD(amax=1.0, learn_amax=True))
     assert isinstance(q._amax, torch.nn.Parameter)
-    assert [n for n, _ in q.named_parameters()] == ["_amax"]
+    # the amax, and pytorch-quantization's clip bounds (used only with if_clip / enable_clip(), see _clip_state.py)
+    assert [n for n, _ in q.named_parameters()] == ["_amax", "clip.clip_value_min", "clip.clip_value_max"]
     x = torch.tensor([0.3, -2.0, 0.5])
     q(x).sum().backward()
     v = x / (1.0 / 127)
     q_codes = torch.clamp(torch.round(v), -128, 127)
     expect = ((q_codes - v)[[0, 2]].sum() + (-128)) / 127
     assert torch.allclose(q._amax.grad, expect, rtol=0, atol=1e-6)
+    assert q.clip.clip_value_max.grad is None  # the clip stage is off
 
 
 def test_init_learn_amax_per_channel():

@@ -151,6 +151,25 @@ class HistogramCalibrator(Calibrator):
         w = widths(self._exp)
         return float(w[0]) if self._axis is None else w
 
+    # pytorch-quantization's public histogram attributes (its users and tests read them)
+    @property
+    def _calib_hist(self):
+        """The counts (int64): ``(num_bins,)`` per tensor, ``(channels, num_bins)`` per channel; a torch tensor, or
+        a NumPy array with ``torch_hist=False`` (as pytorch-quantization's); None before data. A copy."""
+        c = self.counts
+        return c if c is None or self._torch_hist else c.cpu().numpy()
+
+    @property
+    def _calib_bin_edges(self):
+        """The ``num_bins + 1`` bin edges (float32, from 0; per channel one row each) of :attr:`_calib_hist`, same
+        container rule. The grid's bin width is a power of two (the peers' last edge is the max seen instead)."""
+        if self._exp is None:
+            return None
+        steps = torch.arange(self._num_bins + 1, dtype=torch.float64, device=self._exp.device)
+        edges = (steps[None, :] * widths(self._exp).to(self._exp.device)[:, None]).float()
+        edges = edges[0] if self._axis is None else edges
+        return edges if self._torch_hist else edges.cpu().numpy()
+
     def reset(self):
         """Forget the histogram, the shapes and ``num_nonfinite``."""
         super().reset()

@@ -83,6 +83,11 @@ def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
         raise ValueError(f"{what} must be finite and >= 0, got {first_bad(amax, bad)!r}")
 
 
+class NegativeUnsignedInputError(ValueError, TypeError):
+    """A negative input to an unsigned quantizer: a ValueError (bad input), and also the TypeError that
+    pytorch-quantization and ModelOpt raise there ("Negative values encountered"), so code catching either works."""
+
+
 def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
     if _compiling() or x.numel() == 0:
         return
@@ -93,7 +98,10 @@ def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
                 f"unsigned quantization of {what}: the input contains NaN (minimum {m!r}), which cannot be checked "
                 "for negative values; clean the input"
             )
-        raise ValueError(f"unsigned quantization of {what} with negative values (minimum {m!r}); use signed")
+        raise NegativeUnsignedInputError(
+            f"Negative values encountered: unsigned quantization of {what} with negative values (minimum {m!r}); "
+            "use signed"
+        )
 
 
 def check_axes(axis, ndim: int, what: str = "axis") -> tuple[int, ...]:

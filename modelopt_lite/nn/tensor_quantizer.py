@@ -44,6 +44,7 @@ from . import _quantizer_config as cfg
 from ._affine_bias import AffineBiasState
 from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
+from ._clip_state import ClipStateMixin
 from ._modelopt_state import ModeloptStateMixin
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
@@ -57,7 +58,13 @@ def _bool(v, what: str, label: str) -> bool:
 
 
 class TensorQuantizer(
-    ModeloptStateMixin, QuantizerExport, AffineBiasState, PreQuantScaleState, LowRankState, AmaxStateMixin
+    ModeloptStateMixin,
+    QuantizerExport,
+    AffineBiasState,
+    PreQuantScaleState,
+    LowRankState,
+    ClipStateMixin,
+    AmaxStateMixin,
 ):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
 
@@ -70,6 +77,8 @@ class TensorQuantizer(
         name: a label used in error messages (``quantize()`` sets it to the module path); defaults to the
             descriptor's ``name``.
         num_steps: temporal steps, each with its own amax and calibrator (default 1).
+        if_clip: run the learned clip stage in ``forward`` (pytorch-quantization's PACT clip; needs ``learn_amax``,
+            see :mod:`._clip_state`). With ``if_quant=False`` the quantizer only clips.
 
     The amax lives in the ``_amax`` buffer (an ``nn.Parameter`` with ``learn_amax``): shape ``()`` per tensor, the
     input's rank with size 1 on reduced dims per channel, "blocks per axis" for static blocks, with a leading
@@ -90,6 +99,7 @@ class TensorQuantizer(
         amax=None,
         name=None,
         num_steps=1,
+        if_clip=False,
     ):
         super().__init__()
         if name is not None and not isinstance(name, str):
@@ -110,6 +120,7 @@ class TensorQuantizer(
         fixed = amax if amax is not None else self._desc.amax
         if fixed is not None:
             self.amax = fixed
+        self._init_clip(if_clip, fixed)
 
     # --- identity and descriptor ----------------------------------------------------------------------------------
     def _label(self) -> str:
@@ -321,6 +332,7 @@ class TensorQuantizer(
         if not isinstance(self._amax, torch.nn.Parameter):
             self._store_amax(self._amax)
         assert isinstance(self._amax, torch.nn.Parameter)  # _store_amax registers a Parameter with learn_amax
+        self._sync_clip(self._amax)
         return self._amax
 
     # --- forward ----------------------------------------------------------------------------------------------------
@@ -384,6 +396,7 @@ class TensorQuantizer(
         self._last_rank = x.dim()
         if self._if_calib and not self.dynamic:
             self._collect(x)
+        x = self._apply_clip(x)  # pytorch-quantization's clip stage, off unless if_clip / enable_clip()
         if not self._if_quant or x.numel() == 0:
             return x
         if self._peer["pass_through_bwd"] and x.requires_grad and torch.is_grad_enabled():
@@ -429,6 +442,12 @@ class TensorQuantizer(
             if str(e).startswith(self._label()):
                 raise
             raise type(e)(f"{self._label()}: {e}") from e
+
+    # pytorch-quantization's private names, read by its users' code and tests
+    _get_amax = _amax_for
+    _axis = property(lambda self: self._desc.axis, doc="Alias of ``axis`` (pytorch-quantization's attribute).")
+    _num_bits = property(lambda self: self._desc.num_bits, doc="Alias of ``num_bits``.")
+    _unsigned = property(lambda self: self._desc.unsigned, doc="Alias of ``unsigned``.")
 
     def extra_repr(self) -> str:
         return cfg.describe(self) + self._bias_text()

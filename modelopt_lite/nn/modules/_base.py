@@ -15,6 +15,7 @@ the module is built and on every forward (:meth:`QuantModuleMixin._check_fake_qu
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -68,6 +69,20 @@ def check_fake_descriptor(desc: ScaledQuantDescriptor, owner: str, what: str) ->
             "for real INT8 modules"
         )
     return desc
+
+
+def reject_unused_keys(cls: type, kwargs: dict) -> None:
+    """TypeError naming the keyword arguments that neither the quantized module nor its float class takes.
+
+    pytorch-quantization's message ("Unused keys: ...") is kept inside ours, as its users match on it."""
+    float_cls = getattr(cls, "_float_cls", None)
+    accepted = set(inspect.signature(float_cls.__init__).parameters) - {"self"} if float_cls else set()
+    unused = sorted(k for k in kwargs if k not in accepted)
+    if unused:
+        raise TypeError(
+            f"{cls.__name__}: Unused keys: {unused} (not arguments of {cls.__name__}: it takes the arguments of "
+            f"{getattr(float_cls, '__name__', 'its float class')} plus quant_desc_input= / quant_desc_weight=)"
+        )
 
 
 def _quantizers(module: nn.Module):

@@ -12,7 +12,7 @@ from ...descriptor import (
     QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL,
 )
 from . import _integer_requant
-from ._base import QuantModuleMixin
+from ._base import QuantModuleMixin, reject_unused_keys
 from ._integer_requant import IntegerRequantLayer
 from ._registry import QuantModuleRegistry
 
@@ -38,6 +38,7 @@ class _QuantConvNd(IntegerRequantLayer, QuantModuleMixin, _ConvTyping):
         _conv_forward: Callable[..., torch.Tensor]
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
+        reject_unused_keys(type(self), kwargs)
         super().__init__(*args, **kwargs)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 

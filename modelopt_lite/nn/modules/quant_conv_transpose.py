@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...descriptor import QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
-from ._base import QuantModuleMixin
+from ._base import QuantModuleMixin, reject_unused_keys
 from ._registry import QuantModuleRegistry
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class _QuantConvTransposeNd(QuantModuleMixin, _ConvTransposeTyping):
     _spatial: int
 
     def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
+        reject_unused_keys(type(self), kwargs)
         super().__init__(*args, **kwargs)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 

@@ -9,7 +9,7 @@ from torch import nn
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 from .._svdquant_lora import lowrank_output
 from . import _integer_requant
-from ._base import QuantModuleMixin
+from ._base import QuantModuleMixin, reject_unused_keys
 from ._integer_requant import IntegerRequantLayer
 from ._registry import QuantModuleRegistry
 
@@ -38,7 +38,9 @@ class QuantLinear(IntegerRequantLayer, QuantModuleMixin, nn.Linear):
         *,
         quant_desc_input=None,
         quant_desc_weight=None,
+        **kwargs,
     ):
+        reject_unused_keys(type(self), kwargs)
         super().__init__(in_features, out_features, bias, device, dtype)
         self._init_quantizers(quant_desc_input, quant_desc_weight)
 

@@ -47,6 +47,7 @@ else:
 __all__ = [
     "CellQuantizers",
     "GemmQuantizers",
+    "QuantizerGroup",
     "QuantGRU",
     "QuantGRUCell",
     "QuantLSTM",
@@ -54,6 +55,57 @@ __all__ = [
     "QuantRNN",
     "QuantRNNCell",
 ]
+
+
+class QuantizerGroup:
+    """Several quantizers switched as one: pytorch-quantization's view of an RNN cell's quantizers.
+
+    pytorch-quantization gives a cell one input quantizer (for ``x`` and ``h``) and one weight quantizer (for
+    ``W_ih`` and ``W_hh``); here each matmul has its own (see the module docstring). The peer's private names
+    ``_input_quantizer`` / ``_weight_quantizer`` of a cell (and the per layer and direction lists
+    ``_input_quantizers`` / ``_weight_quantizers`` of a QuantLSTM/GRU/RNN) are groups, so its code that switches
+    them (``disable()``, ``enable_calib()``, ``load_calib_amax()``, ...) reaches every matmul. Other attributes read
+    the first quantizer (the ``ih`` one). The ranges stay separate: this is a switch, not a shared amax.
+    """
+
+    _SWITCHES = (
+        "enable",
+        "disable",
+        "enable_quant",
+        "disable_quant",
+        "enable_calib",
+        "disable_calib",
+        "load_calib_amax",
+        "reset_amax",
+        "init_learn_amax",
+    )
+
+    def __init__(self, quantizers) -> None:
+        self.quantizers: tuple[TensorQuantizer, ...] = tuple(quantizers)
+
+    def __iter__(self):
+        return iter(self.quantizers)
+
+    def __len__(self) -> int:
+        return len(self.quantizers)
+
+    def __getattr__(self, name: str):
+        if name in QuantizerGroup._SWITCHES:
+
+            def switch(*args, **kwargs) -> None:
+                for q in self.quantizers:
+                    getattr(q, name)(*args, **kwargs)
+
+            return switch
+        return getattr(self.quantizers[0], name)
+
+    def __repr__(self) -> str:
+        return f"QuantizerGroup({len(self.quantizers)} quantizers: {', '.join(q.name or '?' for q in self.quantizers)})"
+
+
+def _group(cells: CellQuantizers, kind: str) -> QuantizerGroup:
+    gemms = [cells.ih, cells.hh, *([cells.hr] if hasattr(cells, "hr") else [])]
+    return QuantizerGroup(getattr(g, kind) for g in gemms)
 
 
 class _QuantRNNMixin(QuantModuleMixin):
@@ -85,6 +137,9 @@ class _QuantCell(_QuantRNNMixin, _CellTyping):
 
     input_quantizer = property(lambda self: self.cell_quantizers.ih.input_quantizer, doc="Quantizer of x.")
     weight_quantizer = property(lambda self: self.cell_quantizers.ih.weight_quantizer, doc="Quantizer of W_ih.")
+    # pytorch-quantization's names: one switch for the x and h (W_ih and W_hh) quantizers (see QuantizerGroup)
+    _input_quantizer = property(lambda self: _group(self.cell_quantizers, "input_quantizer"))
+    _weight_quantizer = property(lambda self: _group(self.cell_quantizers, "weight_quantizer"))
 
     def forward(self, input, hx=None):
         self._check_fake_quant()
@@ -175,6 +230,9 @@ class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
     weight_quantizer = property(
         lambda self: self.gate_quantizers["l0"].ih.weight_quantizer, doc="Quantizer of weight_ih_l0."
     )
+    # pytorch-quantization's per layer and direction lists (l0, l0_reverse, l1, ...), each a QuantizerGroup
+    _input_quantizers = property(lambda self: [_group(c, "input_quantizer") for c in self.gate_quantizers.values()])
+    _weight_quantizers = property(lambda self: [_group(c, "weight_quantizer") for c in self.gate_quantizers.values()])
 
     def _initial_state(self, x: torch.Tensor, hx, batched: bool) -> tuple[torch.Tensor, ...]:
         n_state = self.num_layers * len(self._suffixes())
