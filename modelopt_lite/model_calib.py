@@ -6,7 +6,8 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
 - ``max_calibrate(model, forward_loop=None, distributed_sync=True)``: every quantizer's own calibrator (ModelOpt's
   max calibration); without a loop, the weights alone;
 - ``smoothquant(model, forward_loop, alpha=1.0)``, ``awq(model, forward_loop, algorithm="awq_lite", **kwargs)``,
-  ``awq_lite`` / ``awq_clip`` (``awq_full`` is both), ``gptq(model, forward_loop, perc_damp=0.01, block_size=128)``:
+  ``awq_lite`` / ``awq_clip`` (``awq_full`` is both), ``gptq(model, forward_loop, perc_damp=0.01, block_size=128)``,
+  ``svdquant(model, forward_loop, lowrank=32)``:
   the registered algorithms, each followed by the max calibration as in ``quantize``; if one raises, the weights and
   quantizers are put back exactly;
 - ``enable_stats_collection(model)`` / ``finish_stats_collection(model, method=None, **kwargs)``: the two halves
@@ -49,6 +50,7 @@ __all__ = [
     "gptq",
     "max_calibrate",
     "smoothquant",
+    "svdquant",
     "weight_only_quantize",
 ]
 
@@ -111,6 +113,12 @@ def awq_clip(model: nn.Module, forward_loop: ForwardLoop, **kwargs) -> nn.Module
 def gptq(model: nn.Module, forward_loop: ForwardLoop, perc_damp: float = 0.01, block_size: int = 128, **kwargs):
     """GPTQ weight refitting (ModelOpt's defaults), then max calibration."""
     return _algorithm(model, "gptq", forward_loop, {"perc_damp": perc_damp, "block_size": block_size, **kwargs})
+
+
+def svdquant(model: nn.Module, forward_loop: ForwardLoop, lowrank: int = 32, **kwargs) -> nn.Module:
+    """ModelOpt's ``svdquant``: awq_lite, then a rank-``lowrank`` float branch per Linear and the residual quantized
+    (see :mod:`modelopt_lite.algorithms.svdquant`)."""
+    return _algorithm(model, "svdquant", forward_loop, {"lowrank": lowrank, **kwargs})
 
 
 def enable_stats_collection(model: nn.Module) -> None:

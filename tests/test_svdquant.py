@@ -268,3 +268,20 @@ def test_direct_call_on_a_configured_model():
     q = mtq.quantize(copy.deepcopy(outlier_mlp()), cfg(None, inp=A8))
     assert svdquant(q, loop_of(batches), lowrank=3, progress=False) == {"fc1": 3, "fc2": 3}
     assert q.fc1.weight_quantizer.svdquant_lora_b.shape == (48, 3) and q.fc1.input_quantizer.amax is not None
+
+
+def test_model_calib_entry_point_equals_the_config_route():
+    batches = data()
+    by_cfg = mtq.quantize(copy.deepcopy(outlier_mlp()), cfg(ALG, inp=A8), loop_of(batches))
+    q = mtq.quantize(copy.deepcopy(outlier_mlp()), cfg(None, inp=A8))
+    out = mtq.model_calib.svdquant(q, loop_of(batches), lowrank=4, progress=False)
+    assert out is q
+    for name in ("fc1", "fc2"):
+        a, b = getattr(by_cfg, name), getattr(q, name)
+        assert torch.equal(a.weight, b.weight), name
+        assert torch.equal(a.weight_quantizer.svdquant_lora_a, b.weight_quantizer.svdquant_lora_a), name
+        assert torch.equal(a.weight_quantizer.amax, b.weight_quantizer.amax), name
+    x = batches[0]
+    assert torch.equal(by_cfg(x), q(x))
+    with pytest.raises(ValueError, match="lowrank"):
+        mtq.model_calib.svdquant(q, loop_of(batches), lowrank=0)
