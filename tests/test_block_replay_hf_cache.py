@@ -79,7 +79,13 @@ def _logits(model):
         return torch.cat([model(b, use_cache=False).logits for b in BATCHES])
 
 
-@pytest.mark.parametrize(("attn", "name"), [("eager", n) for n in CONFIGS] + [("sdpa", "int4_awq"), ("sdpa", "gptq")])
+FAST = {("eager", "int4_awq"), ("eager", "gptq")}
+CASES = [("eager", n) for n in CONFIGS] + [("sdpa", "int4_awq"), ("sdpa", "gptq")]
+
+
+@pytest.mark.parametrize(
+    ("attn", "name"), [c if c in FAST else pytest.param(*c, marks=pytest.mark.slow) for c in CASES]
+)
 def test_cache_during_calibration_changes_nothing(attn, name):
     kept: list = []
     with_cache = _quantized(attn, True, name, kept)
@@ -94,6 +100,7 @@ def test_cache_during_calibration_changes_nothing(attn, name):
     assert all(c.get_seq_length() == SEQ for c in kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["int4_awq", "gptq"])
 def test_eager_matches_sdpa(name):
     eager, sdpa = _quantized("eager", True, name), _quantized("sdpa", True, name)
