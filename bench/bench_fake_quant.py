@@ -151,7 +151,7 @@ def cases(x: torch.Tensor, include_compile: bool):
         (
             "modelopt_lite per-tensor uint8 (x >= 0)",
             lambda: tq.fake_tensor_quant(x_pos, amax, 8, True),
-            "+ min check pass",
+            "min check in the same pass",
         ),
         ("modelopt_lite per-channel axis 0", lambda: tq.fake_tensor_quant(x, amax_c0, 8), f"{c0} channels"),
         ("modelopt_lite per-channel last axis", lambda: tq.fake_tensor_quant(x, amax_last, 8), f"{x.shape[-1]} ch."),

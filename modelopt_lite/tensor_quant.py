@@ -57,13 +57,17 @@ SCALED_FLOAT_OPS = {
 }
 
 
-def _int_scale(inputs, amax, num_bits, unsigned, narrow_range):
+def _int_scale(inputs, amax, num_bits, unsigned, narrow_range, fusable=True):
+    """``(scale, qmin, qmax, fused)``: ``fused`` when the unsigned input check is left to the kernel's own pass
+    (``fusable`` and :func:`.functional.library.fuses_unsigned_check`: the caller runs a ``*_uint`` op), else it
+    ran here."""
     check_input(inputs)
     amax = as_amax(amax, inputs)
     bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
-    if unsigned:
+    fused = bool(unsigned) and fusable and library.fuses_unsigned_check(inputs)
+    if unsigned and not fused:
         check_unsigned_input(inputs)
-    return scale_from_amax(amax, bound), qmin, qmax
+    return scale_from_amax(amax, bound), qmin, qmax, fused
 
 
 # --- float64 inputs: computed in float32 (the exact grid every backend and ONNX Runtime share) ---------------------
@@ -177,8 +181,8 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
     if fmt is not None:
         y = fake_float_quant(x, amax, fmt)
     else:
-        scale, qmin, qmax = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
-        y = library.fake_quant_int(x, scale, qmin, qmax)
+        scale, qmin, qmax, fused = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
+        y = (library.fake_quant_uint if fused else library.fake_quant_int)(x, scale, qmin, qmax)
     if b is not None:
         y = y + b
     return _back(y, out_dtype or back)
@@ -221,8 +225,8 @@ def tensor_quant(
         check_input(x)
         scale = scale_from_amax(as_amax(amax, x), fmt.bound)
         return float_codes(fmt, x, scale), positive_scale(scale)
-    scale, qmin, qmax = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
-    q = library.quantize_int(x, scale, qmin, qmax)
+    scale, qmin, qmax, fused = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
+    q = (library.quantize_uint if fused else library.quantize_int)(x, scale, qmin, qmax)
     if want is None:
         return _back(q, back), positive_scale(scale)
     return _cast_codes(q, want, qmin, qmax), positive_scale(scale)
@@ -443,7 +447,7 @@ class LegacyFakeTensorQuantFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        scale, qmin, qmax = _int_scale(inputs, amax, num_bits, unsigned, narrow_range)
+        scale, qmin, qmax, _ = _int_scale(inputs, amax, num_bits, unsigned, narrow_range, fusable=False)
         ctx.save_for_backward(inputs, scale)
         ctx.qrange = (qmin, qmax)
         return reference.fake_quant_int(inputs, scale, qmin, qmax)

@@ -13,6 +13,7 @@ for every block. Shared by GPTQ (:mod:`.gptq`) and AWQ (:mod:`.awq_plan`).
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -47,14 +48,49 @@ class BlockCache:
     modes: list = field(default_factory=list)  #: (module, training) of the block's modules during the pass
 
 
+#: argument values kept by reference when recorded: immutable, or never changed by a call
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, nn.Module)
+
+
+def _stateful(v) -> bool:
+    """Whether ``v`` is an object a call may change in place (anything but a tensor, a container or a plain value),
+    e.g. a Hugging Face ``Cache``, which each attention call extends with its keys and values."""
+    return not isinstance(v, (torch.Tensor, tuple, list, dict, *_PLAIN)) and not callable(v)
+
+
+def _snapshot(v):
+    """A copy of ``v`` as it is now (``v`` itself when it cannot be copied)."""
+    try:
+        return copy.deepcopy(v)
+    except Exception:  # an object that refuses copying is passed as it is, as before
+        return v
+
+
 def copied(v):
+    """A recorded argument: tensors detached copies, containers rebuilt, stateful objects (a key/value cache) copied
+    as they are at recording time (the block changes them in place, and so would every later call)."""
     if isinstance(v, torch.Tensor):
         return v.detach().clone()
     if isinstance(v, tuple):
         return tuple(copied(x) for x in v)
+    if isinstance(v, list):
+        return [copied(x) for x in v]
     if isinstance(v, dict):
         return {k: copied(x) for k, x in v.items()}
-    return v
+    return _snapshot(v) if _stateful(v) else v
+
+
+def fresh(v):
+    """The arguments of one replayed call: the recorded stateful objects copied again, so that every replay starts
+    from the state recorded (a cache a previous replay extended would give the attention keys of two calls, or keys
+    from stale weights); tensors and plain values passed as recorded."""
+    if isinstance(v, tuple):
+        return tuple(fresh(x) for x in v)
+    if isinstance(v, list):
+        return [fresh(x) for x in v]
+    if isinstance(v, dict):
+        return {k: fresh(x) for k, x in v.items()}
+    return _snapshot(v) if _stateful(v) else v
 
 
 def replay(cache: BlockCache) -> None:
@@ -67,7 +103,7 @@ def replay(cache: BlockCache) -> None:
         for calls in cache.calls:
             for args, kwargs in calls:
                 try:
-                    cache.block(*args, **kwargs)
+                    cache.block(*fresh(args), **fresh(kwargs))
                 except Stop:
                     break
     finally:
@@ -212,7 +248,7 @@ def run_element(block: nn.Module, calls: list, modes: list, *, outputs: bool = T
         for per_forward in calls:
             row = []
             for args, kwargs in per_forward:
-                out = block(*args, **kwargs)
+                out = block(*fresh(args), **fresh(kwargs))
                 if outputs:
                     first = out[0] if isinstance(out, (tuple, list)) else out
                     row.append(((first, *args[1:]), kwargs))

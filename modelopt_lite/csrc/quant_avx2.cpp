@@ -49,10 +49,20 @@ MOL_TGT inline __m256 lanes(const float* p, int64_t i, __m256 bcast) {
   }
 }
 
-template <bool VS, bool CODES>
-MOL_TGT void int_fwd_t(const float* x, const float* s, float qmin, float qmax, float* out, int64_t n) {
+// Horizontal min of 8 lanes (no NaN in them: the callers track NaN apart).
+MOL_TGT inline float hmin(__m256 v) {
+  __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_min_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+// MIN: also fold min(x) into *xmin (vminps with x first drops a NaN lane, so NaN lanes are or-ed into a mask).
+template <bool VS, bool CODES, bool MIN>
+MOL_TGT void int_fwd_t(const float* x, const float* s, float qmin, float qmax, float* out, int64_t n, float* xmin) {
   const __m256 lo = _mm256_set1_ps(qmin), hi = _mm256_set1_ps(qmax), one = _mm256_set1_ps(1.0f);
   const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
+  __m256 mn = _mm256_set1_ps(__builtin_inff()), nan = zero;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 ss = sb, dead = zero;  // a broadcast scale is never 0 here (dead rows return early)
@@ -61,21 +71,62 @@ MOL_TGT void int_fwd_t(const float* x, const float* s, float qmin, float qmax, f
       dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
       ss = _mm256_blendv_ps(sv, one, dead);
     }
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    if constexpr (MIN) {
+      mn = _mm256_min_ps(xv, mn);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
+    }
     // + 0.0 turns a -0.0 code into +0.0 (int_code_elem)
-    const __m256 q = _mm256_add_ps(clampv(rintv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss)), lo, hi), zero);
+    const __m256 q = _mm256_add_ps(clampv(rintv(_mm256_div_ps(xv, ss)), lo, hi), zero);
     const __m256 r = CODES ? q : _mm256_mul_ps(q, ss);
     _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
   }
-  scalar::int_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES);
+  if constexpr (MIN) {
+    const float m = _mm256_movemask_ps(nan) != 0 ? __builtin_nanf("") : hmin(mn);
+    *xmin = scalar::fold_min(*xmin, m);
+    scalar::int_fwd_min(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES, xmin);
+  } else {
+    scalar::int_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES);
+  }
+}
+
+// min(x) folded into *xmin, NaN-aware (a dead slice still reads x for the check).
+MOL_TGT void min_into(const float* x, int64_t n, float* xmin) {
+  __m256 mn = _mm256_set1_ps(__builtin_inff()), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    mn = _mm256_min_ps(xv, mn);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
+  }
+  float m = scalar::fold_min(*xmin, _mm256_movemask_ps(nan) != 0 ? __builtin_nanf("") : hmin(mn));
+  for (; i < n; ++i) m = scalar::fold_min(m, x[i]);
+  *xmin = m;
+}
+
+template <bool MIN>
+void int_fwd_c(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
+               float* xmin) {
+  if (sinc == 0 && s[0] == 0.0f) {  // a dead slice: exact zeros
+    if constexpr (MIN) min_into(x, n, xmin);
+    return fill_zero(out, n);
+  }
+  if (sinc) {
+    codes ? int_fwd_t<true, true, MIN>(x, s, qmin, qmax, out, n, xmin)
+          : int_fwd_t<true, false, MIN>(x, s, qmin, qmax, out, n, xmin);
+  } else {
+    codes ? int_fwd_t<false, true, MIN>(x, s, qmin, qmax, out, n, xmin)
+          : int_fwd_t<false, false, MIN>(x, s, qmin, qmax, out, n, xmin);
+  }
 }
 
 void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes) {
-  if (sinc == 0 && s[0] == 0.0f) return fill_zero(out, n);  // a dead slice: exact zeros
-  if (sinc) {
-    codes ? int_fwd_t<true, true>(x, s, qmin, qmax, out, n) : int_fwd_t<true, false>(x, s, qmin, qmax, out, n);
-  } else {
-    codes ? int_fwd_t<false, true>(x, s, qmin, qmax, out, n) : int_fwd_t<false, false>(x, s, qmin, qmax, out, n);
-  }
+  int_fwd_c<false>(x, s, sinc, qmin, qmax, out, n, codes, nullptr);
+}
+
+void int_fwd_min(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
+                 float* xmin) {
+  int_fwd_c<true>(x, s, sinc, qmin, qmax, out, n, codes, xmin);
 }
 
 template <bool VS>
@@ -280,7 +331,7 @@ MOL_TGT void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  static const Kernels k{"avx2",   int_fwd,    e4m3_fwd,   affine_fwd,  int_bwd,    e4m3_bwd,
+  static const Kernels k{"avx2",   int_fwd,    int_fwd_min, e4m3_fwd,   affine_fwd,  int_bwd,    e4m3_bwd,
                          affine_bwd, absmax,     f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16};
   return ok ? &k : nullptr;
 }

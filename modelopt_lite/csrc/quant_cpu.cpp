@@ -12,15 +12,18 @@
 // axes) becomes the same rows with a general index walk. Rows go through the float32 kernels of quant_kernels.h
 // in chunks: float32 contiguous data is used in place; other dtypes or strides are staged through small buffers.
 #include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <torch/csrc/utils/pybind.h>  // lighter than torch/extension.h: faster JIT build
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "mx_kernels.h"
 #include "output_pool.h"
@@ -202,6 +205,42 @@ at::Tensor fake_quant_int(const at::Tensor& x, const at::Tensor& scale, int64_t 
   return int_forward(x, scale, qmin, qmax, false);
 }
 
+// int_forward plus min(x) from the same pass (NaN when x holds a NaN; +Inf for an empty x): the unsigned ops
+// refuse a negative or NaN input from it without a second read of x. One slot per worker thread, folded after.
+std::tuple<at::Tensor, double> int_forward_min(const at::Tensor& x, const at::Tensor& scale, int64_t qmin,
+                                               int64_t qmax, bool codes) {
+  check_data(x, "x");
+  const at::Tensor s = as_f32(scale, "scale");
+  at::Tensor y = empty_out(at::infer_size_dimvector(x.sizes(), s.sizes()),
+                           x.options().dtype(codes ? at::kFloat : x.scalar_type()));
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (y.numel() == 0) return {y, static_cast<double>(kInf)};
+  struct alignas(64) Slot {
+    float m = std::numeric_limits<float>::infinity();
+  };
+  std::vector<Slot> slots(static_cast<size_t>(std::max(1, at::get_num_threads())));
+  auto iter = make_iter({y}, {x, s});
+  const float lo = qf(qmin), hi = qf(qmax);
+  drive<3>(iter, {kOut, kIn, kBcast}, [&](const Kernels& K, const auto& in, const auto& inc, const auto& out, int64_t n) {
+    const size_t t = static_cast<size_t>(at::get_thread_num());
+    TORCH_INTERNAL_ASSERT(t < slots.size(), "modelopt_lite: thread ", t, " outside ", slots.size(), " slots");
+    K.int_fwd_min(in[1], in[2], inc[2], lo, hi, out[0], n, codes, &slots[t].m);
+  });
+  float m = kInf;
+  for (const Slot& sl : slots) m = mol::scalar::fold_min(m, sl.m);
+  return {y, static_cast<double>(m)};
+}
+
+std::tuple<at::Tensor, double> fake_quant_int_min(const at::Tensor& x, const at::Tensor& scale, int64_t qmin,
+                                                  int64_t qmax) {
+  return int_forward_min(x, scale, qmin, qmax, false);
+}
+
+std::tuple<at::Tensor, double> quantize_int_min(const at::Tensor& x, const at::Tensor& scale, int64_t qmin,
+                                                int64_t qmax) {
+  return int_forward_min(x, scale, qmin, qmax, true);
+}
+
 at::Tensor quantize_int(const at::Tensor& x, const at::Tensor& scale, int64_t qmin, int64_t qmax) {
   return int_forward(x, scale, qmin, qmax, true);
 }
@@ -380,6 +419,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using rel = py::call_guard<py::gil_scoped_release>;
   m.def("fake_quant_int", &fake_quant_int, "clamp(rint(x / s), qmin, qmax) * s in x's dtype", py::arg("x"),
         py::arg("scale"), py::arg("qmin"), py::arg("qmax"), rel());
+  m.def("fake_quant_int_min", &fake_quant_int_min,
+        "(fake_quant_int, min(x)) from one pass; the min is NaN when x holds a NaN (+inf when x is empty)",
+        py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
+  m.def("quantize_int_min", &quantize_int_min,
+        "(quantize_int, min(x)) from one pass; the min is NaN when x holds a NaN (+inf when x is empty)",
+        py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
   m.def("quantize_int", &quantize_int, "clamp(rint(x / s), qmin, qmax) as float32 codes", py::arg("x"),
         py::arg("scale"), py::arg("qmin"), py::arg("qmax"), rel());
   m.def("int_backward", &int_backward, "STE grad_x and per-element LSQ scale gradient (or None)", py::arg("grad"),

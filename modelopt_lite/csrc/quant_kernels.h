@@ -18,6 +18,10 @@ struct Kernels {
   // q = clamp(rint(x / s), qmin, qmax); out = codes ? q : q * s.
   void (*int_fwd)(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n,
                   bool codes);
+  // int_fwd, and in the same pass folds min(x) into *xmin: NaN once any x is NaN (and then it stays NaN).
+  // Start *xmin at +Inf. Read by the unsigned ops to refuse a negative or NaN input without a second pass.
+  void (*int_fwd_min)(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n,
+                      bool codes, float* xmin);
   // out = e4m3(clamp(x / s, -448, 448)) * s.
   void (*e4m3_fwd)(const float* x, const float* s, int sinc, float* out, int64_t n);
   // q = clamp(rint(x / s) + zp, qmin, qmax); out = codes ? q : (q - zp) * s.
@@ -49,6 +53,9 @@ const Kernels* avx2_kernels();
 // Scalar helpers the AVX2 kernels use for their last n % 8 elements.
 namespace scalar {
 void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes);
+void int_fwd_min(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
+                 float* xmin);
+float fold_min(float m, float v);
 void e4m3_fwd(const float* x, const float* s, int sinc, float* out, int64_t n);
 void affine_fwd(const float* x, const float* s, int sinc, const float* zp, int zinc, float qmin, float qmax,
                 float* out, int64_t n, bool codes);

@@ -20,6 +20,26 @@ void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, f
   }
 }
 
+// min(m, v) that keeps the first NaN it meets (a NaN m stays; a NaN v replaces m).
+float fold_min(float m, float v) { return (m != m) ? m : ((v < m || v != v) ? v : m); }
+
+void int_fwd_min(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
+                 float* xmin) {
+  float m = *xmin;
+  for (int64_t i = 0; i < n; ++i) {
+    const float xv = x[i];
+    m = fold_min(m, xv);
+    const float sv = s[i * sinc];
+    if (sv == 0.0f) {
+      out[i] = 0.0f;
+      continue;
+    }
+    const float q = int_code_elem(xv / sv, qmin, qmax);
+    out[i] = codes ? q : q * sv;
+  }
+  *xmin = m;
+}
+
 void e4m3_fwd(const float* x, const float* s, int sinc, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float sv = s[i * sinc];
@@ -118,7 +138,7 @@ void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 }  // namespace scalar
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{"scalar",          scalar::int_fwd,    scalar::e4m3_fwd,   scalar::affine_fwd,
+  static const Kernels k{"scalar",          scalar::int_fwd,    scalar::int_fwd_min, scalar::e4m3_fwd,   scalar::affine_fwd,
                          scalar::int_bwd,   scalar::e4m3_bwd,   scalar::affine_bwd, scalar::absmax,     scalar::f16_to_f32,
                          scalar::f32_to_f16, scalar::bf16_to_f32, scalar::f32_to_bf16};
   return k;

@@ -91,7 +91,12 @@ class NegativeUnsignedInputError(ValueError, TypeError):
 def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
     if _compiling() or x.numel() == 0:
         return
-    m = torch.amin(x.detach()).item()
+    check_unsigned_min(torch.amin(x.detach()).item(), what)
+
+
+def check_unsigned_min(m: float, what: str = "inputs") -> None:
+    """Refuse unsigned quantization of an input whose minimum is ``m`` (negative, or NaN: the input holds a NaN).
+    :func:`check_unsigned_input` computes ``m`` with a separate pass; the native CPU kernels in the same pass."""
     if not m >= 0:  # written so that a NaN minimum fails too: `nan < 0` is False
         if m != m:
             raise ValueError(

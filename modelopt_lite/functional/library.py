@@ -9,6 +9,9 @@ Ops (namespace ``modelopt_lite``):
 - ``fake_quant_int(x, scale, qmin, qmax) -> y``          ``quantize_int(x, scale, qmin, qmax) -> q (float32)``
 - ``fake_e4m3(x, scale) -> y``
 - ``fake_affine(x, scale, zero_point, qmin, qmax) -> y``  ``quantize_affine(...) -> q (float32)``
+- ``fake_quant_uint`` / ``quantize_uint``: the same for unsigned grids, refusing a negative or NaN input (the
+  native CPU kernels find min(x) in the quantizing pass itself; other backends check first, as
+  :func:`.checks.check_unsigned_input`). Eager only: see :func:`fuses_unsigned_check`.
 - ``int_backward``, ``e4m3_backward``, ``affine_backward``: the STE / learnable-scale gradients.
 """
 
@@ -19,6 +22,7 @@ from torch import Tensor
 
 from . import cuda_args, onnx_qdq
 from .backend import is_native_cuda, kernels_for
+from .checks import check_unsigned_input, check_unsigned_min
 
 _EMPTY = ()
 
@@ -52,6 +56,50 @@ def quantize_int(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
 
 
 @quantize_int.register_fake
+def _(x, scale, qmin, qmax):
+    return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+
+
+# --- unsigned integer: the non-negative input check in the kernel's own pass ----------------------------------------
+def fuses_unsigned_check(x: Tensor) -> bool:
+    """Whether an unsigned quantization of ``x`` runs :func:`fake_quant_uint` / :func:`quantize_uint` (the input check
+    fused into the kernel's pass): eager calls on a backend whose kernels return min(x) (the native CPU one).
+    Under torch.compile / torch.export / ONNX export tracing the plain ops run, with the separate check or none."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    return hasattr(kernels_for(x.device.type), "fake_quant_int_min")
+
+
+def _uint_forward(x: Tensor, scale: Tensor, qmin: int, qmax: int, codes: bool) -> Tensor:
+    fn = "quantize_int" if codes else "fake_quant_int"
+    mod = kernels_for(x.device.type)
+    fused = getattr(mod, fn + "_min", None)
+    if fused is None:  # reference / CUDA kernels: the separate check first
+        check_unsigned_input(x)
+        return _k(x, fn, scale, qrange=(qmin, qmax))(x, scale, qmin, qmax)
+    y, m = fused(x, scale, qmin, qmax)  # m: min(x), NaN if x holds a NaN, +inf if x is empty
+    if not m >= 0:
+        del y  # a refused call's output goes back to the pool now, not with the traceback
+        check_unsigned_min(m)
+    return y
+
+
+@torch.library.custom_op("modelopt_lite::fake_quant_uint", mutates_args=())
+def fake_quant_uint(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _uint_forward(x, scale, qmin, qmax, False)
+
+
+@fake_quant_uint.register_fake
+def _(x, scale, qmin, qmax):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::quantize_uint", mutates_args=())
+def quantize_uint(x: Tensor, scale: Tensor, qmin: int, qmax: int) -> Tensor:
+    return _uint_forward(x, scale, qmin, qmax, True)
+
+
+@quantize_uint.register_fake
 def _(x, scale, qmin, qmax):
     return torch.empty(x.shape, dtype=torch.float32, device=x.device)
 
@@ -176,6 +224,8 @@ def _affine_bwd(ctx, grad):
 
 fake_quant_int.register_autograd(_int_bwd, setup_context=_setup_int)
 quantize_int.register_autograd(_quantize_int_bwd, setup_context=_setup_int)
+fake_quant_uint.register_autograd(_int_bwd, setup_context=_setup_int)
+quantize_uint.register_autograd(_quantize_int_bwd, setup_context=_setup_int)
 fake_e4m3.register_autograd(_e4m3_bwd, setup_context=_setup_e4m3)
 fake_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
 quantize_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
