@@ -110,6 +110,7 @@ CASES = {
     "awq_clip": (_W4_CFG, {"method": "awq_clip", "progress": False}),
     "awq_full": ({**_W4_CFG, "*input_quantizer": _INT8}, {"method": "awq_full", "progress": False}),
     "smoothquant": (_W8A8_CFG, {"method": "smoothquant", "alpha": 0.5}),
+    "svdquant": (_W4_CFG, {"method": "svdquant", "lowrank": 2, "progress": False}),
     "sequence": (_W4_CFG, ["awq_lite", {"method": "gptq"}, "max"]),
     **{m: (_W8A8_CFG, m) for m in CALIB_METHODS},
 }
@@ -136,7 +137,9 @@ def test_the_loop_sees_real_outputs_in_every_pass(case, kind):
     assert loop.started >= 1 and loop.finished == loop.started  # every pass ran the loop to its end
     assert len(loop.values) == loop.started and all(bool(torch.isfinite(v)) for v in loop.values)
     assert "forward" not in vars(q)  # no wrapper left on the model
-    if case.startswith(("gptq", "awq_lite", "awq_full", "sequence", "smoothquant")):  # the algorithm changed weights
+    if case.startswith(
+        ("gptq", "awq_lite", "awq_full", "sequence", "smoothquant", "svdquant")
+    ):  # the algorithm changed weights
         assert not torch.equal(q.layers[1].up.weight, before["layers.1.up.weight"])
 
 

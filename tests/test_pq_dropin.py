@@ -313,3 +313,31 @@ def test_clip_bounds_are_optional_in_state_dicts():
         qat.clip.clip_value_max.fill_(1.25)
     again.load_state_dict(qat.state_dict())
     assert again.clip.clip_value_max.item() == 1.25
+
+
+def test_learned_clip_bounds_survive_save_and_restore(tmp_path):
+    """A QAT model's clip bounds are saved with it (no data lost) and a restore rebuilds the clip stage."""
+    import copy
+
+    import modelopt_lite as mtq
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"num_bits": 8}}}
+    q = mtq.quantize(model, cfg, lambda m: m(torch.randn(16, 8)))
+    fresh = copy.deepcopy(q)
+    iq = q[0].input_quantizer
+    iq.init_learn_amax()
+    with torch.no_grad():
+        iq.clip.clip_value_max.fill_(1.25)
+        iq.clip.clip_value_min.fill_(-0.75)
+    iq.enable_clip()
+    mtq.save(q, str(tmp_path / "qat"), include_weights=True)
+    back = mtq.restore(fresh, str(tmp_path / "qat"))
+    rq = back[0].input_quantizer
+    assert rq.learn_amax and rq.clip.clip_value_max.item() == 1.25 and rq.clip.clip_value_min.item() == -0.75
+    x = torch.randn(5, 8) * 3
+    rq.enable_clip()
+    assert torch.equal(back(x), q(x))
+    rq.set_from_attribute_config({"learn_amax": False})
+    assert "clip" not in dict(rq.named_children()) and not rq.is_clip_enabled

@@ -290,7 +290,7 @@ def test_nested_attention_modules_quantize_once(registered_sdpa):
 
 
 def test_presets_leave_attention_off_and_attention_presets_enable_it():
-    from modelopt_lite.presets.basic import PRESETS
+    from modelopt_lite.presets import PRESETS
 
     for name, cfg in PRESETS.items():
         attention = "ATTENTION" in name

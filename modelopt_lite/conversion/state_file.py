@@ -23,7 +23,15 @@ from .requant import check_mode
 FORMAT = "modelopt_lite.quant_state"
 VERSION = 1
 #: the tensors a quantizer may hold in the file
-QUANTIZER_TENSORS = ("_amax", "_pre_quant_scale", "_bias_value", "_svdquant_lora_a", "_svdquant_lora_b")
+QUANTIZER_TENSORS = (
+    "_amax",
+    "_pre_quant_scale",
+    "_bias_value",
+    "_svdquant_lora_a",
+    "_svdquant_lora_b",
+    "clip.clip_value_min",  # the learned clip stage of a learn_amax quantizer (pytorch-quantization's if_clip)
+    "clip.clip_value_max",
+)
 _TAGS = ("__tuple__", "__dict__")
 
 
@@ -228,6 +236,10 @@ def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str
         problem = bias_value_problem(q.bias, tuple(t.shape))
         if problem:
             raise bad(path, key, f"shape {tuple(t.shape)} does not fit: {problem}")
+        return
+    if key.endswith(("clip.clip_value_min", "clip.clip_value_max")):  # one learned bound, any sign
+        if t.numel() != 1:
+            raise bad(path, key, f"a clip bound is one value, got shape {tuple(t.shape)}")
         return
     if key.endswith(("_svdquant_lora_a", "_svdquant_lora_b")):
         problem = lowrank_shape_problem(key, tuple(t.shape), owner, local)

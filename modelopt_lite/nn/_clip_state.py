@@ -50,6 +50,17 @@ class ClipStateMixin(nn.Module):
             a = float(np.max(np.asarray(amax, dtype=np.float32)))
         self.clip = Clip(-a, a, learn_min=True, learn_max=True)
 
+    def _follow_learn_amax(self, amax: torch.Tensor | None) -> None:
+        """Keep the clip stage in step with ``learn_amax`` after a descriptor change (``set_from_attribute_config``,
+        a restore): a learn_amax quantizer owns ``clip`` (bounds from ``amax``), any other quantizer has none."""
+        if self.learn_amax and self._clip_module() is None:
+            self._make_clip(amax)
+            if amax is not None:
+                self._modules["clip"].to(amax.device)  # type: ignore[union-attr]
+        elif not self.learn_amax and self._clip_module() is not None:
+            del self._modules["clip"]
+            self._if_clip = False
+
     def _clip_module(self) -> Clip | None:
         m = self._modules.get("clip")
         return m if isinstance(m, Clip) else None

@@ -185,6 +185,7 @@ class TensorQuantizer(
             self.amax = new.amax
         if self._amax is not None and isinstance(self._amax, torch.nn.Parameter) != new.learn_amax:
             self._store_amax(self._amax)  # re-registers as Parameter or buffer
+        self._follow_learn_amax(self._amax)
         if enable is not None:
             self._disabled = not enable
 
