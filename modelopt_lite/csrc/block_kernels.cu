@@ -21,14 +21,6 @@
 
 namespace mxk {
 
-MXK_HD float load_scalar(const float* p) {
-#ifdef __CUDA_ARCH__
-  return __ldg(p);
-#else
-  return *p;
-#endif
-}
-
 // scales.scale_from_amax of one float32 amax.
 MXK_HD float block_scale(float a, float bound) {
   float s = mxe::fdiv(a, bound);

@@ -13,14 +13,6 @@
 
 namespace mxk {
 
-MXK_HD float load_scalar(const float* p) {
-#ifdef __CUDA_ARCH__
-  return __ldg(p);
-#else
-  return *p;
-#endif
-}
-
 // The straight-through gradient of one lane: g where |x| <= top, else g * 0 (as the reference's grad * keep: -0.0
 // for a negative g, NaN stays NaN).
 template <class T>

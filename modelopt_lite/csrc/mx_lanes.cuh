@@ -38,6 +38,15 @@ namespace mxk {
 #define MXK_UNROLL
 #endif
 
+// One float32 scalar from global memory (read-only cache on the GPU), shared by the MX and block kernels.
+MXK_HD float load_scalar(const float* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
 constexpr int kThreads = 256;  // threads per CUDA block (a multiple of 32)
 constexpr int kWarp = 32;
 constexpr int kBlocksPerSm = 16;  // grid cap per SM (grid-stride loops cover the rest)
