@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +23,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench_cuda import Timer  # noqa: E402  (bench/ is on sys.path as the script's folder)
 from cuda_mx_rows import torch_mx, torch_nvfp4  # noqa: E402
 
 from modelopt_lite.functional import library_mx  # noqa: E402
@@ -73,26 +72,13 @@ class Block(torch.nn.Module):
 
 
 def time_step(model, x, repeats: int, cuda: bool) -> float:
+    """Median seconds of one forward + backward step (3 warm-up steps), timed as bench_cuda's rows are."""
+
     def step():
         model.zero_grad(set_to_none=True)
         model(x).float().square().mean().backward()
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return Timer("cuda" if cuda else "cpu", repeats)(step)
 
 
 def main(argv=None) -> int:

@@ -32,24 +32,16 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
+import sys
 import time
 import warnings
 
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from run_all import cpu_model  # noqa: E402  (the benches' one CPU-name helper)
 
 
 def _patch_peer_nvfp4() -> None:
@@ -120,7 +112,7 @@ def main() -> None:
                 ("ModelOpt 0.47", "NVFP4 W4A4 svdquant r=32", run(peer.quantize, peer.NVFP4_SVDQUANT_DEFAULT_CFG))
             )
     print(f"MiniLM (all-MiniLM-L6-v2), {len(calib)} calibration sentences, {len(pairs)} held-out pairs")
-    print(f"CPU: {_cpu_name()} ({os.cpu_count()} logical CPUs), torch {torch.__version__}")
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs), torch {torch.__version__}")
     print("| implementation | config | mean cosine | min cosine | seconds |")
     print("|---|---|---|---|---|")
     for who, what, (mean, low, dt) in rows:
