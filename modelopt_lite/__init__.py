@@ -120,8 +120,9 @@ _LAZY = {
     "auto_quantize": "modelopt_lite.algorithms.auto_quantize",
 }
 
-#: names from these layers run calibration, so resolving one first registers the weight algorithms (AWQ, GPTQ, ...)
-_NEEDS_ALGORITHMS = ("modelopt_lite.conversion", "modelopt_lite.opt", "modelopt_lite.model_calib", "modelopt_lite.real")
+#: names from this layer run calibration (quantize, calibrate, ...), so resolving one first registers the weight
+#: algorithms (AWQ, GPTQ, ...); model_calib imports them itself, and real/opt/export never calibrate
+_NEEDS_ALGORITHMS = ("modelopt_lite.conversion",)
 
 __all__ = [*sorted(_LAZY), "__version__"]  # noqa: PLE0604 (the lazy names are strings)
 
