@@ -35,6 +35,7 @@ from ..presets import (
     with_kv_cache,
 )
 from .algorithm_registry import ALGORITHMS, register_algorithm
+from .calibration_need import need_calibration
 from .config import QuantConfigError, normalize_config
 from .model_quant import (
     calibrate,
@@ -88,6 +89,7 @@ __all__ = [
     "enable_quantizer",
     "make_forward_loop",
     "named_quantizers",
+    "need_calibration",
     "normalize_config",
     "print_quant_summary",
     "quant_step",

@@ -1,6 +1,7 @@
 """The named quantization configs (ModelOpt's ``*_CFG`` presets), one module per family.
 
-- :mod:`.basic`: INT8 (max, histogram, ORT layouts, SmoothQuant), FP8, INT4 blocks, W4A8;
+- :mod:`.basic`: INT8 (max, histogram, ORT layouts, SmoothQuant), FP8 (per tensor, per channel/token, 2D blocks),
+  INT4 blocks, W4A8;
 - :mod:`.mx`: NVFP4, MXFP8, MXFP4, MXINT8; :mod:`.awq`: INT4 AWQ, W4A8 AWQ; :mod:`.attention`: attention BMMs;
 - :mod:`.svdquant`: NVFP4 / INT4 with SVDQuant's low-rank float branch;
 - :mod:`.kv`: KV-cache quantization (and :func:`with_kv_cache`, which adds it to any preset);
@@ -16,7 +17,9 @@ from .awq import AWQ_PRESETS, INT4_AWQ_CFG, NVFP4_AWQ_LITE_CFG, W4A8_AWQ_BETA_CF
 from .base import CONVTRANSPOSE_WEIGHT_AXIS, DEFAULT_DISABLED, preset
 from .basic import (
     BASIC_PRESETS,
+    FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG,
     FP8_DEFAULT_CFG,
+    FP8_PER_CHANNEL_PER_TOKEN_CFG,
     INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
     INT8_DEFAULT_CFG,
     INT8_HISTOGRAM_CFG,
@@ -43,10 +46,12 @@ PRESETS = {**BASIC_PRESETS, **MX_PRESETS, **ATTENTION_PRESETS, **KV_PRESETS, **A
 __all__ = [
     "CONVTRANSPOSE_WEIGHT_AXIS",
     "DEFAULT_DISABLED",
+    "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG",
     "FP8_AFFINE_KV_CFG",
     "FP8_ATTENTION_CFG",
     "FP8_DEFAULT_CFG",
     "FP8_KV_CFG",
+    "FP8_PER_CHANNEL_PER_TOKEN_CFG",
     "INT4_AWQ_CFG",
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
     "INT4_SVDQUANT_CFG",

@@ -1,4 +1,4 @@
-"""The INT8, FP8 and INT4 presets (:data:`BASIC_PRESETS`).
+"""The INT8, FP8 (per tensor, per channel / per token, 2D blocks) and INT4 presets (:data:`BASIC_PRESETS`).
 
 Presets start with ``"default": {"enable": False}`` (output quantizers and hand-made quantizers stay off unless a
 pattern enables them) and end with :data:`~.base.DEFAULT_DISABLED`, so those entries win. They are plain
@@ -32,6 +32,39 @@ FP8_DEFAULT_CFG = preset(
     {
         "*weight_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True},
         "*input_quantizer": {"num_bits": (4, 3), "axis": None, "calib_method": "max", "enable": True},
+    },
+    "max",
+)
+
+_FP8_CHANNEL_W = {"num_bits": (4, 3), "axis": 0, "calib_method": "max", "enable": True}
+_FP8_TOKEN_A = {"num_bits": (4, 3), "axis": None, "block_sizes": {-1: None}, "dynamic": True, "enable": True}
+_FP8_BLOCK2D_W = {
+    "num_bits": (4, 3),
+    "block_sizes": {-1: 128, -2: 128},
+    "axis": None,
+    "calib_method": "max",
+    "enable": True,
+}
+
+#: FP8 E4M3 weights per output channel (axis 0; ConvTranspose: CONVTRANSPOSE_WEIGHT_AXIS; max calibrated from the
+#: weight itself) and FP8 E4M3 activations per token: dynamic, one amax per row along the last axis
+#: (``block_sizes={-1: None}``), recomputed from every input. Nothing is calibrated from data
+#: (:func:`~modelopt_lite.need_calibration` is False). ModelOpt 0.47's preset of the same name.
+FP8_PER_CHANNEL_PER_TOKEN_CFG = preset(
+    {
+        "*weight_quantizer": dict(_FP8_CHANNEL_W),
+        "*input_quantizer": dict(_FP8_TOKEN_A),
+        **{k: {"*weight_quantizer": dict(_FP8_CHANNEL_W, axis=CONVTRANSPOSE_WEIGHT_AXIS)} for k in CT_KEYS},
+    },
+    "max",
+)
+
+#: FP8 E4M3 weights in 2D blocks of 128 x 128 over the last two weight axes (static, one max-calibrated amax per
+#: block; edge blocks are partial), activations not quantized. ModelOpt 0.47's preset of the same name.
+FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG = preset(
+    {
+        "*weight_quantizer": dict(_FP8_BLOCK2D_W),
+        "*input_quantizer": {"enable": False},
     },
     "max",
 )
@@ -90,6 +123,8 @@ BASIC_PRESETS = {
     "INT8_DEFAULT_CFG": INT8_DEFAULT_CFG,
     "INT8_HISTOGRAM_CFG": INT8_HISTOGRAM_CFG,
     "FP8_DEFAULT_CFG": FP8_DEFAULT_CFG,
+    "FP8_PER_CHANNEL_PER_TOKEN_CFG": FP8_PER_CHANNEL_PER_TOKEN_CFG,
+    "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG": FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG,
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG": INT4_BLOCKWISE_WEIGHT_ONLY_CFG,
     "W4A8_CFG": W4A8_CFG,
     "INT8_ORT_CFG": INT8_ORT_CFG,
