@@ -266,7 +266,8 @@ def _install(dst: nn.Module, src: nn.Module, prefix: str = "") -> None:
             continue
         for child, q in m.named_children():
             if is_quantizer_child(q):
-                setattr(dst.get_submodule(path) if path else dst, child, copy.deepcopy(q))
+                owner = dst.get_submodule(path) if path else dst
+                setattr(owner, child, copy.deepcopy(q).train(owner.training))  # the owner's train/eval flag
                 done.append(f"{path}.{child}" if path else child)
 
 

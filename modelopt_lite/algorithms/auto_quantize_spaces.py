@@ -34,6 +34,7 @@ from torch import nn
 from ..conversion.algorithm_registry import ALGORITHMS
 from ..conversion.config import QuantConfigError, normalize_config
 from ..conversion.utils import is_quantizer, named_quantizers
+from ..nn import SequentialQuantizer
 from ..presets import INT4_BLOCKWISE_WEIGHT_ONLY_CFG, PRESETS
 
 #: ModelOpt's name for "keep the layer float" (always a candidate unless allow_no_quant=False; 16 bits)
@@ -187,8 +188,8 @@ def check_options(quantization_formats, module_search_spaces, fixed_quantization
 
 # --- layers, bits and groups ---------------------------------------------------------------------------------------
 def is_quantizer_child(m: nn.Module) -> bool:
-    """A quantizer, or a container holding only quantizers (e.g. a SequentialQuantizer)."""
-    return is_quantizer(m) or (any(True for _ in m.children()) and all(is_quantizer(c) for c in m.children()))
+    """A quantizer, or a SequentialQuantizer (never a quantized layer, though its children are all quantizers)."""
+    return is_quantizer(m) or isinstance(m, SequentialQuantizer)
 
 
 def searchable_layers(model: nn.Module) -> dict[str, nn.Module]:
