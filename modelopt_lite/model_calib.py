@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
+from .algorithms import weight_mse
 from .calib.distributed import is_active
 from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights
@@ -49,6 +50,7 @@ __all__ = [
     "disable_pre_quant_scale_and_resmooth",
     "gptq",
     "max_calibrate",
+    "mse_calibrate",
     "smoothquant",
     "svdquant",
     "weight_only_quantize",
@@ -86,6 +88,56 @@ def _algorithm(model: nn.Module, method: str, forward_loop, params: dict) -> nn.
         quantizers.restore()
         raise
     return model
+
+
+def _sync_flag(what: str, distributed_sync) -> None:
+    if not isinstance(distributed_sync, bool):
+        raise TypeError(f"{what}: distributed_sync must be a bool, got {distributed_sync!r}")
+    if not distributed_sync and is_active():
+        raise ValueError(f"{what}: distributed_sync=False cannot be honoured: calibration always syncs ranks")
+
+
+def _guarded(model: nn.Module, run: Callable[[], object]) -> nn.Module:
+    """``run()``, with the weights and quantizers put back exactly if it raises."""
+    weights = ModuleSnapshot(m for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor))
+    quantizers = snapshot_quantizers(q for _, q in named_quantizers(model))
+    try:
+        run()
+    except BaseException:
+        weights.restore()
+        quantizers.restore()
+        raise
+    return model
+
+
+def mse_calibrate(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    distributed_sync: bool = True,
+    step_size: float = 0.1,
+    start_multiplier: float = 0.25,
+    stop_multiplier: float = 4.0,
+    fp8_scale_sweep: bool = False,
+    shared_states=None,
+) -> nn.Module:
+    """ModelOpt's ``mse_calibrate``: :func:`max_calibrate`, then each weight amax searched over ``amax * m`` for
+    ModelOpt's multipliers ``m`` (smallest squared weight error per amax element; see
+    :mod:`modelopt_lite.algorithms.weight_mse`). The config form is ``{"method": "mse", "step_size": ...}``."""
+    params = {"step_size": step_size, "start_multiplier": start_multiplier, "stop_multiplier": stop_multiplier}
+    params.update(fp8_scale_sweep=fp8_scale_sweep, shared_states=shared_states)
+    _sync_flag("mse_calibrate", distributed_sync)
+    if forward_loop is not None:
+        return _algorithm(model, "weight_mse", forward_loop, params)
+    normalize_algorithm({"method": "weight_mse", **params})  # QuantConfigError before anything runs
+
+    def run() -> None:
+        calibrate_weights(model, None)
+        if fp8_scale_sweep:
+            weight_mse.warn_no_sweep("mse_calibrate")
+            return
+        weight_mse.refine_weights(model, step_size, start_multiplier, stop_multiplier)
+
+    return _guarded(model, run)
 
 
 def smoothquant(model: nn.Module, forward_loop: ForwardLoop | None = None, alpha: float = 1.0) -> nn.Module:

@@ -2,6 +2,7 @@
 
 - :mod:`.awq` (``awq_lite``, ``awq_clip``, ``awq_full``; search, statistics, folding and replay in ``awq_*``),
 - :mod:`.gptq` (``gptq``; Hessian passes, solver and refit in ``gptq_*``),
+- :mod:`.weight_mse` (``weight_mse``: ModelOpt's ``mse``, a multiplier search on each weight amax),
 - :mod:`.smoothquant` (``smoothquant``), :mod:`.svdquant` (``svdquant``: a low-rank float branch, residual quantized), :mod:`.sequence` (a list of algorithms run in order),
 - :mod:`.block_replay` (replaying one block of a model on recorded inputs, shared by AWQ and GPTQ),
 - :mod:`.relu_grids` (shared grids across a ReLU), :mod:`.auto_quantize` (per-layer format search).
@@ -19,6 +20,7 @@ from .gptq import run_gptq  # registers "gptq"
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .smoothquant import smooth_quant  # registers "smoothquant"
 from .svdquant import add_lowrank, svd_factors, svdquant  # registers "svdquant"
+from .weight_mse import refine_weights, search_amax  # registers "weight_mse" (ModelOpt's "mse")
 
 __all__ = [
     "ALGORITHMS",
@@ -27,8 +29,10 @@ __all__ = [
     "auto_quantize",
     "awq",
     "find_relu_pairs",
+    "refine_weights",
     "register_algorithm",
     "run_gptq",
+    "search_amax",
     "share_relu_grids",
     "smooth_quant",
     "svd_factors",

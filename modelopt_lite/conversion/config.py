@@ -279,6 +279,19 @@ def _sequence(steps: list) -> tuple[str, dict]:
     return "sequence", {"steps": tuple(normalize_algorithm(a) for a in steps)}
 
 
+#: ModelOpt's ``"mse"`` is a search on the weight amaxes (its ``MseCalibConfig`` fields ``step_size``, ...); ours is
+#: the histogram MSE of the per-tensor quantizers. A ``"mse"`` dict with ModelOpt's fields only runs the registered
+#: ModelOpt algorithm instead (``weight_mse``, :mod:`modelopt_lite.algorithms.weight_mse`).
+MODELOPT_ALIASES = {"mse": "weight_mse"}
+
+
+def _modelopt_alias(method: Any, params: dict) -> Any:
+    target = MODELOPT_ALIASES.get(method) if isinstance(method, str) else None
+    if target is None or target not in ALGORITHMS or not params:
+        return method
+    return target if set(params) <= ALGORITHMS[target].params else method
+
+
 def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
     """``(method, params)`` from ``"max"``, ``{"method": "percentile", "percentile": 99.9}``, ... or None; a list
     (ModelOpt's sequential form) gives ``("sequence", {"steps": (each entry normalized, ...)})``."""
@@ -300,6 +313,7 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
         raise QuantConfigError(
             f"algorithm must be None, a method name or a dict with 'method' (or a list of those), got {algorithm!r}"
         )
+    method = _modelopt_alias(method, params)
     if method in ALGORITHMS:
         alg = ALGORITHMS[method]
         unknown = sorted(set(params) - alg.params)

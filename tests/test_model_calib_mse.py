@@ -1,0 +1,144 @@
+"""ModelOpt's ``mse`` weight calibration: ``model_calib.mse_calibrate`` and ``{"method": "mse", "step_size": ...}``.
+
+Each chosen weight amax is checked against a brute-force search written here: every ModelOpt candidate
+``amax_max * m`` tried on one row (or block, or the whole tensor) alone with the reference fake quantization, the
+first minimum of the squared error taken.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import modelopt_lite as mtq
+from modelopt_lite import model_calib
+from modelopt_lite.conversion.config import QuantConfigError, normalize_algorithm
+from modelopt_lite.tensor_quant import fake_block_quant, fake_tensor_quant
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+
+
+def _data() -> torch.Tensor:
+    return torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _mults() -> torch.Tensor:
+    return torch.linspace(0.25, 4.0, steps=math.ceil((4.0 - 0.25) / 0.1) + 1)
+
+
+def _brute_rows(w: torch.Tensor, amax_max: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per row: the first candidate amax with the least squared error of fake_tensor_quant (narrow range)."""
+    out = torch.empty_like(amax_max)
+    for r in range(w.shape[0]):
+        best, best_a = None, None
+        for m in _mults():
+            a = amax_max[r] * m
+            e = ((fake_tensor_quant(w[r : r + 1], a, bits, False, True) - w[r : r + 1]) ** 2).sum()
+            if best is None or e < best:
+                best, best_a = e, a
+        out[r] = best_a
+    return out
+
+
+def test_mse_calibrate_equals_brute_force_per_channel_int8():
+    x = _data()
+    ref = _model()
+    mtq.quantize(ref, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    model = _model()
+    mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    out = model_calib.mse_calibrate(model, lambda m: m(x))
+    assert out is model
+    for i in (0, 2):
+        wq = model[i].weight_quantizer
+        amax_max = ref[i].weight_quantizer.amax
+        assert wq.amax.shape == amax_max.shape == (model[i].out_features, 1)
+        assert wq.amax.dtype == torch.float32
+        want = _brute_rows(model[i].weight.detach(), amax_max, 8)
+        assert torch.equal(wq.amax, want)
+        assert not torch.equal(wq.amax, amax_max)  # the search moved some rows
+        # activations keep the max calibration
+        assert torch.equal(model[i].input_quantizer.amax, ref[i].input_quantizer.amax)
+
+
+def test_mse_config_form_is_the_same_as_the_entry_point():
+    x = _data()
+    a = _model()
+    cfg = {**copy.deepcopy(mtq.INT8_DEFAULT_CFG), "algorithm": {"method": "mse", "step_size": 0.1}}
+    mtq.quantize(a, cfg, lambda m: m(x))
+    b = _model()
+    mtq.quantize(b, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    model_calib.mse_calibrate(b, lambda m: m(x))
+    for i in (0, 2):
+        assert torch.equal(a[i].weight_quantizer.amax, b[i].weight_quantizer.amax)
+        assert torch.equal(a[i].input_quantizer.amax, b[i].input_quantizer.amax)
+
+
+def test_plain_mse_keeps_its_histogram_meaning():
+    assert normalize_algorithm({"method": "mse"}) == ("mse", {})
+    assert normalize_algorithm({"method": "mse", "start_bin": 4}) == ("mse", {"start_bin": 4})
+    assert normalize_algorithm({"method": "mse", "stop_multiplier": 2.0}) == ("weight_mse", {"stop_multiplier": 2.0})
+
+
+def test_mse_calibrate_static_blocks_brute_force_and_error_not_worse_than_candidates():
+    torch.manual_seed(3)
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 4))
+    cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 4, "block_sizes": {-1: 16, "type": "static"}}}}
+    ref = copy.deepcopy(lin)
+    mtq.quantize(ref, cfg, None)
+    mtq.quantize(lin, cfg, None)
+    model_calib.mse_calibrate(lin, step_size=0.25, start_multiplier=0.5, stop_multiplier=1.5)
+    amax_max = ref[0].weight_quantizer.amax
+    got = lin[0].weight_quantizer.amax
+    assert got.shape == amax_max.shape == (4, 4)
+    w = lin[0].weight.detach()
+    mults = torch.linspace(0.5, 1.5, steps=5)
+    for r in range(4):
+        for b in range(4):
+            blk = w[r : r + 1, 16 * b : 16 * (b + 1)]
+            errs = [
+                ((fake_block_quant(blk, {-1: 16}, (amax_max[r, b] * m).reshape(1, 1), 4) - blk) ** 2).sum()
+                for m in mults
+            ]
+            k = min(range(len(errs)), key=lambda i: (errs[i], i))
+            assert got[r, b] == amax_max[r, b] * mults[k]
+    # multiplier 1 is among these candidates: the error can only go down against max
+    e_max = ((ref[0].weight_quantizer(w) - w) ** 2).sum()
+    e_mse = ((lin[0].weight_quantizer(w) - w) ** 2).sum()
+    assert e_mse < e_max
+
+
+def test_mse_calibrate_without_loop_is_weight_only_and_fp8_sweep_warns():
+    model = _model()
+    mtq.quantize(model, mtq.INT8_DEFAULT_CFG, None)
+    model_calib.mse_calibrate(model)
+    assert model[0].input_quantizer.amax is None  # activations stay dynamic
+    want = _brute_rows(model[0].weight.detach(), model[0].weight.detach().abs().amax(1, keepdim=True), 8)
+    assert torch.equal(model[0].weight_quantizer.amax, want)
+    other = _model()
+    mtq.quantize(other, mtq.INT8_DEFAULT_CFG, None)
+    with pytest.warns(UserWarning, match="fp8_scale_sweep=True refines only static NVFP4"):
+        model_calib.mse_calibrate(other, fp8_scale_sweep=True)
+    assert torch.equal(other[0].weight_quantizer.amax, other[0].weight.detach().abs().amax(1, keepdim=True))
+
+
+def test_mse_bad_parameters_and_nan_weight():
+    model = _model()
+    mtq.quantize(model, mtq.INT8_DEFAULT_CFG, None)
+    before = model[0].weight_quantizer.amax.clone()
+    with pytest.raises(QuantConfigError, match="step_size must be > 0, got 0"):
+        model_calib.mse_calibrate(model, step_size=0)
+    with pytest.raises(QuantConfigError, match="shared_states .* is not supported"):
+        model_calib.mse_calibrate(model, shared_states={"a": {}})
+    with pytest.raises(TypeError, match="distributed_sync must be a bool"):
+        model_calib.mse_calibrate(model, distributed_sync=1)
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"'2\.weight_quantizer'.*NaN"):
+        model_calib.mse_calibrate(model)
+    assert torch.equal(model[0].weight_quantizer.amax, before)  # put back exactly
