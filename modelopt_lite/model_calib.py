@@ -23,6 +23,7 @@ Parameters the registered algorithm does not take raise a QuantConfigError namin
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -49,6 +50,7 @@ __all__ = [
     "apply_pre_quant_scale_and_smooth",
     "disable_pre_quant_scale_and_resmooth",
     "gptq",
+    "local_hessian_calibrate",
     "max_calibrate",
     "mse_calibrate",
     "smoothquant",
@@ -138,6 +140,32 @@ def mse_calibrate(
         weight_mse.refine_weights(model, step_size, start_multiplier, stop_multiplier)
 
     return _guarded(model, run)
+
+
+def local_hessian_calibrate(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    distributed_sync: bool = True,
+    step_size: float = 0.1,
+    start_multiplier: float = 0.25,
+    stop_multiplier: float = 4.0,
+    fp8_scale_sweep: bool = True,
+    block_size: int = 16,
+    debug: bool = False,
+    shared_states=None,
+) -> nn.Module:
+    """ModelOpt's ``local_hessian_calibrate``: :func:`max_calibrate`, a pass collecting each quantized Linear's
+    per-block input Hessian (weight quantizers off), then the :func:`mse_calibrate` search with the error
+    ``dW H dW^T`` (see :mod:`modelopt_lite.algorithms.local_hessian`). Without ``forward_loop`` nothing runs (a
+    warning), as in ModelOpt; ``fp8_scale_sweep=True`` (ModelOpt's default) leaves every weight at its max amax
+    here (no static NVFP4 weights), so pass ``fp8_scale_sweep=False``."""
+    _sync_flag("local_hessian_calibrate", distributed_sync)
+    if forward_loop is None:
+        warnings.warn("local_hessian_calibrate: forward_loop must be provided; skipping local_hessian", stacklevel=2)
+        return model
+    params = {"step_size": step_size, "start_multiplier": start_multiplier, "stop_multiplier": stop_multiplier}
+    params.update(fp8_scale_sweep=fp8_scale_sweep, block_size=block_size, debug=debug, shared_states=shared_states)
+    return _algorithm(model, "local_hessian", forward_loop, params)
 
 
 def smoothquant(model: nn.Module, forward_loop: ForwardLoop | None = None, alpha: float = 1.0) -> nn.Module:

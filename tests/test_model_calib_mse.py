@@ -142,3 +142,93 @@ def test_mse_bad_parameters_and_nan_weight():
     with pytest.raises(ValueError, match=r"'2\.weight_quantizer'.*NaN"):
         model_calib.mse_calibrate(model)
     assert torch.equal(model[0].weight_quantizer.amax, before)  # put back exactly
+
+
+# --- local_hessian ---------------------------------------------------------------------------------------------------
+def _block_loss(w, wq, h, bs):
+    dw = (w - wq).reshape(w.shape[0], -1, bs)
+    return torch.stack([sum(dw[:, b] @ h[b] @ dw[:, b].T for _ in [0]).diagonal() for b in range(dw.shape[1])], 1)
+
+
+def test_local_hessian_equals_brute_force_on_one_linear():
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 6))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.randn(6, 32) ** 3)  # heavy tails: clipping pays
+    # correlated, uneven inputs so that the Hessian weighting matters
+    x = torch.randn(128, 32) * torch.linspace(0.1, 3.0, 32) + 0.5 * torch.randn(128, 1)
+    cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 4, "axis": 0}, "*input_quantizer": {"enable": False}}}
+    mtq.quantize(model, cfg, lambda m: m(x))
+    q = model[0].weight_quantizer
+    amax_max = q.amax.clone()
+    model_calib.local_hessian_calibrate(
+        model, lambda m: m(x), fp8_scale_sweep=False, block_size=8, step_size=0.05, start_multiplier=0.5,
+        stop_multiplier=1.5, debug=True,
+    )
+    w = model[0].weight.detach()
+    xb = x.T.reshape(4, 8, -1)
+    h = (xb @ xb.transpose(-1, -2)) / 128
+    assert torch.allclose(model._local_hessian_accumulators["0"].hessian(), h, rtol=1e-5, atol=1e-6)
+    mults = torch.linspace(0.5, 1.5, steps=21)
+    assert mults[10] == 1.0
+    got = model[0].weight_quantizer.amax
+    changed = 0
+    for r in range(6):
+        losses = []
+        for m in mults:
+            a = amax_max[r] * m
+            wq = fake_tensor_quant(w[r : r + 1], a, 4, False, q.narrow_range)
+            dw = (w[r : r + 1] - wq).reshape(4, 8)
+            losses.append(sum(float(dw[b] @ h[b] @ dw[b]) for b in range(4)))
+        k = min(range(21), key=lambda i: (losses[i], i))
+        want = amax_max[r] * mults[k]
+        assert torch.isclose(got[r], want, rtol=0, atol=0) or losses[k] == pytest.approx(
+            losses[int(torch.nonzero(torch.isclose(amax_max[r] * mults, got[r])).flatten()[0])], rel=1e-5
+        )
+        changed += int(k != 10)
+        assert losses[k] <= losses[10]  # never worse than max (multiplier 1 is a candidate)
+    assert changed > 0
+
+
+def test_local_hessian_config_form_default_sweep_and_no_loop():
+    x = _data()
+    a = _model()
+    alg = {"method": "local_hessian", "fp8_scale_sweep": False, "block_size": 8}
+    mtq.quantize(a, {**copy.deepcopy(mtq.INT8_DEFAULT_CFG), "algorithm": alg}, lambda m: m(x))
+    b = _model()
+    mtq.quantize(b, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    model_calib.local_hessian_calibrate(b, lambda m: m(x), fp8_scale_sweep=False, block_size=8)
+    plain = _model()
+    mtq.quantize(plain, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    model_calib.mse_calibrate(plain, lambda m: m(x))
+    for i in (0, 2):
+        assert torch.equal(a[i].weight_quantizer.amax, b[i].weight_quantizer.amax)
+    assert not torch.equal(a[0].weight_quantizer.amax, plain[0].weight_quantizer.amax)  # the weighting matters
+    c = _model()
+    mtq.quantize(c, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    max_amax = c[0].weight_quantizer.amax.clone()
+    with pytest.warns(UserWarning, match="fp8_scale_sweep=True refines only static NVFP4"):
+        model_calib.local_hessian_calibrate(c, lambda m: m(x))
+    assert torch.equal(c[0].weight_quantizer.amax, max_amax)
+    with pytest.warns(UserWarning, match="forward_loop must be provided"):
+        model_calib.local_hessian_calibrate(c)
+    with pytest.raises(QuantConfigError, match="block_size must be an int >= 1, got 0"):
+        model_calib.local_hessian_calibrate(c, lambda m: m(x), block_size=0)
+
+
+def test_local_hessian_nan_input_names_the_layer():
+    x = _data()
+    model = _model()
+    mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    before = model[0].weight_quantizer.amax.clone()
+    bad = x.clone()
+    bad[3, 4] = float("inf")
+    calls = []
+
+    def loop(m):  # clean data for the max calibration, an Inf in the Hessian pass
+        calls.append(1)
+        m(x if len(calls) == 1 else bad)
+
+    with pytest.raises(ValueError, match="local_hessian: the input of 0 contains NaN or Inf"):
+        model_calib.local_hessian_calibrate(model, loop, fp8_scale_sweep=False, block_size=8)
+    assert torch.equal(model[0].weight_quantizer.amax, before)
