@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
-from .algorithms import weight_mse
+from .algorithms import nvfp4_act_headroom, weight_mse
 from .calib.distributed import is_active
 from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights
@@ -53,6 +53,7 @@ __all__ = [
     "local_hessian_calibrate",
     "max_calibrate",
     "mse_calibrate",
+    "nvfp4_act_headroom_calibrate",
     "smoothquant",
     "svdquant",
     "weight_only_quantize",
@@ -166,6 +167,33 @@ def local_hessian_calibrate(
     params = {"step_size": step_size, "start_multiplier": start_multiplier, "stop_multiplier": stop_multiplier}
     params.update(fp8_scale_sweep=fp8_scale_sweep, block_size=block_size, debug=debug, shared_states=shared_states)
     return _algorithm(model, "local_hessian", forward_loop, params)
+
+
+def nvfp4_act_headroom_calibrate(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    *,
+    anchor_percentile: float = 1.0,
+    upper_percentile: float = 99.99,
+    rho: float = 16384.0,
+    weight_scale_algorithm=None,
+) -> nn.Module:
+    """ModelOpt's ``nvfp4_act_headroom_calibrate``: every NVFP4 input quantizer's global amax set to
+    ``max(rho * anchor, upper)`` from the distribution of its per-block amaxes (see
+    :mod:`modelopt_lite.calib.nvfp4_headroom`), the weights by ``weight_scale_algorithm`` (default max; ``"mse"`` /
+    ``"local_hessian"`` with their options). Without ``forward_loop`` the activations see no data: only the weights
+    are calibrated (max or mse; local_hessian needs a loop and warns), as in ModelOpt."""
+    params = {"anchor_percentile": anchor_percentile, "upper_percentile": upper_percentile, "rho": rho}
+    params["weight_scale_algorithm"] = weight_scale_algorithm
+    if forward_loop is not None:
+        return _algorithm(model, "nvfp4_act_headroom", forward_loop, params)
+    normalize_algorithm({"method": "nvfp4_act_headroom", **params})  # QuantConfigError before anything runs
+    method, opts = nvfp4_act_headroom.weight_algorithm(weight_scale_algorithm)
+    if method == "mse":
+        return mse_calibrate(model, None, **opts)
+    if method == "local_hessian":
+        return local_hessian_calibrate(model, None, **opts)
+    return max_calibrate(model, None, **opts)
 
 
 def smoothquant(model: nn.Module, forward_loop: ForwardLoop | None = None, alpha: float = 1.0) -> nn.Module:

@@ -148,7 +148,7 @@ def refine(model: nn.Module, forward_loop, **params) -> dict[int, LocalHessian]:
 
 
 @register_algorithm("local_hessian", params=PARAMS, check=check_params)
-def _run(model: nn.Module, forward_loop, calibrate, **params) -> None:
+def run(model: nn.Module, forward_loop, calibrate, **params) -> None:
     """ModelOpt's ``{"method": "local_hessian", ...}``: max calibration, the Hessian pass, the weighted search."""
     calibrate()
     refine(model, forward_loop, **params)

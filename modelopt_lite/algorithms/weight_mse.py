@@ -185,7 +185,7 @@ def warn_no_sweep(what: str) -> None:
 
 
 @register_algorithm("weight_mse", params=PARAMS, check=check_params)
-def _run(model: nn.Module, forward_loop, calibrate, **params) -> None:
+def run(model: nn.Module, forward_loop, calibrate, **params) -> None:
     """ModelOpt's ``{"method": "mse", "step_size": ..., ...}``: max calibration, then the weight amax search."""
     calibrate()
     if params.get("fp8_scale_sweep", False):
