@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
-from .algorithms import nvfp4_act_headroom, weight_mse
+from .algorithms import layerwise, nvfp4_act_headroom, weight_mse
 from .calib.distributed import is_active
 from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights
@@ -50,6 +50,7 @@ __all__ = [
     "apply_pre_quant_scale_and_smooth",
     "disable_pre_quant_scale_and_resmooth",
     "gptq",
+    "layerwise_calibrate",
     "local_hessian_calibrate",
     "max_calibrate",
     "mse_calibrate",
@@ -194,6 +195,17 @@ def nvfp4_act_headroom_calibrate(
     if method == "local_hessian":
         return local_hessian_calibrate(model, None, **opts)
     return max_calibrate(model, None, **opts)
+
+
+def layerwise_calibrate(model: nn.Module, forward_loop: ForwardLoop, calib_func: Callable, **calib_kwargs):
+    """ModelOpt's ``layerwise_calibrate``: ``calib_func(layer, layer_loop, **calib_kwargs)`` for each decoder layer
+    in turn, ``layer_loop`` replaying the inputs that layer gets from the layers before it (see
+    :mod:`modelopt_lite.algorithms.layerwise`; ``get_qdq_activations_from_prev_layer=True``: through the calibrated,
+    quantized layers). ``calib_func`` is any entry point of this module (``max_calibrate``, ``gptq``,
+    ``mse_calibrate``, ...). The weights and quantizers are put back exactly if it raises."""
+    if not callable(calib_func):
+        raise TypeError(f"layerwise_calibrate: calib_func must be callable, got {calib_func!r}")
+    return _guarded(model, lambda: layerwise.layerwise(model, forward_loop, calib_func, **calib_kwargs))
 
 
 def smoothquant(model: nn.Module, forward_loop: ForwardLoop | None = None, alpha: float = 1.0) -> nn.Module:

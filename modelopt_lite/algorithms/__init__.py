@@ -5,6 +5,7 @@
 - :mod:`.weight_mse` (``weight_mse``: ModelOpt's ``mse``, a multiplier search on each weight amax),
 - :mod:`.local_hessian` (``local_hessian``: that search weighted by each Linear's input block Hessians),
 - :mod:`.nvfp4_act_headroom` (``nvfp4_act_headroom``: NVFP4 activation global amaxes with headroom),
+- :mod:`.layerwise` (``layerwise``: any of them decoder layer by decoder layer, ModelOpt's ``"layerwise"``),
 - :mod:`.smoothquant` (``smoothquant``), :mod:`.svdquant` (``svdquant``: a low-rank float branch, residual quantized), :mod:`.sequence` (a list of algorithms run in order),
 - :mod:`.block_replay` (replaying one block of a model on recorded inputs, shared by AWQ and GPTQ),
 - :mod:`.relu_grids` (shared grids across a ReLU), :mod:`.auto_quantize` (per-layer format search).
@@ -22,6 +23,7 @@ from .gptq import run_gptq  # registers "gptq"
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .smoothquant import smooth_quant  # registers "smoothquant"
 from .svdquant import add_lowrank, svd_factors, svdquant  # registers "svdquant"
+from .layerwise import decoder_layers  # registers "layerwise"
 from .local_hessian import LocalHessian  # registers "local_hessian"
 from .nvfp4_act_headroom import swap_in  # registers "nvfp4_act_headroom"
 from .weight_mse import refine_weights, search_amax  # registers "weight_mse" (ModelOpt's "mse")
@@ -32,6 +34,7 @@ __all__ = [
     "LocalHessian",
     "add_lowrank",
     "auto_quantize",
+    "decoder_layers",
     "awq",
     "find_relu_pairs",
     "refine_weights",
