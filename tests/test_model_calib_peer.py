@@ -120,3 +120,27 @@ def test_nvfp4_act_headroom_matches_modelopt_exactly(rho):
     for i in (0, 2):
         assert torch.equal(mine[i].input_quantizer.amax, peer[i].input_quantizer.amax.float())
         assert torch.equal(mine[i].weight_quantizer.amax, peer[i].weight_quantizer.amax.float())
+
+
+@pytest.mark.parametrize("qdq", [False, True], ids=["fp-inputs", "qdq-inputs"])
+def test_layerwise_max_matches_modelopt_on_tiny_llama(qdq):
+    H = pytest.importorskip("hf_helpers")
+    alg = {"method": "max", "layerwise": {"enable": True, "get_qdq_activations_from_prev_layer": qdq}}
+    peer = H.tiny_llama()
+    mtq.quantize(peer, {**copy.deepcopy(mtq.INT8_DEFAULT_CFG), "algorithm": alg}, H.forward_loop)
+    mine = H.tiny_llama()
+    ours.quantize(mine, {**copy.deepcopy(ours.INT8_DEFAULT_CFG), "algorithm": alg}, H.forward_loop)
+    theirs = {
+        n: q.amax.float() for n, q in peer.named_modules()
+        if n.startswith("model.layers.") and n.endswith("_quantizer") and getattr(q, "amax", None) is not None
+    }
+    got = {n: q.amax for n, q in mine.named_modules() if n in theirs}
+    assert len(theirs) >= 28 and set(got) == set(theirs)
+    for n, t in theirs.items():
+        a = got[n].reshape(t.shape)
+        if qdq and n.startswith("model.layers.1."):
+            # layer 1 sees layer 0's fake-quantized output: ModelOpt multiplies by bound / amax where we divide by
+            # amax / bound, so a few codes differ by one step and the attention output moves (measured <= 5e-4)
+            assert torch.allclose(a, t, rtol=2e-3, atol=0), n
+        else:
+            assert torch.equal(a, t), n
