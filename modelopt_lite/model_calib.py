@@ -10,6 +10,16 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   ``svdquant(model, forward_loop, lowrank=32)``:
   the registered algorithms, each followed by the max calibration as in ``quantize``; if one raises, the weights and
   quantizers are put back exactly;
+- ``mse_calibrate(model, forward_loop=None, distributed_sync=True, step_size=0.1, start_multiplier=0.25,
+  stop_multiplier=4.0, fp8_scale_sweep=False, shared_states=None)``: max calibration, then each weight amax searched
+  over ``amax * m`` for ModelOpt's multipliers (least squared weight error per amax element);
+- ``local_hessian_calibrate(model, forward_loop=None, ..., fp8_scale_sweep=True, block_size=16, debug=False)``: the
+  same search weighted by each Linear's per-block input Hessian (``fp8_scale_sweep=False`` to run it here);
+- ``nvfp4_act_headroom_calibrate(model, forward_loop=None, *, anchor_percentile=1.0, upper_percentile=99.99,
+  rho=16384.0, weight_scale_algorithm=None)``: NVFP4 activation global amaxes with headroom;
+- ``layerwise_calibrate(model, forward_loop, calib_func, **calib_kwargs)``: ``calib_func`` decoder layer by decoder
+  layer on the inputs each layer gets from the ones before;
+- ``svd(weight, rank)``: ModelOpt's truncated SVD ``(U S, V^T)`` of SVDQuant;
 - ``enable_stats_collection(model)`` / ``finish_stats_collection(model, method=None, **kwargs)``: the two halves
   of a calibration run by hand;
 - ``weight_only_quantize(model)``: the weight quantizers calibrated (max) on the weights alone;
@@ -19,6 +29,7 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   and input amaxes recomputed with max from the weight and the per-channel input maxima SmoothQuant measured.
 
 Parameters the registered algorithm does not take raise a QuantConfigError naming them, before anything runs.
+Not provided: ModelOpt's ``lsq`` (learned separate pre/post block amaxes of static block weights).
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
 from .algorithms import layerwise, nvfp4_act_headroom, weight_mse
+from .algorithms.svdquant import check_rank as svdquant_rank
+from .algorithms.svdquant import svd_factors
 from .calib.distributed import is_active
 from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights
@@ -39,8 +52,12 @@ from .conversion.utils import named_quantizers
 from .nn import TensorQuantizer
 
 ForwardLoop = Callable[[nn.Module], object]
+#: ModelOpt's type of a calibrator factory ``(initial amax, axis, quant_func) -> calibrator`` (its FP8-sweep
+#: backend registry; kept as a name for type annotations)
+CalibratorFactory = Callable[[torch.Tensor, "int | tuple | list | None", Callable], object]
 
 __all__ = [
+    "CalibratorFactory",
     "ForwardLoop",
     "awq",
     "awq_clip",
@@ -56,6 +73,7 @@ __all__ = [
     "mse_calibrate",
     "nvfp4_act_headroom_calibrate",
     "smoothquant",
+    "svd",
     "svdquant",
     "weight_only_quantize",
 ]
@@ -239,6 +257,27 @@ def svdquant(model: nn.Module, forward_loop: ForwardLoop, lowrank: int = 32, **k
     """ModelOpt's ``svdquant``: awq_lite, then a rank-``lowrank`` float branch per Linear and the residual quantized
     (see :mod:`modelopt_lite.algorithms.svdquant`)."""
     return _algorithm(model, "svdquant", forward_loop, {"lowrank": lowrank, **kwargs})
+
+
+def svd(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelOpt's ``svd``: ``(us, vt)`` with ``us @ vt`` the best rank-``rank`` approximation of the 2-D ``weight``
+    (``us = U[:, :r] * S[:r]`` ``(out, r)``, ``vt = V^T[:r]`` ``(r, in)``; computed in float64, returned in the
+    weight's dtype and device). A ``rank`` above ``min(weight.shape)`` pads both with zeros (a warning), as ModelOpt
+    does; a non-finite or non-2-D weight or ``rank < 1`` raises ValueError."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"svd: weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"svd: weight must be 2-D, got shape {tuple(weight.shape)}")
+    r = svdquant_rank(rank, "svd")
+    full = min(weight.shape)
+    vt, us = svd_factors(weight, min(r, full), "svd weight")
+    if r > full:
+        warnings.warn(
+            f"svd: rank {r} exceeds min(weight.shape) = {full}; the factors are padded with zeros", stacklevel=2
+        )
+        us = torch.cat([us, us.new_zeros(us.shape[0], r - full)], 1)
+        vt = torch.cat([vt, vt.new_zeros(r - full, vt.shape[1])], 0)
+    return us.to(weight.device, weight.dtype), vt.to(weight.device, weight.dtype)
 
 
 def enable_stats_collection(model: nn.Module) -> None:

@@ -62,8 +62,11 @@ def _loop(m):
 
 
 def _amaxes(model, prefix="layers."):
-    return {n: q.amax.clone() for n, q in model.named_modules() if n.startswith(prefix) and hasattr(q, "amax") and
-            isinstance(getattr(q, "amax", None), torch.Tensor)}
+    return {
+        n: q.amax.clone()
+        for n, q in model.named_modules()
+        if n.startswith(prefix) and hasattr(q, "amax") and isinstance(getattr(q, "amax", None), torch.Tensor)
+    }
 
 
 def test_layerwise_max_equals_max_calibration_of_the_layers():
@@ -89,9 +92,7 @@ def test_layerwise_max_equals_max_calibration_of_the_layers():
 def test_layerwise_qdq_from_prev_feeds_quantized_outputs():
     model = _model()
     mtq.quantize(model, _cfg(), None)
-    model_calib.layerwise_calibrate(
-        model, _loop, model_calib.max_calibrate, get_qdq_activations_from_prev_layer=True
-    )
+    model_calib.layerwise_calibrate(model, _loop, model_calib.max_calibrate, get_qdq_activations_from_prev_layer=True)
     # by hand: layer 1's up input is layer 0's quantized output (times the mask)
     mask = (torch.arange(16) % 5 != 0).float()
     with torch.no_grad():

@@ -162,8 +162,14 @@ def test_local_hessian_equals_brute_force_on_one_linear():
     q = model[0].weight_quantizer
     amax_max = q.amax.clone()
     model_calib.local_hessian_calibrate(
-        model, lambda m: m(x), fp8_scale_sweep=False, block_size=8, step_size=0.05, start_multiplier=0.5,
-        stop_multiplier=1.5, debug=True,
+        model,
+        lambda m: m(x),
+        fp8_scale_sweep=False,
+        block_size=8,
+        step_size=0.05,
+        start_multiplier=0.5,
+        stop_multiplier=1.5,
+        debug=True,
     )
     w = model[0].weight.detach()
     xb = x.T.reshape(4, 8, -1)
@@ -232,3 +238,19 @@ def test_local_hessian_nan_input_names_the_layer():
     with pytest.raises(ValueError, match="local_hessian: the input of 0 contains NaN or Inf"):
         model_calib.local_hessian_calibrate(model, loop, fp8_scale_sweep=False, block_size=8)
     assert torch.equal(model[0].weight_quantizer.amax, before)
+
+
+# --- svd --------------------------------------------------------------------------------------------------------------
+def test_svd_is_the_best_low_rank_approximation():
+    w = torch.randn(12, 9, generator=torch.Generator().manual_seed(4), dtype=torch.float64).float()
+    us, vt = model_calib.svd(w, 3)
+    assert us.shape == (12, 3) and vt.shape == (3, 9) and us.dtype == vt.dtype == torch.float32
+    u, s, v = torch.linalg.svd(w.double(), full_matrices=False)
+    best = (u[:, :3] * s[:3]) @ v[:3]
+    assert torch.allclose((us.double() @ vt.double()), best, atol=1e-5)
+    with pytest.warns(UserWarning, match="rank 11 exceeds min"):
+        us, vt = model_calib.svd(w.half(), 11)
+    assert us.shape == (12, 11) and vt.shape == (11, 9) and us.dtype == torch.float16
+    assert torch.equal(us[:, 9:], torch.zeros(12, 2, dtype=torch.float16))
+    with pytest.raises(ValueError, match="svd: weight must be 2-D"):
+        model_calib.svd(torch.ones(3), 1)

@@ -131,7 +131,8 @@ def test_layerwise_max_matches_modelopt_on_tiny_llama(qdq):
     mine = H.tiny_llama()
     ours.quantize(mine, {**copy.deepcopy(ours.INT8_DEFAULT_CFG), "algorithm": alg}, H.forward_loop)
     theirs = {
-        n: q.amax.float() for n, q in peer.named_modules()
+        n: q.amax.float()
+        for n, q in peer.named_modules()
         if n.startswith("model.layers.") and n.endswith("_quantizer") and getattr(q, "amax", None) is not None
     }
     got = {n: q.amax for n, q in mine.named_modules() if n in theirs}

@@ -16,16 +16,18 @@ is the model: its ``model_calib`` holds the calibration algorithms, its ``algori
 """
 
 from ..conversion.algorithm_registry import ALGORITHMS, Algorithm, register_algorithm
-from . import sequence  # noqa: F401  (registers "sequence": a list under "algorithm")
+from . import (
+    nvfp4_act_headroom,  # noqa: F401  (registers "nvfp4_act_headroom")
+    sequence,  # noqa: F401  (registers "sequence": a list under "algorithm")
+)
 from .auto_quantize import auto_quantize
 from .awq import awq  # registers "awq_lite", "awq_clip", "awq_full"
 from .gptq import run_gptq  # registers "gptq"
+from .layerwise import decoder_layers  # registers "layerwise"
+from .local_hessian import LocalHessian  # registers "local_hessian"
 from .relu_grids import find_relu_pairs, share_relu_grids
 from .smoothquant import smooth_quant  # registers "smoothquant"
 from .svdquant import add_lowrank, svd_factors, svdquant  # registers "svdquant"
-from .layerwise import decoder_layers  # registers "layerwise"
-from .local_hessian import LocalHessian  # registers "local_hessian"
-from .nvfp4_act_headroom import swap_in  # registers "nvfp4_act_headroom"
 from .weight_mse import refine_weights, search_amax  # registers "weight_mse" (ModelOpt's "mse")
 
 __all__ = [

@@ -32,7 +32,13 @@ from ..conversion.cfg_context import set_quantizer_by_cfg_context
 from ..conversion.model_quant import calibrate as calibrate_with
 
 #: the keys of ModelOpt's ``LayerwiseConfig`` (``"layerwise": {...}`` in an algorithm config)
-LAYERWISE_KEYS = ("enable", "checkpoint_dir", "get_qdq_activations_from_prev_layer", "save_every", "calib_mutates_weights")
+LAYERWISE_KEYS = (
+    "enable",
+    "checkpoint_dir",
+    "get_qdq_activations_from_prev_layer",
+    "save_every",
+    "calib_mutates_weights",
+)
 PARAMS = ("calib", "checkpoint_dir", "get_qdq_activations_from_prev_layer", "save_every", "calib_mutates_weights")
 
 
@@ -43,8 +49,10 @@ class _Stop(Exception):
 def check_options(opts: dict, what: str = "layerwise") -> None:
     """Validate the layerwise options (ValueError/TypeError naming the bad one)."""
     if opts.get("checkpoint_dir") is not None:
-        raise ValueError(f"{what}: checkpoint_dir (per-layer checkpoints and resume) is not supported, got "
-                         f"{opts['checkpoint_dir']!r}")
+        raise ValueError(
+            f"{what}: checkpoint_dir (per-layer checkpoints and resume) is not supported, got "
+            f"{opts['checkpoint_dir']!r}"
+        )
     for key in ("enable", "get_qdq_activations_from_prev_layer", "calib_mutates_weights"):
         if key in opts and not isinstance(opts[key], bool):
             raise TypeError(f"{what}: {key} must be a bool, got {opts[key]!r}")

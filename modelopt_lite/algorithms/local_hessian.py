@@ -53,7 +53,9 @@ class LocalHessian:
     def add(self, x: torch.Tensor) -> None:
         """Fold in one input batch ``(..., cin)`` (ValueError naming the layer for NaN/Inf)."""
         if x.shape[-1] != self.cin:
-            raise ValueError(f"local_hessian: {self.name} got an input of shape {tuple(x.shape)}, expected (..., {self.cin})")
+            raise ValueError(
+                f"local_hessian: {self.name} got an input of shape {tuple(x.shape)}, expected (..., {self.cin})"
+            )
         xf = x.detach().reshape(-1, self.cin).to(torch.float32)
         if not bool(torch.isfinite(xf).all()):
             raise ValueError(f"local_hessian: the input of {self.name} contains NaN or Inf")

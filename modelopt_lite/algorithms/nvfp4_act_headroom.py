@@ -25,7 +25,11 @@ from . import local_hessian, weight_mse
 PARAMS = ("anchor_percentile", "upper_percentile", "rho", "weight_scale_algorithm")
 
 #: ``weight_scale_algorithm`` methods and the options each takes
-_WEIGHT_METHODS = {"max": frozenset({"distributed_sync"}), "mse": weight_mse.PARAMS, "local_hessian": local_hessian.PARAMS}
+_WEIGHT_METHODS = {
+    "max": frozenset({"distributed_sync"}),
+    "mse": weight_mse.PARAMS,
+    "local_hessian": local_hessian.PARAMS,
+}
 
 
 class UnsupportedActivationQuantizerError(NotImplementedError, ValueError):
@@ -58,7 +62,9 @@ def weight_algorithm(spec: Any) -> tuple[str, dict]:
 
 def check_params(params: dict) -> None:
     """Validate the headroom parameters and the weight algorithm."""
-    check_headroom(params.get("rho", 16384.0), params.get("anchor_percentile", 1.0), params.get("upper_percentile", 99.99))
+    check_headroom(
+        params.get("rho", 16384.0), params.get("anchor_percentile", 1.0), params.get("upper_percentile", 99.99)
+    )
     weight_algorithm(params.get("weight_scale_algorithm"))
 
 
