@@ -77,8 +77,15 @@ def test_layerwise_max_equals_max_calibration_of_the_layers():
     for _, q in model.named_modules():
         if hasattr(q, "reset_amax"):
             q.reset_amax()
-    out = model_calib.layerwise_calibrate(model, _loop, model_calib.max_calibrate)
+    passes = []
+
+    def loop(m):
+        passes.append(1)
+        _loop(m)
+
+    out = model_calib.layerwise_calibrate(model, loop, model_calib.max_calibrate)
     assert out is model
+    assert len(passes) == 1  # the layers chain: one recording pass, then each layer replays its inputs
     want, got = _amaxes(ref), _amaxes(model)
     assert len(want) == 12 and set(got) == set(want)
     for n in want:
@@ -143,3 +150,47 @@ def test_layerwise_errors():
     after = _amaxes(model)
     assert set(after) == set(before) and all(torch.equal(after[n], before[n]) for n in before)
     assert "forward" not in model.__dict__
+
+
+class Unchained(Decoder):
+    """The parent computes on the hidden state between layers: no chain, one pass of the loop per layer."""
+
+    def forward(self, x):
+        h = self.embed(x)
+        mask = (torch.arange(h.shape[-1]) % 5 != 0).to(h.dtype)
+        for layer in self.layers:
+            h = 0.5 * layer(h, mask=mask)
+        return self.head(h)
+
+
+def test_layerwise_without_a_chain_runs_one_pass_per_layer_with_real_outputs():
+    def make():
+        torch.manual_seed(0)
+        return Unchained()
+
+    ref = make()
+    mtq.quantize(ref, _cfg(), _loop)
+    passes, outs = [], []
+
+    def loop(m):
+        passes.append(1)
+        for b in _batches():
+            y = m(b)
+            assert isinstance(y, torch.Tensor) and y.shape == (4, 4) and bool(torch.isfinite(y).all())
+            outs.append(y)
+
+    model = make()
+    mtq.quantize(model, _cfg({"method": "max", "layerwise": {"enable": True}}), loop)
+    assert len(passes) == 1 + 2  # the recording pass, then one per later layer
+    want, got = _amaxes(ref), _amaxes(model)
+    assert len(want) == 12
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    # with quantized inputs, layer 1 sees 0.5 * (quantized layer 0 output), as the model computes it
+    q = make()
+    mtq.quantize(q, _cfg(None), None)
+    model_calib.layerwise_calibrate(q, _loop, model_calib.max_calibrate, get_qdq_activations_from_prev_layer=True)
+    mask = (torch.arange(16) % 5 != 0).float()
+    with torch.no_grad():
+        hs = [0.5 * q.layers[0](q.embed(b), mask=mask) for b in _batches()]
+    assert torch.equal(q.layers[1].up.input_quantizer.amax, torch.stack([(h * mask).abs().amax() for h in hs]).amax())

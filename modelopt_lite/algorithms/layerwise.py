@@ -6,13 +6,14 @@ The decoder layers (the ``nn.ModuleList`` of same-class blocks holding the most 
 with its quantizers off before it was calibrated (default), or through the calibrated, quantized layer with
 ``get_qdq_activations_from_prev_layer=True`` (GPTQ's choice: each layer sees the error of the ones before).
 
-How the inputs are found, as ModelOpt does: the user's loop runs the whole model with every layer's ``forward``
-patched: layers before ``i - 1`` return zero placeholders on the meta device (their outputs are never used), layer
-``i - 1`` replays its recorded inputs instead of what it is given, and layer ``i`` records ``(args, kwargs)`` and
-stops the forward (the model returns None). The parent model's own code between layers (masks, position
-embeddings) thus runs as usual; a model that computes on the hidden state between layers is not supported (its
-meta placeholders raise). Only the decoder layers are calibrated; quantizers outside them stay as they were.
-Everything is undone at the end, also on an error.
+How the inputs are found (every pass of the user's loop runs the whole model and returns its real output): one
+pass records layer 0's calls (copies of ``(args, kwargs)``) and checks that the layers form a chain (layer ``k + 1``
+gets layer ``k``'s output as its first argument and the very same other arguments, see
+:class:`.block_replay.ChainWatch`); then each layer's inputs are the previous layer's outputs on its recorded calls,
+with no further pass. When the layers do not chain (the parent computes between them), each layer costs one more
+pass of the loop, in which layer ``i - 1`` replays its recorded calls (its real output replaces what it was given,
+as ModelOpt's "run" mode does) and layer ``i``'s calls are recorded. Only the decoder layers are calibrated;
+quantizers outside them stay as they were. Everything is undone at the end, also on an error.
 
 Not provided: ModelOpt's per-layer checkpoints (``checkpoint_dir``, ``save_every``; a ValueError), and its weight
 offloading (``calib_mutates_weights`` is accepted and changes nothing: weights live on their module).
@@ -21,8 +22,8 @@ offloading (``calib_mutates_weights`` is accepted and changes nothing: weights l
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ from torch import nn
 from ..conversion.algorithm_registry import ALGORITHMS, register_algorithm
 from ..conversion.cfg_context import set_quantizer_by_cfg_context
 from ..conversion.model_quant import calibrate as calibrate_with
+from .block_replay import ChainWatch, copied, fresh, run_element
 
 #: the keys of ModelOpt's ``LayerwiseConfig`` (``"layerwise": {...}`` in an algorithm config)
 LAYERWISE_KEYS = (
@@ -40,10 +42,6 @@ LAYERWISE_KEYS = (
     "calib_mutates_weights",
 )
 PARAMS = ("calib", "checkpoint_dir", "get_qdq_activations_from_prev_layer", "save_every", "calib_mutates_weights")
-
-
-class _Stop(Exception):
-    """Raised by the capturing layer to end the model's forward once its inputs are recorded."""
 
 
 def check_options(opts: dict, what: str = "layerwise") -> None:
@@ -73,111 +71,78 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     return best
 
 
-def _meta(out):
-    if isinstance(out, torch.Tensor):
-        return ("tensor", out.shape, out.dtype)
-    if isinstance(out, (tuple, list)):
-        return (type(out).__name__, [_meta(o) for o in out])
-    return ("other", out)
+def _record(layer: nn.Module, into: list):
+    """A forward pre-hook handle recording copies of each call's ``(args, kwargs)`` of ``layer`` into ``into``."""
+
+    def hook(_m, args, kwargs):
+        into.append((copied(args), copied(kwargs)))
+
+    return layer.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _zeros(meta):
-    tag = meta[0]
-    if tag == "tensor":
-        return torch.zeros(meta[1], dtype=meta[2], device="meta")
-    if tag in ("tuple", "list"):
-        items = [_zeros(m) for m in meta[1]]
-        return tuple(items) if tag == "tuple" else items
-    return meta[1]
+@contextlib.contextmanager
+def _replaying(layer: nn.Module, calls: list):
+    """``layer`` runs on its recorded ``calls``, in order, whatever it is given (one per call)."""
+    queue = collections.deque(calls)
+    original = layer.forward
+    had = "forward" in vars(layer)
+
+    def forward(*_args, **_kwargs):
+        if not queue:
+            raise RuntimeError("layerwise: a decoder layer was called more often than in the recorded pass")
+        args, kwargs = queue.popleft()
+        return original(*fresh(args), **fresh(kwargs))
+
+    layer.forward = forward
+    try:
+        yield
+    finally:
+        if had:
+            layer.forward = original
+        else:
+            del layer.forward
 
 
-def _fresh_kwargs(kwargs: dict) -> dict:
-    """A replay must not extend a KV cache across replays: reset it (or drop it), as ModelOpt does."""
-    cache = kwargs.get("past_key_values")
-    if cache is None:
-        return kwargs
-    kwargs = dict(kwargs)
-    if hasattr(cache, "reset"):
-        cache.reset()
-    else:
-        kwargs["past_key_values"] = None
-    return kwargs
+def _outputs(layer: nn.Module, calls: list, modes: list) -> list:
+    """The next layer's calls of a chain: ``layer`` run on each of ``calls``, its output as the first argument."""
+    return run_element(layer, [calls], modes)[0]
 
 
-class _Patched:
-    """The layers' and the model's patched forwards (modes: original, capture, run, skip)."""
+class _Inputs:
+    """The recorded calls of each decoder layer, from the chain or from one more pass per layer."""
 
-    def __init__(self, model: nn.Module, layers: nn.ModuleList):
-        self.model, self.layers = model, list(layers)
-        self.mode = ["original"] * len(self.layers)
-        self.inputs: list[list] = [[] for _ in self.layers]  # recorded (args, kwargs) per layer
-        self.replay: collections.deque = collections.deque()
-        self.meta: list[Any] = [None] * len(self.layers)
-        self._saved: list[tuple[nn.Module, Any]] = []
-
-    def __enter__(self) -> _Patched:
-        for i, layer in enumerate(self.layers):
-            self._patch(layer, self._layer_forward(i, layer.forward))
-        self._patch(self.model, self._model_forward(self.model.forward))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for m, old in reversed(self._saved):
-            if old is None:
-                del m.forward
-            else:
-                m.forward = old
-        self._saved.clear()
-
-    def _patch(self, m: nn.Module, fn: Callable) -> None:
-        self._saved.append((m, m.__dict__.get("forward")))
-        m.forward = fn
-
-    def _layer_forward(self, i: int, original: Callable) -> Callable:
-        def forward(*args, **kwargs):
-            mode = self.mode[i]
-            if mode == "skip":
-                return _zeros(self.meta[i])
-            if mode == "run":
-                real_args, real_kwargs = self.replay.popleft()
-                out = original(*real_args, **_fresh_kwargs(real_kwargs))
-                self.meta[i] = _meta(out)
-                return out
-            if mode == "capture":
-                self.inputs[i].append((args, kwargs))
-                raise _Stop
-            return original(*args, **kwargs)
-
-        return forward
-
-    @staticmethod
-    def _model_forward(original: Callable) -> Callable:
-        def forward(*args, **kwargs):
-            try:
-                return original(*args, **kwargs)
-            except _Stop:
-                return None
-
-        return forward
-
-    def capture(self, i: int, forward_loop, run_prev: list | None) -> list:
-        """Run the loop once to record layer ``i``'s inputs (layer ``i - 1`` replaying ``run_prev``)."""
-        for j in range(len(self.layers)):
-            self.mode[j] = "skip" if j < i - 1 else "original"
-        if i > 0:
-            self.mode[i - 1] = "run"
-            self.replay = collections.deque(run_prev or [])
-        self.mode[i] = "capture"
-        self.inputs[i] = []
+    def __init__(self, model: nn.Module, layers: nn.ModuleList, forward_loop):
+        self.model, self.layers, self.loop = model, layers, forward_loop
+        first: list = []
+        watch = ChainWatch(model, [layers])
+        handle = _record(layers[0], first)
         try:
-            with torch.no_grad():
-                forward_loop(self.model)
+            with watch.watching(), torch.no_grad():
+                forward_loop(model)
         finally:
-            self.mode = ["original"] * len(self.layers)
-            self.replay.clear()
-        if not self.inputs[i]:
-            raise RuntimeError(f"layerwise: decoder layer {i} saw no input during the forward loop")
-        return self.inputs[i]
+            handle.remove()
+        if not first:
+            raise RuntimeError("layerwise: the first decoder layer saw no input during the forward loop")
+        self.first = first
+        self.chained = watch.chained(layers)
+        self.modes = {id(layer): watch.modes.get(id(layer), []) for layer in layers}
+
+    def next(self, i: int, calls: list) -> list:
+        """Layer ``i + 1``'s calls, layer ``i`` (in its current state) fed ``calls``."""
+        layer, nxt = self.layers[i], self.layers[i + 1]
+        with torch.no_grad():
+            if self.chained:
+                return _outputs(layer, calls, self.modes[id(layer)])
+            out: list = []
+            handle = _record(nxt, out)
+            try:
+                with _replaying(layer, calls):
+                    self.loop(self.model)
+            finally:
+                handle.remove()
+        if len(out) != len(calls):
+            raise RuntimeError(f"layerwise: decoder layer {i + 1} was called {len(out)} times, layer {i} {len(calls)}")
+        return out
 
 
 def layerwise(model: nn.Module, forward_loop, calib_func: Callable, **calib_kwargs) -> None:
@@ -187,28 +152,27 @@ def layerwise(model: nn.Module, forward_loop, calib_func: Callable, **calib_kwar
     qdq_from_prev = opts.get("get_qdq_activations_from_prev_layer", False)
     if not callable(forward_loop):
         raise ValueError("layerwise: forward_loop must not be None (a callable taking the model)")
-    found = decoder_layers(model)
-    if found is None:
+    layers = decoder_layers(model)
+    if layers is None:
         raise ValueError("layerwise: no decoder layers found (an nn.ModuleList of same-class blocks) in the model")
-    n = len(found)
-    with _Patched(model, found) as p:
-        inputs = p.capture(0, forward_loop, None)
-        for i in range(n):
-            layer = p.layers[i]
+    n = len(layers)
+    inputs = _Inputs(model, layers, forward_loop)
+    calls = inputs.first
+    for i in range(n):
+        layer = layers[i]
 
-            def loop(m, _inputs=inputs):
-                for args, kwargs in _inputs:
-                    m(*args, **_fresh_kwargs(kwargs))
+        def loop(m, _calls=calls):
+            for args, kwargs in _calls:
+                m(*fresh(args), **fresh(kwargs))
 
-            nxt = None
-            if i + 1 < n and not qdq_from_prev:
-                with set_quantizer_by_cfg_context(layer, {"*": {"enable": False}}):
-                    nxt = p.capture(i + 1, forward_loop, inputs)
-            calib_func(layer, loop, **calib_kwargs)
-            if i + 1 < n and qdq_from_prev:
-                nxt = p.capture(i + 1, forward_loop, inputs)
-            p.inputs[i] = []
-            inputs = nxt if nxt is not None else []
+        nxt = None
+        if i + 1 < n and not qdq_from_prev:
+            with set_quantizer_by_cfg_context(layer, {"*": {"enable": False}}):
+                nxt = inputs.next(i, calls)
+        calib_func(layer, loop, **calib_kwargs)
+        if i + 1 < n and qdq_from_prev:
+            nxt = inputs.next(i, calls)
+        calls = nxt if nxt is not None else []
 
 
 def per_layer(calib: tuple) -> Callable:
