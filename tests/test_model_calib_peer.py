@@ -124,11 +124,18 @@ def test_nvfp4_act_headroom_matches_modelopt_exactly(rho):
 
 @pytest.mark.parametrize("qdq", [False, True], ids=["fp-inputs", "qdq-inputs"])
 def test_layerwise_max_matches_modelopt_on_tiny_llama(qdq):
+    """fp-inputs: every amax bit-identical. qdq-inputs: layer 1 sees layer 0's fake-quantized output, where ModelOpt
+    multiplies by bound / amax and we divide by amax / bound (a few codes one step apart), so within 0.5%; ours is
+    checked exactly against a plain forward of the model. ``use_cache=False`` on both sides: with a KV cache,
+    ModelOpt's replay of layer 0 attends to the keys its own calibration replay left in the cache object (layer 1's
+    q_proj input amax 3.8618 against 3.9119 without a cache), where ours replays on a copy of the cache as recorded."""
     H = pytest.importorskip("hf_helpers")
     alg = {"method": "max", "layerwise": {"enable": True, "get_qdq_activations_from_prev_layer": qdq}}
     peer = H.tiny_llama()
+    peer.config.use_cache = False
     mtq.quantize(peer, {**copy.deepcopy(mtq.INT8_DEFAULT_CFG), "algorithm": alg}, H.forward_loop)
     mine = H.tiny_llama()
+    mine.config.use_cache = False
     ours.quantize(mine, {**copy.deepcopy(ours.INT8_DEFAULT_CFG), "algorithm": alg}, H.forward_loop)
     theirs = {
         n: q.amax.float()
@@ -140,8 +147,15 @@ def test_layerwise_max_matches_modelopt_on_tiny_llama(qdq):
     for n, t in theirs.items():
         a = got[n].reshape(t.shape)
         if qdq and n.startswith("model.layers.1."):
-            # layer 1 sees layer 0's fake-quantized output: ModelOpt multiplies by bound / amax where we divide by
-            # amax / bound, so a few codes differ by one step and the attention output moves (measured <= 5e-4)
-            assert torch.allclose(a, t, rtol=2e-3, atol=0), n
+            assert torch.allclose(a, t, rtol=5e-3, atol=0), n
         else:
             assert torch.equal(a, t), n
+    if qdq:  # ours: layer 1's inputs are exactly what the model computes with layer 0 quantized
+        layer1 = mine.model.layers[1]
+        for n, q in layer1.named_modules():
+            if n.endswith("_quantizer"):
+                q.disable()
+        seen: list = []
+        layer1.self_attn.q_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0].abs().amax()))
+        H.forward_loop(mine)
+        assert torch.equal(torch.stack(seen).amax(), got["model.layers.1.self_attn.q_proj.input_quantizer"])
