@@ -10,6 +10,16 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   ``svdquant(model, forward_loop, lowrank=32)``:
   the registered algorithms, each followed by the max calibration as in ``quantize``; if one raises, the weights and
   quantizers are put back exactly;
+- ``mse_calibrate(model, forward_loop=None, distributed_sync=True, step_size=0.1, start_multiplier=0.25,
+  stop_multiplier=4.0, fp8_scale_sweep=False, shared_states=None)``: max calibration, then each weight amax searched
+  over ``amax * m`` for ModelOpt's multipliers (least squared weight error per amax element);
+- ``local_hessian_calibrate(model, forward_loop=None, ..., fp8_scale_sweep=True, block_size=16, debug=False)``: the
+  same search weighted by each Linear's per-block input Hessian (``fp8_scale_sweep=False`` to run it here);
+- ``nvfp4_act_headroom_calibrate(model, forward_loop=None, *, anchor_percentile=1.0, upper_percentile=99.99,
+  rho=16384.0, weight_scale_algorithm=None)``: NVFP4 activation global amaxes with headroom;
+- ``layerwise_calibrate(model, forward_loop, calib_func, **calib_kwargs)``: ``calib_func`` decoder layer by decoder
+  layer on the inputs each layer gets from the ones before;
+- ``svd(weight, rank)``: ModelOpt's truncated SVD ``(U S, V^T)`` of SVDQuant;
 - ``enable_stats_collection(model)`` / ``finish_stats_collection(model, method=None, **kwargs)``: the two halves
   of a calibration run by hand;
 - ``weight_only_quantize(model)``: the weight quantizers calibrated (max) on the weights alone;
@@ -19,16 +29,21 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   and input amaxes recomputed with max from the weight and the per-channel input maxima SmoothQuant measured.
 
 Parameters the registered algorithm does not take raise a QuantConfigError naming them, before anything runs.
+Not provided: ModelOpt's ``lsq`` (learned separate pre/post block amaxes of static block weights).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
+from .algorithms import layerwise, nvfp4_act_headroom, weight_mse
+from .algorithms.svdquant import check_rank as svdquant_rank
+from .algorithms.svdquant import svd_factors
 from .calib.distributed import is_active
 from .conversion.config import normalize_algorithm
 from .conversion.model_quant import _run_algorithm, calibrate, calibrate_weights
@@ -37,8 +52,12 @@ from .conversion.utils import named_quantizers
 from .nn import TensorQuantizer
 
 ForwardLoop = Callable[[nn.Module], object]
+#: ModelOpt's type of a calibrator factory ``(initial amax, axis, quant_func) -> calibrator`` (its FP8-sweep
+#: backend registry; kept as a name for type annotations)
+CalibratorFactory = Callable[[torch.Tensor, "int | tuple | list | None", Callable], object]
 
 __all__ = [
+    "CalibratorFactory",
     "ForwardLoop",
     "awq",
     "awq_clip",
@@ -48,8 +67,13 @@ __all__ = [
     "apply_pre_quant_scale_and_smooth",
     "disable_pre_quant_scale_and_resmooth",
     "gptq",
+    "layerwise_calibrate",
+    "local_hessian_calibrate",
     "max_calibrate",
+    "mse_calibrate",
+    "nvfp4_act_headroom_calibrate",
     "smoothquant",
+    "svd",
     "svdquant",
     "weight_only_quantize",
 ]
@@ -88,6 +112,120 @@ def _algorithm(model: nn.Module, method: str, forward_loop, params: dict) -> nn.
     return model
 
 
+def _sync_flag(what: str, distributed_sync) -> None:
+    if not isinstance(distributed_sync, bool):
+        raise TypeError(f"{what}: distributed_sync must be a bool, got {distributed_sync!r}")
+    if not distributed_sync and is_active():
+        raise ValueError(f"{what}: distributed_sync=False cannot be honoured: calibration always syncs ranks")
+
+
+def _guarded(model: nn.Module, run: Callable[[], object]) -> nn.Module:
+    """``run()``, with the weights and quantizers put back exactly if it raises."""
+    weights = ModuleSnapshot(m for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor))
+    quantizers = snapshot_quantizers(q for _, q in named_quantizers(model))
+    try:
+        run()
+    except BaseException:
+        weights.restore()
+        quantizers.restore()
+        raise
+    return model
+
+
+def mse_calibrate(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    distributed_sync: bool = True,
+    step_size: float = 0.1,
+    start_multiplier: float = 0.25,
+    stop_multiplier: float = 4.0,
+    fp8_scale_sweep: bool = False,
+    shared_states=None,
+) -> nn.Module:
+    """ModelOpt's ``mse_calibrate``: :func:`max_calibrate`, then each weight amax searched over ``amax * m`` for
+    ModelOpt's multipliers ``m`` (smallest squared weight error per amax element; see
+    :mod:`modelopt_lite.algorithms.weight_mse`). The config form is ``{"method": "mse", "step_size": ...}``."""
+    params = {"step_size": step_size, "start_multiplier": start_multiplier, "stop_multiplier": stop_multiplier}
+    params.update(fp8_scale_sweep=fp8_scale_sweep, shared_states=shared_states)
+    _sync_flag("mse_calibrate", distributed_sync)
+    if forward_loop is not None:
+        return _algorithm(model, "weight_mse", forward_loop, params)
+    normalize_algorithm({"method": "weight_mse", **params})  # QuantConfigError before anything runs
+
+    def run() -> None:
+        calibrate_weights(model, None)
+        if fp8_scale_sweep:
+            weight_mse.warn_no_sweep("mse_calibrate")
+            return
+        weight_mse.refine_weights(model, step_size, start_multiplier, stop_multiplier)
+
+    return _guarded(model, run)
+
+
+def local_hessian_calibrate(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    distributed_sync: bool = True,
+    step_size: float = 0.1,
+    start_multiplier: float = 0.25,
+    stop_multiplier: float = 4.0,
+    fp8_scale_sweep: bool = True,
+    block_size: int = 16,
+    debug: bool = False,
+    shared_states=None,
+) -> nn.Module:
+    """ModelOpt's ``local_hessian_calibrate``: :func:`max_calibrate`, a pass collecting each quantized Linear's
+    per-block input Hessian (weight quantizers off), then the :func:`mse_calibrate` search with the error
+    ``dW H dW^T`` (see :mod:`modelopt_lite.algorithms.local_hessian`). Without ``forward_loop`` nothing runs (a
+    warning), as in ModelOpt; ``fp8_scale_sweep=True`` (ModelOpt's default) leaves every weight at its max amax
+    here (no static NVFP4 weights), so pass ``fp8_scale_sweep=False``."""
+    _sync_flag("local_hessian_calibrate", distributed_sync)
+    if forward_loop is None:
+        warnings.warn("local_hessian_calibrate: forward_loop must be provided; skipping local_hessian", stacklevel=2)
+        return model
+    params = {"step_size": step_size, "start_multiplier": start_multiplier, "stop_multiplier": stop_multiplier}
+    params.update(fp8_scale_sweep=fp8_scale_sweep, block_size=block_size, debug=debug, shared_states=shared_states)
+    return _algorithm(model, "local_hessian", forward_loop, params)
+
+
+def nvfp4_act_headroom_calibrate(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    *,
+    anchor_percentile: float = 1.0,
+    upper_percentile: float = 99.99,
+    rho: float = 16384.0,
+    weight_scale_algorithm=None,
+) -> nn.Module:
+    """ModelOpt's ``nvfp4_act_headroom_calibrate``: every NVFP4 input quantizer's global amax set to
+    ``max(rho * anchor, upper)`` from the distribution of its per-block amaxes (see
+    :mod:`modelopt_lite.calib.nvfp4_headroom`), the weights by ``weight_scale_algorithm`` (default max; ``"mse"`` /
+    ``"local_hessian"`` with their options). Without ``forward_loop`` the activations see no data: only the weights
+    are calibrated (max or mse; local_hessian needs a loop and warns), as in ModelOpt."""
+    params = {"anchor_percentile": anchor_percentile, "upper_percentile": upper_percentile, "rho": rho}
+    params["weight_scale_algorithm"] = weight_scale_algorithm
+    if forward_loop is not None:
+        return _algorithm(model, "nvfp4_act_headroom", forward_loop, params)
+    normalize_algorithm({"method": "nvfp4_act_headroom", **params})  # QuantConfigError before anything runs
+    method, opts = nvfp4_act_headroom.weight_algorithm(weight_scale_algorithm)
+    if method == "mse":
+        return mse_calibrate(model, None, **opts)
+    if method == "local_hessian":
+        return local_hessian_calibrate(model, None, **opts)
+    return max_calibrate(model, None, **opts)
+
+
+def layerwise_calibrate(model: nn.Module, forward_loop: ForwardLoop, calib_func: Callable, **calib_kwargs):
+    """ModelOpt's ``layerwise_calibrate``: ``calib_func(layer, layer_loop, **calib_kwargs)`` for each decoder layer
+    in turn, ``layer_loop`` replaying the inputs that layer gets from the layers before it (see
+    :mod:`modelopt_lite.algorithms.layerwise`; ``get_qdq_activations_from_prev_layer=True``: through the calibrated,
+    quantized layers). ``calib_func`` is any entry point of this module (``max_calibrate``, ``gptq``,
+    ``mse_calibrate``, ...). The weights and quantizers are put back exactly if it raises."""
+    if not callable(calib_func):
+        raise TypeError(f"layerwise_calibrate: calib_func must be callable, got {calib_func!r}")
+    return _guarded(model, lambda: layerwise.layerwise(model, forward_loop, calib_func, **calib_kwargs))
+
+
 def smoothquant(model: nn.Module, forward_loop: ForwardLoop | None = None, alpha: float = 1.0) -> nn.Module:
     """SmoothQuant with migration strength ``alpha`` (ModelOpt's default 1.0), then max calibration."""
     return _algorithm(model, "smoothquant", forward_loop, {"alpha": alpha})
@@ -119,6 +257,27 @@ def svdquant(model: nn.Module, forward_loop: ForwardLoop, lowrank: int = 32, **k
     """ModelOpt's ``svdquant``: awq_lite, then a rank-``lowrank`` float branch per Linear and the residual quantized
     (see :mod:`modelopt_lite.algorithms.svdquant`)."""
     return _algorithm(model, "svdquant", forward_loop, {"lowrank": lowrank, **kwargs})
+
+
+def svd(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelOpt's ``svd``: ``(us, vt)`` with ``us @ vt`` the best rank-``rank`` approximation of the 2-D ``weight``
+    (``us = U[:, :r] * S[:r]`` ``(out, r)``, ``vt = V^T[:r]`` ``(r, in)``; computed in float64, returned in the
+    weight's dtype and device). A ``rank`` above ``min(weight.shape)`` pads both with zeros (a warning), as ModelOpt
+    does; a non-finite or non-2-D weight or ``rank < 1`` raises ValueError."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"svd: weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"svd: weight must be 2-D, got shape {tuple(weight.shape)}")
+    r = svdquant_rank(rank, "svd")
+    full = min(weight.shape)
+    vt, us = svd_factors(weight, min(r, full), "svd weight")
+    if r > full:
+        warnings.warn(
+            f"svd: rank {r} exceeds min(weight.shape) = {full}; the factors are padded with zeros", stacklevel=2
+        )
+        us = torch.cat([us, us.new_zeros(us.shape[0], r - full)], 1)
+        vt = torch.cat([vt, vt.new_zeros(r - full, vt.shape[1])], 0)
+    return us.to(weight.device, weight.dtype), vt.to(weight.device, weight.dtype)
 
 
 def enable_stats_collection(model: nn.Module) -> None:

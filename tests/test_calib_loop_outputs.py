@@ -15,7 +15,7 @@ from torch import nn
 import modelopt_lite as mtq
 from modelopt_lite.algorithms.auto_quantize import auto_quantize
 from modelopt_lite.conversion.algorithm_registry import ALGORITHMS
-from modelopt_lite.conversion.config import CALIB_METHODS
+from modelopt_lite.conversion.config import CALIB_METHODS, normalize_algorithm
 
 D, CIN, ROWS, TOKENS = 16, 8, 2, 6
 
@@ -102,6 +102,9 @@ _W4_CFG = {"default": {"enable": False}, "*weight_quantizer": _W4}
 _INT8 = {"num_bits": 8, "axis": None}
 _W8A8_CFG = {"default": {"enable": False}, "*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": _INT8}
 
+_NV = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
+_NVFP4_CFG = {"default": {"enable": False}, "layers.*weight_quantizer": _NV, "layers.*input_quantizer": _NV}
+
 #: one config per registered algorithm and calibration method (test_every_algorithm_is_covered keeps it complete)
 CASES = {
     "gptq": (_W4_CFG, {"method": "gptq"}),
@@ -112,15 +115,20 @@ CASES = {
     "smoothquant": (_W8A8_CFG, {"method": "smoothquant", "alpha": 0.5}),
     "svdquant": (_W4_CFG, {"method": "svdquant", "lowrank": 2, "progress": False}),
     "sequence": (_W4_CFG, ["awq_lite", {"method": "gptq"}, "max"]),
+    "weight_mse": (_W8A8_CFG, {"method": "mse", "step_size": 0.5}),
+    "local_hessian": (_W8A8_CFG, {"method": "local_hessian", "fp8_scale_sweep": False, "block_size": 8}),
+    "nvfp4_act_headroom": (_NVFP4_CFG, {"method": "nvfp4_act_headroom"}),
+    "layerwise": (_W4_CFG, {"method": "gptq", "layerwise": {"enable": True}}),
+    "max_layerwise_qdq": (
+        _W8A8_CFG,
+        {"method": "max", "layerwise": {"enable": True, "get_qdq_activations_from_prev_layer": True}},
+    ),
     **{m: (_W8A8_CFG, m) for m in CALIB_METHODS},
 }
 
 
 def test_every_algorithm_is_covered():
-    names = {
-        c[1] if isinstance(c[1], str) else c[1]["method"] if isinstance(c[1], dict) else "sequence"
-        for c in CASES.values()
-    }
+    names = {normalize_algorithm(c[1])[0] for c in CASES.values()}
     assert set(ALGORITHMS) | set(CALIB_METHODS) <= names
 
 
@@ -138,7 +146,7 @@ def test_the_loop_sees_real_outputs_in_every_pass(case, kind):
     assert len(loop.values) == loop.started and all(bool(torch.isfinite(v)) for v in loop.values)
     assert "forward" not in vars(q)  # no wrapper left on the model
     if case.startswith(
-        ("gptq", "awq_lite", "awq_full", "sequence", "smoothquant", "svdquant")
+        ("gptq", "awq_lite", "awq_full", "sequence", "smoothquant", "svdquant", "layerwise")
     ):  # the algorithm changed weights
         assert not torch.equal(q.layers[1].up.weight, before["layers.1.up.weight"])
 

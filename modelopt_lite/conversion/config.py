@@ -279,6 +279,39 @@ def _sequence(steps: list) -> tuple[str, dict]:
     return "sequence", {"steps": tuple(normalize_algorithm(a) for a in steps)}
 
 
+#: ModelOpt's ``"mse"`` is a search on the weight amaxes (its ``MseCalibConfig`` fields ``step_size``, ...); ours is
+#: the histogram MSE of the per-tensor quantizers. A ``"mse"`` dict with ModelOpt's fields only runs the registered
+#: ModelOpt algorithm instead (``weight_mse``, :mod:`modelopt_lite.algorithms.weight_mse`).
+MODELOPT_ALIASES = {"mse": "weight_mse"}
+
+
+def _modelopt_alias(method: Any, params: dict) -> Any:
+    target = MODELOPT_ALIASES.get(method) if isinstance(method, str) else None
+    if target is None or target not in ALGORITHMS or not params:
+        return method
+    return target if set(params) <= ALGORITHMS[target].params else method
+
+
+def _layerwise(method: Any, params: dict) -> tuple[str | None, dict] | None:
+    """ModelOpt's ``"layerwise": {"enable": True, ...}`` in an algorithm dict: the registered ``"layerwise"``
+    algorithm running ``method`` decoder layer by decoder layer (``enable`` False or absent: ``method`` as usual)."""
+    params = dict(params)
+    lw = params.pop("layerwise")
+    inner = normalize_algorithm({"method": method, **params})
+    if lw is None:
+        return inner
+    if not isinstance(lw, dict):
+        raise QuantConfigError(f"algorithm 'layerwise' must be a dict such as {{'enable': True}}, got {lw!r}")
+    if not lw.get("enable", False):
+        return inner
+    if "layerwise" not in ALGORITHMS:
+        raise QuantConfigError(f"layerwise calibration is not registered{NOT_REGISTERED_HINT}")
+    if inner is None or inner[0] in (None, "sequence"):
+        raise QuantConfigError(f"layerwise needs one calibration method or algorithm, got {method!r}")
+    opts = {k: v for k, v in lw.items() if k != "enable"}
+    return normalize_algorithm({"method": "layerwise", "calib": inner, **opts})
+
+
 def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
     """``(method, params)`` from ``"max"``, ``{"method": "percentile", "percentile": 99.9}``, ... or None; a list
     (ModelOpt's sequential form) gives ``("sequence", {"steps": (each entry normalized, ...)})``."""
@@ -296,10 +329,13 @@ def normalize_algorithm(algorithm: Any) -> tuple[str | None, dict] | None:
             raise QuantConfigError(f"algorithm dict needs a 'method' key, got {algorithm!r}")
         params = {k: v for k, v in algorithm.items() if k != "method"}
         method = algorithm["method"]
+        if "layerwise" in params:
+            return _layerwise(method, params)
     else:
         raise QuantConfigError(
             f"algorithm must be None, a method name or a dict with 'method' (or a list of those), got {algorithm!r}"
         )
+    method = _modelopt_alias(method, params)
     if method in ALGORITHMS:
         alg = ALGORITHMS[method]
         unknown = sorted(set(params) - alg.params)
