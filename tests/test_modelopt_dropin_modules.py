@@ -48,3 +48,132 @@ def test_norm_module_paths_of_modelopt(module, prefix):
     x = torch.randn(2, 3, 4, 4)
     ref = (nn.InstanceNorm2d if prefix == "QuantInstanceNorm" else nn.BatchNorm2d)(3, affine=True)
     assert torch.equal(m(x), ref(x))
+
+
+# --- TensorQuantizer(quant_attribute_cfg=...), QuantizerAttributeConfig with ModelOpt's extra settings ------------
+def test_tensor_quantizer_takes_modelopts_quant_attribute_cfg_keyword():
+    from modelopt_lite import QuantDescriptor
+    from modelopt_lite.nn import TensorQuantizer
+
+    q = TensorQuantizer(quant_attribute_cfg=QuantDescriptor(num_bits=4, axis=0), amax=torch.tensor([[1.0], [2.0]]))
+    assert q.num_bits == 4 and q.axis == 0
+    assert torch.equal(q.amax, torch.tensor([[1.0], [2.0]]))
+    with pytest.raises(TypeError, match="not both"):
+        TensorQuantizer(QuantDescriptor(num_bits=4), quant_attribute_cfg=QuantDescriptor(num_bits=8))
+
+
+def test_quantizer_attribute_config_carries_the_affine_bias_to_the_quantizer():
+    import modelopt_lite as mtq
+    from modelopt_lite.nn import TensorQuantizer
+
+    bias = {-1: None, -3: None, "type": "dynamic", "method": "mean"}
+    cfg = mtq.QuantizerAttributeConfig(num_bits=8, bias=bias)
+    assert isinstance(cfg, mtq.QuantDescriptor)
+    assert cfg.extras == {"bias": {-1: None, -3: None, "type": "dynamic", "method": "mean"}}
+    assert cfg != mtq.QuantDescriptor(num_bits=8) and hash(cfg) == hash(
+        mtq.QuantizerAttributeConfig(num_bits=8, bias=bias)
+    )
+    assert mtq.QuantizerAttributeConfig(num_bits=8) == mtq.QuantDescriptor(num_bits=8)
+    q = TensorQuantizer(quant_attribute_cfg=cfg)
+    assert q.bias == bias and q.bias_type == "dynamic"
+    assert type(q.quant_desc) is mtq.ScaledQuantDescriptor  # the settings live on the quantizer
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    b = x.mean(dim=(-1, -3), keepdim=True)
+    ref = TensorQuantizer(mtq.QuantDescriptor(num_bits=8))
+    assert torch.equal(q(x), ref(x - b) + b)
+    with pytest.raises(ValueError, match="QuantizerAttributeConfig"):
+        mtq.QuantizerAttributeConfig(bias={-1: None, "type": "sometimes"})
+    with pytest.raises(TypeError, match="unknown keyword"):
+        mtq.QuantizerAttributeConfig(num_bitz=8)
+
+
+def test_quantizer_attribute_config_num_steps_and_module_descriptors():
+    import pickle
+
+    import modelopt_lite as mtq
+    from modelopt_lite.nn import QuantLinear, TensorQuantizer
+
+    cfg = mtq.QuantizerAttributeConfig(num_bits=8, num_steps=3, trt_high_precision_dtype="Half")
+    q = TensorQuantizer(cfg, amax=2.0)
+    assert q.num_steps == 3 and q.amax is not None
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and again.extras == {"num_steps": 3, "trt_high_precision_dtype": "Half"}
+    with pytest.raises(ValueError, match="num_steps"):
+        mtq.QuantizerAttributeConfig(num_steps=0)
+    lin = QuantLinear(4, 3, quant_desc_input={"num_bits": 8, "bias": {-1: None, "type": "dynamic"}})
+    assert lin.input_quantizer.bias_type == "dynamic"
+
+
+# --- utils.enable_fake_quant, TensorQuantizer._fake_quant, calib.MseCalibrator ----------------------------------
+def test_enable_fake_quant_switches_weight_quantizers_and_restores():
+    from modelopt_lite import QuantDescriptor, utils
+    from modelopt_lite.nn import TensorQuantizer
+
+    holder = nn.Module()
+    holder.weight_quantizer = TensorQuantizer(
+        QuantDescriptor(num_bits=8, axis=0, fake_quant=False), amax=[[1.0], [2.0]]
+    )
+    holder.input_quantizer = TensorQuantizer(QuantDescriptor(num_bits=8, fake_quant=False), amax=1.0)
+    w = torch.tensor([[0.3, -0.7], [1.1, 2.0]])
+    assert torch.equal(holder.weight_quantizer(w), torch.tensor([[38.0, -89.0], [70.0, 127.0]]))  # codes
+    with utils.enable_fake_quant(holder):
+        assert holder.weight_quantizer._fake_quant is True and holder.weight_quantizer.fake_quant is True
+        assert holder.input_quantizer.fake_quant is False  # weight quantizers only, as ModelOpt
+        assert torch.equal(
+            holder.weight_quantizer(w),
+            torch.tensor([[38.0, -89.0], [70.0, 127.0]]) * torch.tensor([[1 / 127], [2 / 127]]),
+        )
+    assert holder.weight_quantizer.fake_quant is False
+    assert torch.equal(holder.weight_quantizer.amax, torch.tensor([[1.0], [2.0]]))
+
+
+def _int8_fake(x, amax):
+    from modelopt_lite.tensor_quant import fake_tensor_quant
+
+    return fake_tensor_quant(x, amax)
+
+
+def test_mse_calibrator_per_tensor_picks_the_smallest_error_candidate():
+    from modelopt_lite import calib
+
+    x = torch.ones(1024)
+    x[0] = 10.0
+    cal = calib.MseCalibrator(
+        amax=x.abs().max(), num_steps=20, start_multiplier=0.1, stop_multiplier=1.5, quant_func=_int8_fake
+    )
+    assert cal.compute_amax() is None
+    cal.collect(x)
+    best = cal.compute_amax()
+    mult = torch.linspace(0.1, 1.5, 20)
+    errors = torch.stack([((x - _int8_fake(x, 10.0 * m)) ** 2).sum() for m in mult])
+    assert best.shape == () and best.dtype == torch.float32
+    assert torch.equal(best, torch.tensor(10.0) * mult[int(torch.argmin(errors))])
+    cal.reset()
+    assert cal.compute_amax() is None
+    assert calib.MseCalibrator(amax=1.0, start_multiplier=0.25, stop_multiplier=4.0).num_steps == 39  # step 0.1
+
+
+def test_mse_calibrator_per_channel_and_bad_input():
+    from modelopt_lite import calib
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4000, generator=g) * torch.tensor([[1.0], [50.0]])
+    x[1, 0] = -1000.0
+    init = x.abs().amax(dim=1, keepdim=True)
+    mult = torch.linspace(0.25, 1.0, 16)
+    cal = calib.MseCalibrator(
+        amax=init, axis=0, num_steps=16, start_multiplier=0.25, stop_multiplier=1.0, quant_func=_int8_fake
+    )
+    cal.collect(x)
+    cal.collect(x)
+    best = cal.compute_amax()
+    errors = torch.stack([((x - _int8_fake(x, init * m)) ** 2).sum(dim=1) for m in mult])  # (16, 2)
+    assert best.shape == (2, 1)
+    assert torch.equal(best, init * mult[torch.argmin(errors, dim=0)].reshape(2, 1))
+    assert float(best[1, 0]) < 1000.0  # the outlier is clipped
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        cal.collect(torch.full((2, 4000), float("nan")))
+    with pytest.raises(ValueError, match="amax must be finite"):
+        calib.MseCalibrator(amax=torch.tensor(float("inf")))
+    with pytest.raises(ValueError, match="no quant_func"):
+        calib.MseCalibrator(amax=1.0).collect(x)
