@@ -177,3 +177,109 @@ def test_mse_calibrator_per_channel_and_bad_input():
         calib.MseCalibrator(amax=torch.tensor(float("inf")))
     with pytest.raises(ValueError, match="no quant_func"):
         calib.MseCalibrator(amax=1.0).collect(x)
+
+
+# --- QuantLSTM/GRU/RNN: ModelOpt's quantizer switches and quant_rnn.VFRNNForward -------------------------------------
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_rnn_switches_of_modelopt(cls):
+    from modelopt_lite.nn import QuantModuleRegistry
+
+    rnn = QuantModuleRegistry.convert(cls(4, 4, 2, bidirectional=True))
+    ins = [q for n, q in rnn.named_modules() if n.endswith("input_quantizer") and "gate_quantizers" in n]
+    ws = [q for n, q in rnn.named_modules() if n.endswith("weight_quantizer")]
+    assert len(ins) == len(ws) == 8
+    rnn._disable_input_quantizers()
+    assert not any(q.is_enabled for q in ins) and all(q.is_enabled for q in ws)
+    rnn._disable_weight_quantizers()
+    assert not any(q.is_enabled for q in ws)
+    rnn._enable_input_quantizers()
+    rnn._enable_weight_quantizer()
+    assert all(q.is_enabled for q in ins + ws)
+
+
+def _identity(x):
+    return x
+
+
+@pytest.mark.parametrize(("cls", "mode"), [(nn.LSTM, "LSTM"), (nn.GRU, "GRU"), (nn.RNN, "RNN_TANH")])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_vfrnn_forward_without_quantization_is_torchs_rnn(cls, mode, bidirectional):
+    from modelopt_lite.nn.modules.quant_rnn import VFRNNForward
+
+    torch.manual_seed(0)
+    rnn = cls(4, 6, 2, bidirectional=bidirectional)
+    n = 2 * (2 if bidirectional else 1)
+    vf = VFRNNForward(rnn.mode, bidirectional, 2, False, True, [_identity] * n)
+    x = torch.randn(5, 3, 4)
+    h0 = torch.zeros(n, 3, 6)
+    hidden = (h0, h0) if mode == "LSTM" else h0
+    with torch.no_grad():
+        out = vf(x, hidden, rnn._flat_weights, True, 2, 0.0, False, bidirectional, False)
+        ref = rnn(x)
+    refs = (ref[0], *ref[1]) if mode == "LSTM" else (ref[0], ref[1])
+    assert len(out) == len(refs)
+    for a, b in zip(out, refs):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+    # packed: the _VF call torch makes for a PackedSequence
+    seqs = [torch.randn(5, 4), torch.randn(3, 4), torch.randn(2, 4)]
+    packed = torch.nn.utils.rnn.pack_sequence(seqs)
+    with torch.no_grad():
+        out = vf(packed.data, packed.batch_sizes, hidden, rnn._flat_weights, True, 2, 0.0, False, bidirectional)
+        ref = rnn(packed)
+    assert torch.allclose(out[0], ref[0].data, atol=1e-6)
+    assert torch.allclose(out[1], ref[1][0] if mode == "LSTM" else ref[1], atol=1e-6)
+
+
+def test_vfrnn_forward_quantizes_every_steps_input_and_state_as_modelopt():
+    from modelopt_lite.nn.modules.quant_rnn import VFRNNForward
+    from modelopt_lite.tensor_quant import fake_tensor_quant
+
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 4, 1)
+    seen = []
+
+    def q(x):
+        seen.append(tuple(x.shape))
+        return fake_tensor_quant(x, x.abs().amax())
+
+    x = torch.randn(3, 2, 4)
+    h0 = torch.zeros(1, 2, 4)
+    with torch.no_grad():
+        out = VFRNNForward("LSTM", False, 1, False, True, [q])(
+            x, (h0, h0), lstm._flat_weights, True, 1, 0.0, False, False, False
+        )
+    assert seen == [(2, 4)] * 9  # h, c and x at each of the 3 steps
+    w_ih, w_hh, b_ih, b_hh = lstm._flat_weights
+    h, c = torch.zeros(2, 4), torch.zeros(2, 4)
+    for t in range(3):
+        qh, qc = fake_tensor_quant(h, h.abs().amax()), fake_tensor_quant(c, c.abs().amax())
+        gates = F.linear(fake_tensor_quant(x[t], x[t].abs().amax()), w_ih, b_ih) + F.linear(qh, w_hh, b_hh)
+        i, f, g, o = gates.detach().chunk(4, dim=-1)
+        c = torch.sigmoid(f) * qc + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+    assert torch.equal(out[1][0], h) and torch.equal(out[2][0], c)
+    with pytest.raises(ValueError, match="input quantizers needed"):
+        VFRNNForward("LSTM", True, 1, False, True, [q])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        VFRNNForward("lstm", False, 1, False, True, [q])
+
+
+def test_vfrnn_forward_matches_modelopts():
+    peer = pytest.importorskip("modelopt.torch.quantization.nn.modules.quant_rnn")
+    from modelopt_lite.nn.modules.quant_rnn import VFRNNForward
+    from modelopt_lite.tensor_quant import fake_tensor_quant
+
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 6, 2, bidirectional=True, proj_size=3)
+
+    def q(x):
+        return fake_tensor_quant(x, x.abs().amax())
+
+    x = torch.randn(4, 2, 4)
+    hidden = (torch.zeros(4, 2, 3), torch.zeros(4, 2, 6))
+    args = (x, hidden, lstm._flat_weights, True, 2, 0.0, False, True, False)
+    with torch.no_grad():
+        ours = VFRNNForward("LSTM", True, 2, True, True, [q] * 4, [q] * 4)(*args)
+        theirs = peer.VFRNNForward("LSTM", True, 2, True, True, [q] * 4, [q] * 4)(*args)
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a, b, atol=1e-6)
