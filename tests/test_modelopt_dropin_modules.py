@@ -283,3 +283,27 @@ def test_vfrnn_forward_matches_modelopts():
         theirs = peer.VFRNNForward("LSTM", True, 2, True, True, [q] * 4, [q] * 4)(*args)
     for a, b in zip(ours, theirs):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+# --- ModelOpt's error texts of QuantizerAttributeConfig ------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, -1, (0, 3), (-1, 2)])
+def test_non_positive_num_bits_keeps_modelopts_wording(bad):
+    import modelopt_lite as mtq
+
+    text = "num_bits must be a positive integer or a tuple of positive integers."
+    with pytest.raises(ValueError, match=text):
+        mtq.QuantizerAttributeConfig(enable=True, num_bits=bad)
+    with pytest.raises(ValueError, match=text):
+        mtq.QuantDescriptor(num_bits=bad)
+    with pytest.raises(ValueError, match="num_bits must be in 1..16, got 17"):
+        mtq.QuantDescriptor(num_bits=17)
+
+
+def test_quantizer_attribute_config_of_only_enable_true_is_refused_as_modelopt_does():
+    import modelopt_lite as mtq
+
+    with pytest.raises(ValueError, match=r"Cannot specify only \{'enable': True\}"):
+        mtq.QuantizerAttributeConfig(enable=True)
+    assert mtq.QuantizerAttributeConfig(enable=True, num_bits=8) == mtq.QuantDescriptor()
+    assert mtq.QuantizerAttributeConfig() == mtq.QuantDescriptor()
+    assert mtq.QuantDescriptor(enable=True) == mtq.QuantDescriptor()  # ours: the default descriptor

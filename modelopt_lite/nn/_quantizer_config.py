@@ -134,8 +134,14 @@ class QuantizerAttributeConfig(ScaledQuantDescriptor):
     __slots__ = ("_extras",)
     _extras: dict
 
-    def __init__(self, num_bits=8, name=None, **kwargs):
+    def __init__(self, num_bits=None, name=None, **kwargs):
         label = "QuantizerAttributeConfig"
+        if num_bits is None and name is None and kwargs == {"enable": True}:  # ModelOpt's rule and wording
+            raise ValueError(
+                "Invalid quantizer config: Cannot specify only {'enable': True}. Additional parameters are required "
+                "when enabling quantization."
+            )
+        num_bits = 8 if num_bits is None else num_bits
         peer = {k: kwargs.pop(k) for k in list(kwargs) if k in EXTRA_KEYS or k in PEER_KEYS}
         if "amax" in kwargs and any(k in peer for k in _PINNED):
             peer["amax"] = kwargs.pop("amax")  # checked against the pinned constant by translate_peer
