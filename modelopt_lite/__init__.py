@@ -20,8 +20,9 @@ _LAZY = {
     # functional layer
     "ScaledQuantDescriptor": "modelopt_lite.descriptor",
     "QuantDescriptor": "modelopt_lite.descriptor",
-    # ModelOpt's name for the descriptor (``modelopt.torch.quantization.config.QuantizerAttributeConfig``)
-    "QuantizerAttributeConfig": ("modelopt_lite.descriptor", "QuantDescriptor"),
+    # ModelOpt's ``modelopt.torch.quantization.config.QuantizerAttributeConfig``: a descriptor that also carries
+    # ModelOpt's other quantizer settings (bias, num_steps, calibrator, ...)
+    "QuantizerAttributeConfig": "modelopt_lite.nn",
     # the submodule, never its function of the same name (that is ``modelopt_lite.tensor_quant.tensor_quant``):
     # ``import modelopt_lite.tensor_quant`` binds the submodule here too, so anything else would depend on import order
     "tensor_quant": ("modelopt_lite.tensor_quant", None),

@@ -80,13 +80,17 @@ def _check_num_bits(v, field: str = "num_bits"):
         v = tuple(v)
         if len(v) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
             raise TypeError(f"{field} as a tuple must be (E, M) integers, got {v!r}")
+        if min(v) < 0 or v[0] == 0:  # (ModelOpt's wording, which its users match on)
+            raise ValueError(f"{field} must be a positive integer or a tuple of positive integers. Got {v!r}")
         fmt = element_format(v)  # ValueError naming the supported formats
         if fmt.name == "e8m0" and field == "num_bits":
             raise ValueError(f"num_bits={v!r} (E8M0) is a scale format only: use it as block_sizes['scale_bits']")
         return v
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{field} must be an int in 1..16 or an (E, M) tuple such as (4, 3), got {v!r}")
-    if not 1 <= int(v) <= 16:
+    if int(v) < 1:  # (ModelOpt's wording, which its users match on)
+        raise ValueError(f"{field} must be a positive integer or a tuple of positive integers. Got {v}: use 1..16")
+    if int(v) > 16:
         raise ValueError(f"{field} must be in 1..16, got {v}")
     return int(v)
 

@@ -6,6 +6,8 @@
 - ``reduce_block_amax(input_tensor, block_sizes)``: ``max |x|`` of every block (``{-1: 128, -2: 128}``), one value
   per block in the blocks' own layout (ModelOpt flattens it; ``.flatten()`` gives ModelOpt's values in order);
 - ``convert_quantization_axis_to_reduce_axis(input, axis)``: the dimensions a per-``axis`` amax reduces over;
+- ``enable_fake_quant(module)``: a context in which every ``weight_quantizer`` of ``module``'s submodules fake
+  quantizes (``fake_quant=True``), restored on exit (ModelOpt's context; a bare quantizer is left as it is);
 - ``is_quantized(module)``, ``is_quantized_linear(module)``: whether a module holds quantizers / is a quantized
   Linear-like module (an ``input_quantizer``, a ``weight_quantizer`` and a 2-D ``weight``).
 
@@ -15,6 +17,9 @@ modify it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -23,6 +28,7 @@ from .nn import SequentialQuantizer, TensorQuantizer
 
 __all__ = [
     "convert_quantization_axis_to_reduce_axis",
+    "enable_fake_quant",
     "is_quantized",
     "is_quantized_linear",
     "reduce_amax",
@@ -98,3 +104,20 @@ def is_quantized_linear(module: nn.Module) -> bool:
         and isinstance(weight, torch.Tensor)
         and weight.dim() == 2
     )
+
+
+@contextmanager
+def enable_fake_quant(module: nn.Module) -> Iterator[None]:
+    """Within the context, every ``weight_quantizer`` of ``module``'s submodules fake quantizes; restored on exit."""
+    saved: list[tuple[TensorQuantizer, bool]] = []
+    for m in module.modules():
+        wq = getattr(m, "weight_quantizer", None)
+        members = list(wq) if isinstance(wq, SequentialQuantizer) else [wq]
+        saved.extend((q, q.fake_quant) for q in members if isinstance(q, TensorQuantizer))
+    try:
+        for q, _ in saved:
+            q._fake_quant = True
+        yield
+    finally:
+        for q, was in saved:
+            q._fake_quant = was

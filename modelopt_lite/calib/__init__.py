@@ -3,6 +3,7 @@
 - :class:`MaxCalibrator`: running max of ``|x|`` (per tensor or per channel).
 - :class:`HistogramCalibrator`: exact int64 histograms on a power-of-two grid (batch-split and rank invariant);
   amax by ``"percentile"``, ``"mse"`` or ``"entropy"`` (vectorized sweeps).
+- :class:`MseCalibrator`: ModelOpt's search of ``amax * m`` scored by a caller's quantization function.
 - :func:`calibrate_weights`: set every weight quantizer's amax from the weights themselves.
 
 Every calibrator has the same interface: ``collect(x)``, ``reset()``, ``compute_amax(method=None, **kwargs)``
@@ -13,6 +14,7 @@ reduces across ranks so each rank gets the amax of all ranks' data.
 from .calibrator import Calibrator
 from .histogram import HistogramCalibrator
 from .max import MaxCalibrator
+from .mse_search import MseCalibrator
 from .weights import calibrate_weights
 
-__all__ = ["Calibrator", "HistogramCalibrator", "MaxCalibrator", "calibrate_weights"]
+__all__ = ["Calibrator", "HistogramCalibrator", "MaxCalibrator", "MseCalibrator", "calibrate_weights"]

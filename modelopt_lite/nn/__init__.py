@@ -7,12 +7,14 @@ Quantized modules: ``QuantLinear``, ``QuantConv1d/2d/3d``, ``QuantConvTranspose1
 skip branch quantized, as TensorRT fuses residual adds); ``Clip`` and :mod:`.functional` (``clip``) as in
 pytorch-quantization. The short aliases ``Linear``, ``Conv2d``, ... name the quantized classes, as in
 pytorch-quantization's ``quant_nn``. ``QuantModuleRegistry`` maps each float class to its quantized class.
+``QuantizerAttributeConfig`` is ModelOpt's descriptor with its other quantizer settings (``bias``, ...).
 """
 
 from . import functional
 from . import modules as _modules
+from ._quantizer_config import QuantizerAttributeConfig
 from .modules import *
 from .sequential_quantizer import SequentialQuantizer
 from .tensor_quantizer import TensorQuantizer
 
-__all__ = ["SequentialQuantizer", "TensorQuantizer", "functional", *_modules.__all__]  # noqa: PLE0604
+__all__ = ["QuantizerAttributeConfig", "SequentialQuantizer", "TensorQuantizer", "functional", *_modules.__all__]  # noqa: PLE0604

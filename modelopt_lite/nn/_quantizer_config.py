@@ -109,11 +109,87 @@ def full_fields(desc: ScaledQuantDescriptor) -> dict:
     return {**_DEFAULTS, **desc.dict()}
 
 
+def _frozen(v):
+    """A hashable form of a (nested) setting value, for equality and hashing."""
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _frozen(x)) for k, x in v.items()))
+    if isinstance(v, (tuple, list)):
+        return tuple(_frozen(x) for x in v)
+    return v
+
+
+class QuantizerAttributeConfig(ScaledQuantDescriptor):
+    """ModelOpt's ``QuantizerAttributeConfig``: a descriptor that also carries ModelOpt's quantizer settings that
+    are not descriptor fields (``bias``, ``num_steps``, ``calibrator``, ``trt_high_precision_dtype``,
+    ``pass_through_bwd``, ``effective_bits``, ``use_constant_amax`` / ``constant_amax``, and ``rotate`` / ``backend``
+    at their no-op values).
+
+    Those settings are validated when it is built (the same checks as ``set_from_attribute_config``, errors naming
+    ``QuantizerAttributeConfig``) and kept in :attr:`extras`; a :class:`TensorQuantizer` built from it (directly,
+    as ``quant_desc_input=`` / ``quant_desc_weight=`` of a quant module, or through ``set_from_attribute_config``)
+    applies them. Without such settings it is an ordinary descriptor (equal to the ``ScaledQuantDescriptor`` with
+    the same fields). :meth:`dict` gives the descriptor fields only.
+    """
+
+    __slots__ = ("_extras",)
+    _extras: dict
+
+    def __init__(self, num_bits=None, name=None, **kwargs):
+        label = "QuantizerAttributeConfig"
+        if num_bits is None and name is None and kwargs == {"enable": True}:  # ModelOpt's rule and wording
+            raise ValueError(
+                "Invalid quantizer config: Cannot specify only {'enable': True}. Additional parameters are required "
+                "when enabling quantization."
+            )
+        num_bits = 8 if num_bits is None else num_bits
+        peer = {k: kwargs.pop(k) for k in list(kwargs) if k in EXTRA_KEYS or k in PEER_KEYS}
+        if "amax" in kwargs and any(k in peer for k in _PINNED):
+            peer["amax"] = kwargs.pop("amax")  # checked against the pinned constant by translate_peer
+        changes, extra = split_patch(peer, label) if peer else ({}, {})
+        super().__init__(num_bits, name, **kwargs, **changes)
+        if "num_steps" in extra:
+            n = extra["num_steps"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{label}: num_steps must be an int >= 1, got {n!r}")
+        object.__setattr__(self, "_extras", extra)
+
+    @property
+    def extras(self) -> dict:
+        """The settings beyond the descriptor fields, validated (a copy)."""
+        return dict(self._extras)
+
+    def _key(self):
+        base = super()._key()
+        return base + (_frozen(self._extras),) if self._extras else base
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __reduce__(self):
+        return (_rebuild_attribute_config, (self.dict(), self.extras))
+
+    def __repr__(self):
+        body = ", ".join(f"{k}={v!r}" for k, v in {**self.dict(), **self._extras}.items())
+        return f"QuantizerAttributeConfig({body})"
+
+
+def _rebuild_attribute_config(fields: dict, extras: dict) -> QuantizerAttributeConfig:
+    return QuantizerAttributeConfig(**fields, **extras)
+
+
+def peer_extras(desc) -> dict:
+    """The settings a :class:`QuantizerAttributeConfig` carries beyond its descriptor fields (``{}`` otherwise)."""
+    return desc.extras if isinstance(desc, QuantizerAttributeConfig) else {}
+
+
 def as_descriptor(value, what: str) -> ScaledQuantDescriptor:
-    """A descriptor from a descriptor or a dict of its fields."""
+    """A descriptor from a descriptor or a dict of its fields (a :class:`QuantizerAttributeConfig` when the dict
+    has ModelOpt's settings beyond the descriptor fields, such as ``bias``)."""
     if isinstance(value, ScaledQuantDescriptor):
         return value
     if isinstance(value, Mapping):
+        if any(k in EXTRA_KEYS or k in PEER_KEYS for k in value):
+            return QuantizerAttributeConfig(**value)
         return ScaledQuantDescriptor(**value)
     raise TypeError(f"{what} must be a ScaledQuantDescriptor or a dict of its fields, got {type(value).__name__}")
 
@@ -121,7 +197,7 @@ def as_descriptor(value, what: str) -> ScaledQuantDescriptor:
 def split_patch(attrs, label: str) -> tuple[dict, dict]:
     """Validate the keys of an attribute config; return (descriptor changes, extra settings)."""
     if isinstance(attrs, ScaledQuantDescriptor):
-        attrs = full_fields(attrs)
+        attrs = {**full_fields(attrs), **peer_extras(attrs)}
     if not isinstance(attrs, Mapping):
         raise TypeError(
             f"{label}: the attribute config must be a dict or a ScaledQuantDescriptor, got {type(attrs).__name__}"

@@ -100,11 +100,19 @@ class TensorQuantizer(
         name=None,
         num_steps=1,
         if_clip=False,
+        *,
+        quant_attribute_cfg=None,
     ):
         super().__init__()
         if name is not None and not isinstance(name, str):
             raise TypeError(f"TensorQuantizer: name must be a str or None, got {name!r}")
-        self._desc = cfg.as_descriptor(quant_desc, "TensorQuantizer quant_desc")
+        if quant_attribute_cfg is not None:  # ModelOpt's keyword for the descriptor
+            if quant_desc is not QUANT_DESC_8BIT_PER_TENSOR:
+                raise TypeError("TensorQuantizer: give quant_desc or quant_attribute_cfg (the same thing), not both")
+            quant_desc = quant_attribute_cfg
+        desc = cfg.as_descriptor(quant_desc, "TensorQuantizer quant_desc")
+        extras = cfg.peer_extras(desc)  # a QuantizerAttributeConfig's bias, num_steps, ... (applied below)
+        self._desc = cfg.ScaledQuantDescriptor(**cfg.full_fields(desc)) if extras else desc
         self._name = name if name is not None else self._desc.name
         self._disabled = _bool(disabled, "disabled", self._label()) or not self._desc.enable
         self._if_quant = _bool(if_quant, "if_quant", self._label())
@@ -121,6 +129,10 @@ class TensorQuantizer(
         if fixed is not None:
             self.amax = fixed
         self._init_clip(if_clip, fixed)
+        if extras:
+            self.set_from_attribute_config(extras)
+            if fixed is not None and self._amax is None:  # num_steps reset it
+                self.amax = fixed
 
     # --- identity and descriptor ----------------------------------------------------------------------------------
     def _label(self) -> str:
@@ -204,6 +216,12 @@ class TensorQuantizer(
     )
     narrow_range = property(lambda self: self._desc.narrow_range, doc="Symmetric signed grid.")
     fake_quant = property(lambda self: self._desc.fake_quant, doc="False: forward returns integer codes.")
+    # ModelOpt's attribute name (its ``utils.enable_fake_quant`` and users' code set it); settable like num_bits
+    _fake_quant = property(
+        lambda self: self._desc.fake_quant,
+        lambda self, v: self._replace_desc(fake_quant=v),
+        doc="ModelOpt's name of :attr:`fake_quant`; settable (the descriptor is replaced, amax kept).",
+    )
     learn_amax = property(lambda self: self._desc.learn_amax, doc="amax is an nn.Parameter trained by LSQ.")
     dynamic = property(lambda self: self._desc.dynamic, doc="amax recomputed per input (also dynamic blocks).")
     scale_amax = property(lambda self: self._desc.scale_amax, doc="Multiplier applied to amax at use, or None.")

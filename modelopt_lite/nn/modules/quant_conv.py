@@ -1,4 +1,8 @@
-"""``QuantConv1d/2d/3d``: the convolution of the quantized input with the quantized weight (bias stays float)."""
+"""``QuantConv1d/2d/3d``: the convolution of the quantized input with the quantized weight (bias stays float).
+
+``QuantConvTranspose1d/2d/3d`` (defined in :mod:`.quant_conv_transpose`) are importable from here too, where
+ModelOpt keeps them (``modelopt.torch.quantization.nn.modules.quant_conv``).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from . import _integer_requant
 from ._base import QuantModuleMixin, reject_unused_keys
 from ._integer_requant import IntegerRequantLayer
 from ._registry import QuantModuleRegistry
+from .quant_conv_transpose import QuantConvTranspose1d, QuantConvTranspose2d, QuantConvTranspose3d
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -85,3 +90,15 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
 
 
 Conv1d, Conv2d, Conv3d = QuantConv1d, QuantConv2d, QuantConv3d
+
+__all__ = [
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "QuantConv1d",
+    "QuantConv2d",
+    "QuantConv3d",
+    "QuantConvTranspose1d",
+    "QuantConvTranspose2d",
+    "QuantConvTranspose3d",
+]

@@ -37,6 +37,7 @@ from ._rnn_cells import (
     quantize_rows,
     run_direction,
 )
+from ._vf_rnn import VFRNNForward
 
 if TYPE_CHECKING:
     _CellTyping = nn.RNNCellBase
@@ -54,6 +55,7 @@ __all__ = [
     "QuantLSTMCell",
     "QuantRNN",
     "QuantRNNCell",
+    "VFRNNForward",
 ]
 
 
@@ -233,6 +235,30 @@ class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
     # pytorch-quantization's per layer and direction lists (l0, l0_reverse, l1, ...), each a QuantizerGroup
     _input_quantizers = property(lambda self: [_group(c, "input_quantizer") for c in self.gate_quantizers.values()])
     _weight_quantizers = property(lambda self: [_group(c, "weight_quantizer") for c in self.gate_quantizers.values()])
+
+    # ModelOpt's switches of a QuantLSTM/GRU/RNN (its tests and users' code call them)
+    def _gemm_quantizers(self, kind: str) -> list[TensorQuantizer]:
+        return [q for name, q in self.gate_quantizers.named_modules() if name.endswith(kind)]
+
+    def _disable_input_quantizers(self) -> None:
+        """Disable every activation quantizer (``ih``, ``hh`` and ``hr``, every layer and direction)."""
+        for q in self._gemm_quantizers("input_quantizer"):
+            q.disable()
+
+    def _enable_input_quantizers(self) -> None:
+        """Enable every activation quantizer."""
+        for q in self._gemm_quantizers("input_quantizer"):
+            q.enable()
+
+    def _disable_weight_quantizers(self) -> None:
+        """Disable every weight quantizer."""
+        for q in self._gemm_quantizers("weight_quantizer"):
+            q.disable()
+
+    def _enable_weight_quantizer(self) -> None:
+        """Enable every weight quantizer (ModelOpt's name, singular)."""
+        for q in self._gemm_quantizers("weight_quantizer"):
+            q.enable()
 
     def _initial_state(self, x: torch.Tensor, hx, batched: bool) -> tuple[torch.Tensor, ...]:
         n_state = self.num_layers * len(self._suffixes())
