@@ -257,7 +257,7 @@ def test_histogram_calibrator_peer_attributes():
 # --- RNN cells: pytorch-quantization's quantizer names switch every matmul ---------------------------------------
 def test_rnn_peer_quantizer_groups_switch_all_matmuls():
     torch.manual_seed(0)
-    cell = quant_nn.QuantLSTMCell(5, 4, bias=False)
+    cell = quant_nn.QuantLSTMCell(5, 4, bias=False, fused_gemm=False)
     ref = nn.LSTMCell(5, 4, bias=False)
     ref.load_state_dict(cell.state_dict())
     cell._input_quantizer.disable()
@@ -267,7 +267,7 @@ def test_rnn_peer_quantizer_groups_switch_all_matmuls():
     for got, want in zip(cell(x, (h, c)), ref(x, (h, c))):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
-    lstm = quant_nn.QuantLSTM(5, 4, num_layers=2, bidirectional=True)
+    lstm = quant_nn.QuantLSTM(5, 4, num_layers=2, bidirectional=True, fused_gemm=False)
     groups = lstm._input_quantizers
     assert len(groups) == 4 and len(lstm._weight_quantizers) == 4
     assert groups[1].quantizers[0] is lstm.gate_quantizers["l0_reverse"].ih.input_quantizer
