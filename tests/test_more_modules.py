@@ -221,10 +221,14 @@ def test_real_quant_quantizer_rejected_at_forward():
         m(torch.ones(1, 3))
     m.weight_quantizer.disable()  # a disabled quantizer does not compute anything: allowed
     assert m(torch.ones(1, 3)).shape == (1, 2)
-    lstm = quant_nn.QuantLSTM(2, 2)
+    lstm = quant_nn.QuantLSTM(2, 2, fused_gemm=False)
     lstm.gate_quantizers["l0"].hh.input_quantizer.set_from_attribute_config({"fake_quant": False})
     with pytest.raises(ValueError, match="QuantLSTM: quantizer 'gate_quantizers.l0.hh.input_quantizer'"):
         lstm(torch.ones(3, 1, 2))
+    fused = quant_nn.QuantLSTM(2, 2)  # pytorch-quantization's layout
+    fused._input_quantizers[0].set_from_attribute_config({"fake_quant": False})
+    with pytest.raises(ValueError, match="QuantLSTM: quantizer '_input_quantizers.0'"):
+        fused(torch.ones(3, 1, 2))
     pool = quant_nn.QuantAvgPool1d(2)
     pool.input_quantizer.set_from_attribute_config({"fake_quant": False, "amax": 1.0})
     with pytest.raises(ValueError, match="QuantAvgPool1d: quantizer 'input_quantizer'"):

@@ -7,6 +7,7 @@ from torch import nn
 
 from modelopt_lite import quant_modules, quant_nn
 from modelopt_lite import utils as quant_utils
+from modelopt_lite.descriptor import QuantDescriptor as QD
 from modelopt_lite.optim import helper
 
 
@@ -257,7 +258,7 @@ def test_histogram_calibrator_peer_attributes():
 # --- RNN cells: pytorch-quantization's quantizer names switch every matmul ---------------------------------------
 def test_rnn_peer_quantizer_groups_switch_all_matmuls():
     torch.manual_seed(0)
-    cell = quant_nn.QuantLSTMCell(5, 4, bias=False)
+    cell = quant_nn.QuantLSTMCell(5, 4, bias=False, fused_gemm=False)
     ref = nn.LSTMCell(5, 4, bias=False)
     ref.load_state_dict(cell.state_dict())
     cell._input_quantizer.disable()
@@ -267,7 +268,7 @@ def test_rnn_peer_quantizer_groups_switch_all_matmuls():
     for got, want in zip(cell(x, (h, c)), ref(x, (h, c))):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
-    lstm = quant_nn.QuantLSTM(5, 4, num_layers=2, bidirectional=True)
+    lstm = quant_nn.QuantLSTM(5, 4, num_layers=2, bidirectional=True, fused_gemm=False)
     groups = lstm._input_quantizers
     assert len(groups) == 4 and len(lstm._weight_quantizers) == 4
     assert groups[1].quantizers[0] is lstm.gate_quantizers["l0_reverse"].ih.input_quantizer
@@ -341,3 +342,24 @@ def test_learned_clip_bounds_survive_save_and_restore(tmp_path):
     assert torch.equal(back(x), q(x))
     rq.set_from_attribute_config({"learn_amax": False})
     assert "clip" not in dict(rq.named_children()) and not rq.is_clip_enabled
+
+
+# --- TensorQuantizer(fake_quant=False) without an amax: `scale` is the last input's, as the peer's -----------------
+def test_real_quant_dynamic_quantizer_reports_the_scale_it_used():
+    from modelopt_lite import tensor_quant as tq
+
+    q = quant_nn.TensorQuantizer(QD(num_bits=8, fake_quant=False))
+    assert q.scale is None  # nothing quantized yet
+    x = torch.tensor([[0.5, -2.0, 1.0]])
+    codes = q(x)
+    want_q, want_s = tq.tensor_quant(x, x.abs().amax())
+    assert torch.equal(codes, want_q) and q.scale.dtype == torch.float32
+    assert q.scale.item() == torch.tensor(2.0 / 127, dtype=torch.float32).item() and torch.equal(q.scale, want_s)
+    q(x * 4)
+    assert q.scale.item() == torch.tensor(8.0 / 127, dtype=torch.float32).item()  # the last input's
+    per_row = quant_nn.TensorQuantizer(QD(num_bits=4, axis=0, fake_quant=False))
+    per_row(torch.tensor([[7.0, 1.0], [-0.7, 0.1]]))
+    assert per_row.scale.shape == (2, 1) and per_row.scale.flatten().tolist() == [1.0, (torch.tensor(0.7) / 7).item()]
+    fake = quant_nn.TensorQuantizer(QD(num_bits=8))
+    fake(x)
+    assert fake.scale is None  # a fake-quant dynamic quantizer keeps no scale (as the peer)

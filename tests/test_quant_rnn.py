@@ -76,7 +76,7 @@ def _ref_lstm(m, x, bits):
 
 @pytest.mark.parametrize("layers, bidir, bias, bits", [(1, False, True, 8), (2, True, True, 4), (2, False, False, 8)])
 def test_quant_lstm_equals_functional_reference(layers, bidir, bias, bits):
-    m = quant_nn.QuantLSTM(3, 5, num_layers=layers, bidirectional=bidir, bias=bias)
+    m = quant_nn.QuantLSTM(3, 5, num_layers=layers, bidirectional=bidir, bias=bias, fused_gemm=False)
     _fix_amax(m, bits)
     x = _x(6, 2, 3) * 2
     out, (h, c) = m(x)
@@ -86,7 +86,7 @@ def test_quant_lstm_equals_functional_reference(layers, bidir, bias, bits):
 
 
 def test_quant_lstm_batch_first_and_unbatched_and_hx():
-    m = quant_nn.QuantLSTM(3, 4, batch_first=True)
+    m = quant_nn.QuantLSTM(3, 4, batch_first=True, fused_gemm=False)
     _fix_amax(m)
     x = _x(2, 5, 3)
     out, _ = m(x)
@@ -115,7 +115,7 @@ def test_quant_lstm_disabled_matches_torch_lstm():
 
 
 def test_quant_lstm_calibration_and_names():
-    m = quant_nn.QuantLSTM(3, 4, num_layers=2)
+    m = quant_nn.QuantLSTM(3, 4, num_layers=2, fused_gemm=False)
     names = [n for n, q in m.named_modules() if isinstance(q, TensorQuantizer)]
     assert "gate_quantizers.l1.hh.input_quantizer" in names and "gate_quantizers.l0.ih.weight_quantizer" in names
     assert len(names) == 9 and m.input_quantizer is m.gate_quantizers["l0"].ih.input_quantizer
@@ -137,7 +137,7 @@ def test_quant_lstm_calibration_and_names():
 
 
 def test_quant_lstm_cell_equals_functional_reference():
-    cell = quant_nn.QuantLSTMCell(3, 4)
+    cell = quant_nn.QuantLSTMCell(3, 4, fused_gemm=False)
     _fix_amax(cell, 4)
     x, h, c = _x(2, 3) * 2, _x(2, 4, seed=1) * 0.5, _x(2, 4, seed=2)
     h1, c1 = cell(x, (h, c))
@@ -199,7 +199,7 @@ def test_disabled_quant_rnn_matches_torch(float_cls, kwargs):
 
 
 def test_quant_gru_equals_functional_reference():
-    m = quant_nn.QuantGRU(3, 4)
+    m = quant_nn.QuantGRU(3, 4, fused_gemm=False)
     for gq, amax in ((m.gate_quantizers["l0"].ih, X_AMAX), (m.gate_quantizers["l0"].hh, H_AMAX)):
         gq.input_quantizer.set_from_attribute_config({"num_bits": 4, "amax": amax})
         gq.weight_quantizer.set_from_attribute_config({"num_bits": 4})
@@ -222,7 +222,7 @@ def test_quant_gru_equals_functional_reference():
 
 
 def test_quant_lstm_proj_size_quantizes_the_projection():
-    m = quant_nn.QuantLSTM(3, 5, proj_size=2)
+    m = quant_nn.QuantLSTM(3, 5, proj_size=2, fused_gemm=False)
     names = {n for n, q in m.named_modules() if isinstance(q, TensorQuantizer)}
     assert {"gate_quantizers.l0.hr.input_quantizer", "gate_quantizers.l0.hr.weight_quantizer"} <= names
     x = _x(4, 2, 3)

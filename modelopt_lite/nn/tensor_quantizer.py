@@ -123,6 +123,7 @@ class TensorQuantizer(
         self._calib_factory: tuple | None = None  # a user calibrator class (ModelOpt's ``calibrator``)
         self._peer = dict(cfg.PEER_DEFAULTS)  # ModelOpt's trt_high_precision_dtype / pass_through_bwd / effective_bits
         self._last_rank: int | None = None
+        self._last_scale: torch.Tensor | None = None  # of the last real-quant (fake_quant=False) dynamic forward
         self._device = torch.device("cpu")
         self.register_buffer("_amax", None)
         fixed = amax if amax is not None else self._desc.amax
@@ -247,10 +248,12 @@ class TensorQuantizer(
     @property
     def scale(self) -> torch.Tensor | None:
         """The positive float32 scale (``amax / maxbound``; dead slices report 1.0; blocks: double-quantized); None
-        before calibration. (NVIDIA's tools call the inverse multiplier ``maxbound / amax`` their scale.)"""
+        before calibration, except that a real-quant (``fake_quant=False``) quantizer without an amax reports the
+        scale of its last input, as pytorch-quantization does. (NVIDIA's tools call the inverse multiplier
+        ``maxbound / amax`` their scale.)"""
         a = self._effective_amax()
         if a is None:
-            return None
+            return None if self._desc.fake_quant else self._last_scale
         if self._desc.block_scheme is not None:  # NVFP4: the per-tensor float32 global scale amax / (6 * 448)
             return positive_scale(nvfp4_global_scale(a.detach()))
         s = scale_from_amax(a.detach(), float(self.maxbound))
@@ -453,14 +456,23 @@ class TensorQuantizer(
                 return block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
             fmt = element_format(d.num_bits)
             if fmt.is_scaled_float:  # E4M3, E5M2, E2M1 with a float32 scale
-                return fake_float_quant(x, amax, fmt) if d.fake_quant else tensor_quant(x, amax, d.num_bits)[0].float()
+                if d.fake_quant:
+                    return fake_float_quant(x, amax, fmt)
+                q, s = tensor_quant(x, amax, d.num_bits)
+                return self._keep_scale(q.float(), s)
             if d.fake_quant:
                 return fake_tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)
-            return tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
+            return self._keep_scale(*tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range))
         except (ValueError, TypeError) as e:
             if str(e).startswith(self._label()):
                 raise
             raise type(e)(f"{self._label()}: {e}") from e
+
+    def _keep_scale(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """``q``; remembers ``s`` for :attr:`scale` (not while tracing or compiling: a plain attribute)."""
+        if not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+            self._last_scale = s.detach()
+        return q
 
     # pytorch-quantization's private names, read by its users' code and tests
     _get_amax = _amax_for

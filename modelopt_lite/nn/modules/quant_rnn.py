@@ -1,16 +1,23 @@
 """``QuantLSTM``, ``QuantGRU``, ``QuantRNN`` and their cells: every gate matmul takes a quantized activation and a
-quantized weight (the math is in :mod:`._rnn_cells`).
+quantized weight (the math is in :mod:`._rnn_cells`). Two quantizer layouts (``fused_gemm``):
 
-Each matmul has its own pair of quantizers (a :class:`GemmQuantizers`: ``input_quantizer`` for the activation,
-``weight_quantizer`` for the weight), because ``x`` and ``h`` have different ranges (pytorch-quantization shares
-one input quantizer between them). Module paths look like ``lstm.gate_quantizers.l1_reverse.hh.input_quantizer``,
-so ``"*input_quantizer"`` / ``"*weight_quantizer"`` config patterns reach all of them. An LSTM with
-``proj_size > 0`` has a third pair, ``hr``, for the projection ``h W_hr^T``.
+- fused (``fused_gemm=True``, the default of the constructor: pytorch-quantization's layout and its constructor
+  ``QuantLSTM(..., quant_desc_input=..., quant_desc_weight=...)``, also what ``quant_modules.initialize()`` builds):
+  one step is one GEMM ``[x | h] [W_ih | W_hh]^T``, so a cell has ONE input quantizer for ``[x | h]`` and ONE weight
+  quantizer for ``[W_ih | W_hh]`` (per row: one scale per gate row over both matrices), named as the peer's:
+  ``_input_quantizer`` / ``_weight_quantizer`` on a cell, ``_input_quantizers.{i}`` / ``_weight_quantizers.{i}``
+  (one per layer and direction, l0, l0_reverse, l1, ...) on QuantLSTM/GRU/RNN, so its state dicts load;
+- per matmul (``fused_gemm=False``, the default of ``from_float``, i.e. of ``modelopt_lite.quantize``): each matmul
+  has its own pair (a :class:`GemmQuantizers`: ``input_quantizer`` for the activation, ``weight_quantizer`` for the
+  weight), because ``x`` and ``h`` have different ranges. Module paths look like
+  ``lstm.gate_quantizers.l1_reverse.hh.input_quantizer``, so ``"*input_quantizer"`` / ``"*weight_quantizer"`` config
+  patterns reach all of them. An LSTM with ``proj_size > 0`` has a third pair, ``hr``, for the projection
+  ``h W_hr^T`` (the fused layout does not take ``proj_size``, as pytorch-quantization).
 
 The computation is a functional re-implementation (a Python loop over time steps), not cuDNN/oneDNN: with
-quantization disabled it matches ``nn.LSTM``/``nn.GRU``/``nn.RNN`` to float rounding, not bit for bit. The input
-projection of a whole sequence is one matmul (its activation quantizer sees the whole sequence at once); the hidden
-state is quantized at every step. PackedSequence inputs give PackedSequence outputs; their padding never reaches a
+quantization disabled it matches ``nn.LSTM``/``nn.GRU``/``nn.RNN`` to float rounding, not bit for bit. Per matmul,
+the input projection of a whole sequence is one matmul (its activation quantizer sees the whole sequence at once);
+fused, ``[x_t | h]`` is quantized at every step; the hidden state is quantized at every step. PackedSequence inputs give PackedSequence outputs; their padding never reaches a
 quantizer (or its calibrator) and each sequence's final state is the one at its own length.
 """
 
@@ -25,13 +32,16 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ...descriptor import QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 from ..tensor_quantizer import TensorQuantizer
-from ._base import QuantModuleMixin, module_device
+from ._base import QuantModuleMixin, module_device, recast_copy
 from ._registry import QuantModuleRegistry
 from ._rnn_cells import (
     RNN_ACTIVATIONS,
     CellQuantizers,
     DirectionWeights,
+    FusedQuantizers,
     GemmQuantizers,
+    fused_inputs,
+    fused_weights,
     gru_step,
     lstm_gates_to_state,
     quantize_rows,
@@ -47,6 +57,7 @@ else:
 
 __all__ = [
     "CellQuantizers",
+    "FusedQuantizers",
     "GemmQuantizers",
     "QuantizerGroup",
     "QuantGRU",
@@ -63,7 +74,8 @@ class QuantizerGroup:
     """Several quantizers switched as one: pytorch-quantization's view of an RNN cell's quantizers.
 
     pytorch-quantization gives a cell one input quantizer (for ``x`` and ``h``) and one weight quantizer (for
-    ``W_ih`` and ``W_hh``); here each matmul has its own (see the module docstring). The peer's private names
+    ``W_ih`` and ``W_hh``); in the per-matmul layout each matmul has its own (see the module docstring). The peer's
+    private names
     ``_input_quantizer`` / ``_weight_quantizer`` of a cell (and the per layer and direction lists
     ``_input_quantizers`` / ``_weight_quantizers`` of a QuantLSTM/GRU/RNN) are groups, so its code that switches
     them (``disable()``, ``enable_calib()``, ``load_calib_amax()``, ...) reaches every matmul. Other attributes read
@@ -110,13 +122,39 @@ def _group(cells: CellQuantizers, kind: str) -> QuantizerGroup:
     return QuantizerGroup(getattr(g, kind) for g in gemms)
 
 
+def _fused_flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"fused_gemm must be a bool, got {value!r}")
+    return value
+
+
 class _QuantRNNMixin(QuantModuleMixin):
     default_quant_desc_weight = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
+    #: True: pytorch-quantization's fused layout (one quantizer for [x | h], one for [W_ih | W_hh]); see module doc
+    fused_gemm: bool = False
 
     def _check_desc_args(self, quant_desc_input, quant_desc_weight):
         di = self._desc(quant_desc_input, self.default_quant_desc_input, "quant_desc_input")
         dw = self._desc(quant_desc_weight, self.default_quant_desc_weight, "quant_desc_weight")
         return di, dw
+
+    def _init_fused(self, di, dw, count: int | None) -> None:
+        """The fused layout's quantizers under the peer's names (a single pair, or ``count`` pairs in lists)."""
+        dev = module_device(self)
+        if count is None:
+            self._modules["_input_quantizer"] = TensorQuantizer(di).to(dev)
+            self._modules["_weight_quantizer"] = TensorQuantizer(dw).to(dev)
+        else:
+            self._modules["_input_quantizers"] = nn.ModuleList(TensorQuantizer(di).to(dev) for _ in range(count))
+            self._modules["_weight_quantizers"] = nn.ModuleList(TensorQuantizer(dw).to(dev) for _ in range(count))
+
+    @classmethod
+    def from_float(cls, module: nn.Module, quant_desc_input=None, quant_desc_weight=None, fused_gemm: bool = False):
+        """A quantized copy of a float RNN module (see ``QuantModuleMixin.from_float``); per-matmul quantizers
+        unless ``fused_gemm=True`` (pytorch-quantization's layout)."""
+        new = recast_copy(cls, module)
+        new._init_quantizers(quant_desc_input, quant_desc_weight, fused_gemm=fused_gemm)
+        return new
 
 
 # --- cells ---------------------------------------------------------------------------------------------------------
@@ -128,20 +166,44 @@ class _QuantCell(_QuantRNNMixin, _CellTyping):
     if TYPE_CHECKING:  # RNNCell only
         nonlinearity: str
 
-    def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
+    def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, fused_gemm: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_quantizers(quant_desc_input, quant_desc_weight)
+        self._init_quantizers(quant_desc_input, quant_desc_weight, fused_gemm=fused_gemm)
 
-    def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None) -> None:
+    def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None, fused_gemm: bool = False) -> None:
         di, dw = self._check_desc_args(quant_desc_input, quant_desc_weight)
-        self.cell_quantizers = CellQuantizers(di, dw).to(module_device(self))
+        self.fused_gemm = _fused_flag(fused_gemm)
+        if self.fused_gemm:
+            self._init_fused(di, dw, None)
+        else:
+            self.cell_quantizers = CellQuantizers(di, dw).to(module_device(self))
         self.output_quantizer = TensorQuantizer(self.default_quant_desc_input, disabled=True).to(module_device(self))
 
-    input_quantizer = property(lambda self: self.cell_quantizers.ih.input_quantizer, doc="Quantizer of x.")
-    weight_quantizer = property(lambda self: self.cell_quantizers.ih.weight_quantizer, doc="Quantizer of W_ih.")
-    # pytorch-quantization's names: one switch for the x and h (W_ih and W_hh) quantizers (see QuantizerGroup)
-    _input_quantizer = property(lambda self: _group(self.cell_quantizers, "input_quantizer"))
-    _weight_quantizer = property(lambda self: _group(self.cell_quantizers, "weight_quantizer"))
+    def _fused(self) -> FusedQuantizers:
+        iq, wq = self._modules["_input_quantizer"], self._modules["_weight_quantizer"]
+        return FusedQuantizers(cast(TensorQuantizer, iq), cast(TensorQuantizer, wq))
+
+    def _input_quantizer_of(self) -> TensorQuantizer:
+        """Quantizer of x (fused: of [x | h])."""
+        return self._fused().input_quantizer if self.fused_gemm else self.cell_quantizers.ih.input_quantizer
+
+    input_quantizer = property(_input_quantizer_of)
+
+    def _weight_quantizer_of(self) -> TensorQuantizer:
+        """Quantizer of W_ih (fused: of [W_ih | W_hh])."""
+        return self._fused().weight_quantizer if self.fused_gemm else self.cell_quantizers.ih.weight_quantizer
+
+    weight_quantizer = property(_weight_quantizer_of)
+
+    # pytorch-quantization's names: fused, the quantizers themselves; per matmul, one switch for the x and h (W_ih
+    # and W_hh) quantizers (see QuantizerGroup)
+    @property
+    def _input_quantizer(self):
+        return self._fused().input_quantizer if self.fused_gemm else _group(self.cell_quantizers, "input_quantizer")
+
+    @property
+    def _weight_quantizer(self):
+        return self._fused().weight_quantizer if self.fused_gemm else _group(self.cell_quantizers, "weight_quantizer")
 
     def forward(self, input, hx=None):
         self._check_fake_quant()
@@ -156,9 +218,15 @@ class _QuantCell(_QuantRNNMixin, _CellTyping):
         else:
             state = tuple(hx) if self._kind == "LSTM" else (hx,)
             state = state if batched else tuple(s.unsqueeze(0) for s in state)
-        q = self.cell_quantizers
-        gx = F.linear(q.ih.input_quantizer(x), q.ih.weight_quantizer(self.weight_ih), self.bias_ih)
-        gh = F.linear(q.hh.input_quantizer(state[0]), q.hh.weight_quantizer(self.weight_hh), self.bias_hh)
+        if self.fused_gemm:  # one GEMM [x | h] [W_ih | W_hh]^T: one range for each operand
+            fq = self._fused()
+            w_ih, w_hh = fused_weights(fq, self.weight_ih, self.weight_hh)
+            xq, hq = fused_inputs(fq, x, state[0])
+            gx, gh = F.linear(xq, w_ih, self.bias_ih), F.linear(hq, w_hh, self.bias_hh)
+        else:
+            q = self.cell_quantizers
+            gx = F.linear(q.ih.input_quantizer(x), q.ih.weight_quantizer(self.weight_ih), self.bias_ih)
+            gh = F.linear(q.hh.input_quantizer(state[0]), q.hh.weight_quantizer(self.weight_hh), self.bias_hh)
         if self._kind == "LSTM":
             h, c = lstm_gates_to_state(gx + gh, state[1])
             h = self.output_quantizer(h)
@@ -172,9 +240,10 @@ class _QuantCell(_QuantRNNMixin, _CellTyping):
 class QuantLSTMCell(_QuantCell, nn.LSTMCell):
     """``nn.LSTMCell`` with quantized matmul operands: quantizers ``ih`` and ``hh`` (:class:`GemmQuantizers`).
 
-    ``input_quantizer`` / ``weight_quantizer`` are read-only aliases of ``ih.input_quantizer`` /
-    ``ih.weight_quantizer``; ``output_quantizer`` (disabled by default) applies to the returned ``h``.
-    Defaults: activations 8-bit per tensor, weights 8-bit per row (axis 0 of ``(4 * hidden, in)``).
+    Fused (the constructor's default): ``_input_quantizer`` of ``[x | h]`` and ``_weight_quantizer`` of
+    ``[W_ih | W_hh]``; per matmul: ``input_quantizer`` / ``weight_quantizer`` are read-only aliases of
+    ``ih.input_quantizer`` / ``ih.weight_quantizer``. ``output_quantizer`` (disabled by default) applies to the
+    returned ``h``. Defaults: activations 8-bit per tensor, weights 8-bit per row (axis 0 of ``(4 * hidden, in)``).
     """
 
     _float_cls = nn.LSTMCell
@@ -208,17 +277,27 @@ class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
 
     _kind: str
 
-    def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, **kwargs):
+    def __init__(self, *args, quant_desc_input=None, quant_desc_weight=None, fused_gemm: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_quantizers(quant_desc_input, quant_desc_weight)
+        self._init_quantizers(quant_desc_input, quant_desc_weight, fused_gemm=fused_gemm)
 
     def _suffixes(self) -> tuple[str, ...]:
         return ("", "_reverse") if self.bidirectional else ("",)
 
-    def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None) -> None:
+    def _init_quantizers(self, quant_desc_input=None, quant_desc_weight=None, fused_gemm: bool = False) -> None:
         di, dw = self._check_desc_args(quant_desc_input, quant_desc_weight)
         dev = module_device(self)
         proj = self.proj_size > 0
+        self.fused_gemm = _fused_flag(fused_gemm)
+        if self.fused_gemm:
+            if proj:
+                raise ValueError(
+                    f"{type(self).__name__}: proj_size={self.proj_size} needs the per-matmul quantizers "
+                    "(fused_gemm=False); the fused layout (pytorch-quantization's) has no projection quantizer"
+                )
+            self._init_fused(di, dw, self.num_layers * len(self._suffixes()))
+            self.output_quantizer = TensorQuantizer(self.default_quant_desc_input, disabled=True).to(dev)
+            return
         self.gate_quantizers = nn.ModuleDict(
             {
                 f"l{k}{s}": CellQuantizers(di, dw, proj=proj).to(dev)
@@ -228,13 +307,40 @@ class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
         )
         self.output_quantizer = TensorQuantizer(self.default_quant_desc_input, disabled=True).to(dev)
 
-    input_quantizer = property(lambda self: self.gate_quantizers["l0"].ih.input_quantizer, doc="Quantizer of x.")
-    weight_quantizer = property(
-        lambda self: self.gate_quantizers["l0"].ih.weight_quantizer, doc="Quantizer of weight_ih_l0."
-    )
-    # pytorch-quantization's per layer and direction lists (l0, l0_reverse, l1, ...), each a QuantizerGroup
-    _input_quantizers = property(lambda self: [_group(c, "input_quantizer") for c in self.gate_quantizers.values()])
-    _weight_quantizers = property(lambda self: [_group(c, "weight_quantizer") for c in self.gate_quantizers.values()])
+    def _cell_quantizers(self, idx: int, key: str) -> CellQuantizers | FusedQuantizers:
+        if self.fused_gemm:
+            iqs = cast(nn.ModuleList, self._modules["_input_quantizers"])
+            wqs = cast(nn.ModuleList, self._modules["_weight_quantizers"])
+            return FusedQuantizers(cast(TensorQuantizer, iqs[idx]), cast(TensorQuantizer, wqs[idx]))
+        return cast(CellQuantizers, self.gate_quantizers[key])
+
+    def _input_quantizer_of(self) -> TensorQuantizer:
+        """Quantizer of x of layer 0 (fused: of its [x | h])."""
+        q = self._cell_quantizers(0, "l0")
+        return q.input_quantizer if isinstance(q, FusedQuantizers) else q.ih.input_quantizer
+
+    input_quantizer = property(_input_quantizer_of)
+
+    def _weight_quantizer_of(self) -> TensorQuantizer:
+        """Quantizer of weight_ih_l0 (fused: of [weight_ih_l0 | weight_hh_l0])."""
+        q = self._cell_quantizers(0, "l0")
+        return q.weight_quantizer if isinstance(q, FusedQuantizers) else q.ih.weight_quantizer
+
+    weight_quantizer = property(_weight_quantizer_of)
+
+    # pytorch-quantization's per layer and direction lists (l0, l0_reverse, l1, ...): fused, the quantizers
+    # themselves (nn.ModuleList); per matmul, each a QuantizerGroup
+    @property
+    def _input_quantizers(self):
+        if self.fused_gemm:
+            return self._modules["_input_quantizers"]
+        return [_group(cast(CellQuantizers, c), "input_quantizer") for c in self.gate_quantizers.values()]
+
+    @property
+    def _weight_quantizers(self):
+        if self.fused_gemm:
+            return self._modules["_weight_quantizers"]
+        return [_group(cast(CellQuantizers, c), "weight_quantizer") for c in self.gate_quantizers.values()]
 
     # ModelOpt's switches of a QuantLSTM/GRU/RNN (its tests and users' code call them)
     def _gemm_quantizers(self, kind: str) -> list[TensorQuantizer]:
@@ -294,7 +400,7 @@ class _QuantRNNBase(_QuantRNNMixin, _RNNTyping):
             for d, s in enumerate(self._suffixes()):
                 idx = k * n_dirs + d
                 key = f"l{k}{s}"
-                weights = DirectionWeights(self, f"{k}{s}", cast(CellQuantizers, self.gate_quantizers[key]))
+                weights = DirectionWeights(self, f"{k}{s}", self._cell_quantizers(idx, key))
                 start = tuple(t[idx] for t in state0)
                 nonlin = getattr(self, "nonlinearity", "tanh")
                 o, final = run_direction(self._kind, weights, layer_in, start, bool(d), lengths, nonlin)
