@@ -204,7 +204,11 @@ def fuse_groups(model: nn.Module, formats: dict[str, str], dummy_input=None) -> 
             )
         fmt = kinds.pop()
         mods: list[Any] = [model.get_submodule(n) for n in names]
-        if fmt == NVFP4_SVD and all(has_lowrank(m) for m in mods) and mods[0].input_quantizer.pre_quant_scale is not None:
+        if (
+            fmt == NVFP4_SVD
+            and all(has_lowrank(m) for m in mods)
+            and mods[0].input_quantizer.pre_quant_scale is not None
+        ):
             pqs = _resmooth_lowrank(mods, "+".join(names))
         else:
             pqs = _resmooth(mods)

@@ -40,7 +40,6 @@ from ..real import fp8, microscaling
 from ..real.packing import dequantize_weight, pack_int4, unpack_int4
 from .hf_formats import FP8, NVFP4, NVFP4_SVD, W4A8_AWQ, W4A16_AWQ
 
-
 #: the SVDQuant factors' keys, relative to the module (ModelOpt writes the quantizer's buffer names)
 LORA_KEYS = ("weight_quantizer._svdquant_lora_a", "weight_quantizer._svdquant_lora_b")
 
