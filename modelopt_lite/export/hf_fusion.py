@@ -204,6 +204,7 @@ def fuse_groups(model: nn.Module, formats: dict[str, str], dummy_input=None) -> 
             )
         fmt = kinds.pop()
         mods: list[Any] = [model.get_submodule(n) for n in names]
+        pqs: torch.Tensor | None
         if (
             fmt == NVFP4_SVD
             and all(has_lowrank(m) for m in mods)

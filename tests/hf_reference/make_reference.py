@@ -25,7 +25,6 @@ sys.path.insert(0, str(HERE.parent))
 
 import hf_helpers as H  # noqa: E402
 
-
 #: NVFP4 SVDQuant: the NVFP4 quantizers (max) with hf_helpers.svdquant_state's scales and factors (no search); its
 #: weights depend on a float64 SVD (LAPACK: not bit-stable across CPUs), so it is stored without digests
 SVD = "NVFP4_SVDQUANT_DEFAULT_CFG"
