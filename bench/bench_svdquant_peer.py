@@ -30,7 +30,9 @@ the stand-in's activation path) is not yet explained.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import os
 import sys
 import time
@@ -60,10 +62,28 @@ def _patch_peer_nvfp4() -> None:
     tq.dynamic_block_quantize_op = dbq
 
 
+def _peer_int4(peer, algorithm) -> dict:
+    """ModelOpt 0.47 has no INT4 SVDQuant preset: its INT4_AWQ_CFG quantizers (INT4 blocks of 128, activations
+    float) with ``algorithm`` (``"max"`` or its ``svdquant``)."""
+    return {"quant_cfg": copy.deepcopy(peer.INT4_AWQ_CFG["quant_cfg"]), "algorithm": copy.deepcopy(algorithm)}
+
+
+def _our_int4(mtq, algorithm) -> dict:
+    cfg = copy.deepcopy(mtq.INT4_SVDQUANT_CFG)
+    cfg["algorithm"] = copy.deepcopy(algorithm)
+    return cfg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calib", type=int, default=256, help="calibration sentences (default 256, as the demo)")
     ap.add_argument("--skip-peer", action="store_true", help="only modelopt_lite")
+    ap.add_argument(
+        "--format",
+        choices=("nvfp4", "int4"),
+        default="nvfp4",
+        help="nvfp4: W4A4 (the peer through the CPU stand-in); int4: INT4 block-128 weight-only (the peer native)",
+    )
     args = ap.parse_args()
 
     import modelopt_lite as mtq
@@ -86,37 +106,49 @@ def main() -> None:
             for b in batches:
                 m(**b)
 
+    print(f"MiniLM (all-MiniLM-L6-v2), {len(calib)} calibration sentences, {len(pairs)} held-out pairs")
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}), torch "
+          f"{torch.__version__}, load average {os.getloadavg()[0]:.1f} at the start")  # fmt: skip
+    print("| implementation | config | mean cosine | min cosine | seconds |")
+    print("|---|---|---|---|---|", flush=True)
+
+    def row(who, what, result):
+        mean, low, dt = result
+        print(f"| {who} | {what} | {mean:.5f} | {low:.4f} | {dt:.1f} |", flush=True)
+
     def run(quantize, cfg):
         m = copy.deepcopy(model)
         t0 = time.perf_counter()
-        m = quantize(m, copy.deepcopy(cfg), loop) or m
+        with contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints a line per layer
+            m = quantize(m, copy.deepcopy(cfg), loop) or m
         dt = time.perf_counter() - t0
         with torch.no_grad():
             cos = minilm._cos(m(**feed), ref)
         return float(cos.mean()), float(cos.min()), dt
 
-    ours_svd = copy.deepcopy(mtq.NVFP4_SVDQUANT_DEFAULT_CFG)
-    ours_svd["algorithm"]["progress"] = False
-    rows = [
-        ("modelopt_lite", "NVFP4 W4A4 max (RTN)", run(mtq.quantize, mtq.NVFP4_DEFAULT_CFG)),
-        ("modelopt_lite", "NVFP4 W4A4 svdquant r=32", run(mtq.quantize, ours_svd)),
-    ]
-    if not args.skip_peer:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import modelopt.torch.quantization as peer
+    svd = {"method": "svdquant", "lowrank": 32}
+    if args.format == "int4":
+        row("modelopt_lite", "INT4 W4A16 max (RTN)", run(mtq.quantize, _our_int4(mtq, "max")))
+        row("modelopt_lite", "INT4 W4A16 svdquant r=32", run(mtq.quantize, _our_int4(mtq, dict(svd, progress=False))))
+    else:
+        ours_svd = copy.deepcopy(mtq.NVFP4_SVDQUANT_DEFAULT_CFG)
+        ours_svd["algorithm"]["progress"] = False
+        row("modelopt_lite", "NVFP4 W4A4 max (RTN)", run(mtq.quantize, mtq.NVFP4_DEFAULT_CFG))
+        row("modelopt_lite", "NVFP4 W4A4 svdquant r=32", run(mtq.quantize, ours_svd))
+    if args.skip_peer:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import modelopt.torch.quantization as peer
 
+        if args.format == "int4":
+            row("ModelOpt 0.47", "INT4 W4A16 max (RTN)", run(peer.quantize, _peer_int4(peer, "max")))
+            row("ModelOpt 0.47", "INT4 W4A16 svdquant r=32", run(peer.quantize, _peer_int4(peer, svd)))
+        else:
             _patch_peer_nvfp4()
-            rows.append(("ModelOpt 0.47", "NVFP4 W4A4 max (RTN)", run(peer.quantize, peer.NVFP4_DEFAULT_CFG)))
-            rows.append(
-                ("ModelOpt 0.47", "NVFP4 W4A4 svdquant r=32", run(peer.quantize, peer.NVFP4_SVDQUANT_DEFAULT_CFG))
-            )
-    print(f"MiniLM (all-MiniLM-L6-v2), {len(calib)} calibration sentences, {len(pairs)} held-out pairs")
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs), torch {torch.__version__}")
-    print("| implementation | config | mean cosine | min cosine | seconds |")
-    print("|---|---|---|---|---|")
-    for who, what, (mean, low, dt) in rows:
-        print(f"| {who} | {what} | {mean:.5f} | {low:.4f} | {dt:.1f} |")
+            who = "ModelOpt 0.47 (CPU stand-in)"
+            row(who, "NVFP4 W4A4 max (RTN)", run(peer.quantize, peer.NVFP4_DEFAULT_CFG))
+            row(who, "NVFP4 W4A4 svdquant r=32", run(peer.quantize, peer.NVFP4_SVDQUANT_DEFAULT_CFG))
 
 
 if __name__ == "__main__":

@@ -91,3 +91,32 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def without_producer(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k != "producer"}
+
+
+#: the SVDQuant export's rank in the tests (small: the tiny decoder's k/v projections have 64 rows)
+SVD_RANK = 8
+
+
+def svdquant_state(model, rank: int = SVD_RANK) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """SVDQuant's result without its search, on a float model: :func:`awq_scales` smooths every Linear but the head,
+    then a float64 SVD of each smoothed weight gives ``a`` ``(rank, in)`` and ``b`` ``(out, rank)`` (float32) and the
+    weight becomes the residual ``W - b @ a`` (in place). Returns ``{name: (pre_quant_scale, a, b)}``, to set on
+    the quantized model (both sides then max-calibrate the residuals)."""
+    out = {}
+    with torch.no_grad():
+        for name, s in awq_scales(model).items():
+            lin = model.get_submodule(name)
+            u, sv, vt = torch.linalg.svd(lin.weight.double(), full_matrices=False)
+            a, b = vt[:rank].float(), (u[:, :rank] * sv[:rank]).float()
+            lin.weight.sub_(b @ a)
+            out[name] = (s, a, b)
+    return out
+
+
+def set_svdquant_state(model, state: dict) -> None:
+    """Put :func:`svdquant_state`'s scales and factors on a quantized model (ours or ModelOpt's SVDQuant layers)."""
+    for name, (s, a, b) in state.items():
+        lin = model.get_submodule(name)
+        lin.input_quantizer.pre_quant_scale = s
+        lin.weight_quantizer.svdquant_lora_a = a
+        lin.weight_quantizer.svdquant_lora_b = b

@@ -92,3 +92,33 @@ def test_every_tensor_equals_modelopts_export(name, dtype, tmp_path):
     ca, cb = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("ours", "peer"))
     assert H.without_producer(ca.pop("quantization_config")) == H.without_producer(cb.pop("quantization_config"))
     assert ca == cb  # the rest of config.json too
+
+
+def test_svdquant_every_tensor_equals_modelopts_export(tmp_path):
+    """NVFP4 SVDQuant: ModelOpt's SVDQuant layers and ours hold the same scales and factors
+    (``hf_helpers.svdquant_state``; ModelOpt's NVFP4 search needs CUDA); the two exports (the shared-branch re-SVD
+    of q/k/v and gate/up included) are identical tensor for tensor, and so are the configs."""
+    from modelopt.torch.quantization.conversion import create_and_replace_svdquant_linear_on_the_fly
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peer = H.tiny_llama()
+        state = H.svdquant_state(peer)
+        mtq.quantize(peer, mtq.NVFP4_DEFAULT_CFG, H.forward_loop)
+        create_and_replace_svdquant_linear_on_the_fly(peer)
+        H.set_svdquant_state(peer, state)
+        model = H.tiny_llama()
+        H.svdquant_state(model)
+        ours.quantize(model, ours.NVFP4_DEFAULT_CFG, H.forward_loop)
+        H.set_svdquant_state(model, state)
+        export_hf_checkpoint(model, tmp_path / "ours")
+        peer_export(peer, export_dir=str(tmp_path / "peer"))
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("ours", "peer"))
+    assert H.layout(a) == H.layout(b)
+    assert "model.layers.1.mlp.up_proj.weight_quantizer._svdquant_lora_b" in a
+    assert [k for k in a if not torch.equal(_raw(a[k]), _raw(b[k]))] == []
+    qa, qb = (json.loads((tmp_path / d / "hf_quant_config.json").read_text()) for d in ("ours", "peer"))
+    assert qa["quantization"] == qb["quantization"] and qa["quantization"]["quant_algo"] == "NVFP4_SVD"
+    ca, cb = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("ours", "peer"))
+    assert H.without_producer(ca.pop("quantization_config")) == H.without_producer(cb.pop("quantization_config"))
+    assert ca == cb

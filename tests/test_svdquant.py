@@ -203,6 +203,21 @@ def test_factor_setter_validates():
     assert "_svdquant_lora_a" not in q.state_dict()
 
 
+def test_factors_are_stored_contiguous_so_the_branch_does_not_depend_on_the_callers_layout():
+    model = mtq.quantize(outlier_mlp(), cfg("max"), loop_of(data()))
+    x = data(seed=5, n=1)[0]
+    u, s, vt = torch.linalg.svd(model.fc1.weight.detach().double(), full_matrices=False)
+    a, b = vt[:4].float(), (u[:, :4] * s[:4]).float()
+    assert not a.is_contiguous()  # LAPACK's V^T is column-major: a slice of it keeps that layout
+    wq = model.fc1.weight_quantizer
+    wq.svdquant_lora_a, wq.svdquant_lora_b = a, b
+    assert wq.svdquant_lora_a.is_contiguous() and wq.svdquant_lora_a.stride() == (64, 1)
+    with torch.no_grad():
+        got = model.fc1(x)
+        want = F.linear(x, wq(model.fc1.weight), model.fc1.bias) + F.linear(F.linear(x, a.contiguous()), b)
+    assert torch.equal(got, want)
+
+
 def test_save_restore_round_trip(tmp_path):
     float_model, batches = outlier_mlp(), data()
     q = mtq.quantize(copy.deepcopy(float_model), cfg(ALG, inp=A8), loop_of(batches))

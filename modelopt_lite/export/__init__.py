@@ -2,7 +2,7 @@
 
 - :func:`export_hf_checkpoint` (:mod:`.hf_export`): ModelOpt's unified Hugging Face checkpoint (safetensors with
   quantized weights and scales, ``hf_quant_config.json``, ``config.json``'s ``quantization_config``) for FP8,
-  INT4 AWQ (W4A16), W4A8 AWQ and NVFP4, with FP8/NVFP4 KV-cache scales; the format TensorRT-LLM, vLLM and SGLang
+  INT4 AWQ (W4A16), W4A8 AWQ, NVFP4 and NVFP4 SVDQuant (``NVFP4_SVD``), with FP8/NVFP4 KV-cache scales; the format TensorRT-LLM, vLLM and SGLang
   load.
 - :func:`load_hf_checkpoint` (:mod:`.hf_load`): such a checkpoint back into real modules
   (:mod:`modelopt_lite.real`) on a fresh float model, every field validated.

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .hf_formats import config_json_entry, has_quantizers, hf_quant_config, kv_format, module_format
+from .hf_formats import NVFP4, NVFP4_SVD, config_json_entry, has_quantizers, hf_quant_config, kv_format, module_format
 from .hf_fusion import fuse_for_export
 from .hf_weights import float_state, kv_tensors, module_tensors
 
@@ -50,6 +50,8 @@ def hf_formats_of(model: nn.Module) -> tuple[dict[str, str], dict[str, str], lis
         k = kv_format(name, m)
         if k is not None:
             kv[name] = k
+    if NVFP4_SVD in formats.values():  # SVDQuant's skipped NVFP4 layers: the same format without factors (ModelOpt)
+        formats = {n: NVFP4_SVD if f == NVFP4 else f for n, f in formats.items()}
     if len(set(kv.values())) > 1:
         raise ValueError(f"export_hf_checkpoint: mixed KV-cache formats {sorted(set(kv.values()))}")
     return formats, kv, excluded
@@ -93,8 +95,8 @@ def export_hf_checkpoint(model: nn.Module, export_dir, dummy_input=None) -> Path
 
     Args:
         model: quantized and calibrated (:func:`modelopt_lite.quantize`) with ``FP8_DEFAULT_CFG``,
-            ``INT4_AWQ_CFG``, ``W4A8_AWQ_BETA_CFG`` or ``NVFP4_DEFAULT_CFG`` (optionally with an FP8/NVFP4 KV
-            cache). Not modified.
+            ``INT4_AWQ_CFG``, ``W4A8_AWQ_BETA_CFG``, ``NVFP4_DEFAULT_CFG`` or ``NVFP4_SVDQUANT_DEFAULT_CFG``
+            (optionally with an FP8/NVFP4 KV cache). Not modified.
         export_dir: the output directory.
         dummy_input: the input of the forward pass that finds modules sharing an input (default: token ids
             ``ones(1, 2)``, for language models); not needed for FP8.

@@ -7,6 +7,10 @@ Formats (ModelOpt's names in ``hf_quant_config.json``):
 - ``W4A8_AWQ``: the weight quantized twice (a ``SequentialQuantizer``: INT4 blocks, then E4M3 per tensor) and
   E4M3 per-tensor activations;
 - ``NVFP4``: NVFP4 weights and activations (E2M1 in blocks of 16 with E4M3 block scales and a float32 global scale);
+- ``NVFP4_SVD``: NVFP4 with SVDQuant's float low-rank branch (``svdquant_lora_a`` / ``_b`` on the weight quantizer)
+  and its AWQ ``pre_quant_scale``; once any NVFP4 module has the branch, every NVFP4 module is ``NVFP4_SVD`` (those
+  without it, e.g. ``skip_layers``, simply have no factors), as ModelOpt classifies them. The branch on any other
+  format is a ValueError: ModelOpt's unified checkpoint defines it for NVFP4 only;
 - KV cache (``k_bmm_quantizer`` / ``v_bmm_quantizer`` of an attention module): ``FP8`` or ``NVFP4``.
 
 Anything else that is enabled is a ValueError naming the module and what it has. A model holds one weight format
@@ -21,11 +25,13 @@ from torch import nn
 
 from ..nn.sequential_quantizer import SequentialQuantizer
 
-FP8, W4A16_AWQ, W4A8_AWQ, NVFP4 = "FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4"
-FORMATS = (FP8, W4A16_AWQ, W4A8_AWQ, NVFP4)
+FP8, W4A16_AWQ, W4A8_AWQ, NVFP4, NVFP4_SVD = "FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4", "NVFP4_SVD"
+FORMATS = (FP8, W4A16_AWQ, W4A8_AWQ, NVFP4, NVFP4_SVD)
 #: formats whose shared-input modules are fused at export (ModelOpt leaves FP8 groups alone)
-FUSED_FORMATS = (W4A16_AWQ, W4A8_AWQ, NVFP4)
+FUSED_FORMATS = (W4A16_AWQ, W4A8_AWQ, NVFP4, NVFP4_SVD)
 AWQ_FORMATS = (W4A16_AWQ, W4A8_AWQ)
+#: formats whose hf_quant_config.json says ``has_zero_point`` / ``pre_quant_scale``
+PQS_FORMATS = (W4A16_AWQ, W4A8_AWQ, NVFP4_SVD)
 KV_FORMATS = (FP8, NVFP4)
 PRODUCER = "modelopt_lite"
 _QUANTIZER_ATTRS = ("weight_quantizer", "input_quantizer")
@@ -84,6 +90,11 @@ def check_calibrated(name: str, q) -> None:
             raise ValueError(f"export_hf_checkpoint: quantizer {name!r} is still calibrating; finish calibration first")
 
 
+def has_lowrank(module: Any) -> bool:
+    """Whether ``module``'s weight quantizer holds SVDQuant factors."""
+    return bool(getattr(getattr(module, "weight_quantizer", None), "has_lowrank", False))
+
+
 def _weight_format(name: str, wq, iq) -> str:
     in_info = iq.export_info() if _enabled(iq) else None
     if isinstance(wq, SequentialQuantizer):
@@ -109,7 +120,7 @@ def _weight_format(name: str, wq, iq) -> str:
         if in_info is None or in_info["kind"] != "nvfp4":
             got = "disabled" if in_info is None else _describe(in_info)
             raise _fail(name, f"NVFP4 weights need NVFP4 activations, the input_quantizer is {got}")
-        return NVFP4
+        return NVFP4_SVD if getattr(wq, "has_lowrank", False) else NVFP4
     raise _fail(name, f"the weight_quantizer ({_describe(info)}) has no unified HF checkpoint format")
 
 
@@ -130,7 +141,14 @@ def module_format(name: str, module: Any) -> str | None:
         raise _fail(name, f"{type(module).__name__} has no 2-D weight; only Linear-like modules are exported")
     if getattr(iq, "bias", None) is not None:
         raise _fail(name, "the input_quantizer is affine (has a bias)")
-    return _weight_format(name, wq, iq)
+    fmt = _weight_format(name, wq, iq)
+    if has_lowrank(module) and fmt != NVFP4_SVD:
+        raise _fail(
+            name,
+            f"it has an SVDQuant low-rank branch on {fmt} weights; ModelOpt's unified checkpoint defines the branch "
+            "for NVFP4 only (NVFP4_SVD)",
+        )
+    return fmt
 
 
 def kv_format(name: str, module: Any) -> str | None:
@@ -197,9 +215,9 @@ def hf_quant_config(formats: dict, kv: str | None, group_size: int | None, exclu
         )
     algo = algos[0] if algos else None
     q: dict = {"quant_algo": algo, "kv_cache_quant_algo": kv}
-    if algo in (W4A16_AWQ, W4A8_AWQ, NVFP4):
+    if algo in (W4A16_AWQ, W4A8_AWQ, NVFP4, NVFP4_SVD):
         q["group_size"] = group_size
-    if algo in AWQ_FORMATS:
+    if algo in PQS_FORMATS:
         q["has_zero_point"] = False
         q["pre_quant_scale"] = True
     q["exclude_modules"] = summarize_excluded(excluded, formats)
@@ -216,11 +234,12 @@ def config_json_entry(hf_cfg: dict) -> dict:
         out["config_groups"] = {
             "group_0": {"input_activations": dict(fp8), "weights": dict(fp8), "targets": ["Linear"]}
         }
-    elif algo == NVFP4:
+    elif algo in (NVFP4, NVFP4_SVD):
         fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": q["group_size"]}
-        out["config_groups"] = {
-            "group_0": {"input_activations": dict(fp4), "weights": dict(fp4), "targets": ["Linear"]}
-        }
+        group: dict[str, Any] = {"input_activations": dict(fp4), "weights": dict(fp4)}
+        if algo == NVFP4_SVD:  # ModelOpt: NVFP4 plus the pre_quant_scale flags (no rank: it reads the factors)
+            group.update(has_zero_point=False, pre_quant_scale=True)
+        out["config_groups"] = {"group_0": dict(group, targets=["Linear"])}
     out["ignore"] = list(q["exclude_modules"])
     if algo:
         out["quant_algo"] = algo

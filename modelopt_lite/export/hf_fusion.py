@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..algorithms.svdquant import svd_factors
 from ..conversion.utils import named_quantizers
 from ..nn.sequential_quantizer import SequentialQuantizer
-from .hf_formats import AWQ_FORMATS, FUSED_FORMATS
+from .hf_formats import AWQ_FORMATS, FUSED_FORMATS, NVFP4_SVD, has_lowrank
 
 #: norms that compute ``(1 + weight) * x``: the scale folds into ``1 + weight``
 _PLUS_ONE_NORMS = ("LayerNorm1P", "GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
@@ -132,6 +133,37 @@ def _resmooth(mods: list[Any]) -> torch.Tensor | None:
     return mean
 
 
+def _resmooth_lowrank(mods: list[Any], label: str) -> torch.Tensor:
+    """The NVFP4_SVD group re-smoothing (module docstring, step 1): one shared branch, new residual weights."""
+    pqs = [m.input_quantizer.pre_quant_scale for m in mods]
+    if any(p is None or p.shape != pqs[0].shape for p in pqs):
+        raise ValueError(f"export_hf_checkpoint: {label}: SVDQuant modules sharing an input need pre_quant_scales")
+    dt = mods[0].weight.dtype
+    mean = torch.stack([p.to(dt) for p in pqs]).mean(dim=0)
+    m32 = mean.float()
+    ranks = {int(m.weight_quantizer.svdquant_lora_a.shape[0]) for m in mods}
+    if len(ranks) != 1:
+        raise ValueError(f"export_hf_checkpoint: {label}: SVDQuant modules sharing an input have ranks {sorted(ranks)}")
+    full = []
+    for m, old in zip(mods, pqs):
+        wq, w = m.weight_quantizer, m.weight.detach()
+        low = wq.svdquant_lora_b.float().to(w.device) @ wq.svdquant_lora_a.float().to(w.device)
+        full.append((w.float() + low) * (old.float().to(w.device) / m32.to(w.device)))
+    stacked = torch.cat(full, dim=0)
+    a, b = svd_factors(stacked, ranks.pop(), label)
+    residual = (stacked - b @ a).to(dt)
+    row = 0
+    for m in mods:
+        n, w = m.weight.shape[0], m.weight
+        m.weight = nn.Parameter(residual[row : row + n].clone(), requires_grad=w.requires_grad)
+        m.weight_quantizer.svdquant_lora_a = a
+        m.weight_quantizer.svdquant_lora_b = b[row : row + n]
+        m.input_quantizer.pre_quant_scale = mean
+        _recalibrate_weight(m)
+        row += n
+    return mean
+
+
 def _share_amax(quantizers: list) -> None:
     amaxes = [q.amax for q in quantizers]
     if any(a is None or a.numel() != 1 for a in amaxes):
@@ -172,7 +204,15 @@ def fuse_groups(model: nn.Module, formats: dict[str, str], dummy_input=None) -> 
             )
         fmt = kinds.pop()
         mods: list[Any] = [model.get_submodule(n) for n in names]
-        pqs = _resmooth(mods)
+        pqs: torch.Tensor | None
+        if (
+            fmt == NVFP4_SVD
+            and all(has_lowrank(m) for m in mods)
+            and mods[0].input_quantizer.pre_quant_scale is not None
+        ):
+            pqs = _resmooth_lowrank(mods, "+".join(names))
+        else:
+            pqs = _resmooth(mods)
         iqs = [m.input_quantizer for m in mods]
         if all(q.is_enabled for q in iqs):
             _share_amax(iqs)

@@ -1,11 +1,12 @@
-"""``load_hf_checkpoint``: a unified HF checkpoint (FP8, W4A16 AWQ, NVFP4) back into real modules.
+"""``load_hf_checkpoint``: a unified HF checkpoint (FP8, W4A16 AWQ, NVFP4, NVFP4_SVD) back into real modules.
 
 The checkpoint (:mod:`.hf_export`'s layout, also ModelOpt's own for these formats) is untrusted input: the JSON is
 parsed strictly, every tensor is read with safetensors (no pickle), and every key, dtype, shape and value is checked
 before the model is touched. The quantized modules become :mod:`modelopt_lite.real` modules (their specs and values
 validated by :mod:`modelopt_lite.real.spec_checks`); a W4A16 module with a ``pre_quant_scale`` becomes a
 :class:`PreScaledLinear` (the input multiplied by the scale, then the real INT4 module), as the fake-quant module
-computes it. Every other tensor of the model is loaded bit for bit.
+computes it; an NVFP4_SVD module with SVDQuant factors becomes a :class:`LowRankLinear` (the scaled input through the
+real NVFP4 module plus the float branch ``(x_s A^T) B^T``). Every other tensor of the model is loaded bit for bit.
 
 Not loadable (ValueError naming the reason): W4A8 AWQ (modelopt_lite.real has no INT4-codes-with-an-FP8-GEMM
 module) and KV-cache scales (real modules do not quantize attention), sharded checkpoints.
@@ -23,15 +24,17 @@ from ..real.fast_gemm import describe, why_not
 from ..real.packing import pack_int4
 from ..real.real_types import build_real_module
 from ..real.spec_checks import check_spec, check_values
-from .hf_formats import FP8, NVFP4, W4A8_AWQ, W4A16_AWQ
-from .hf_weights import unpack_int4_rows
+from .hf_formats import FP8, NVFP4, NVFP4_SVD, W4A8_AWQ, W4A16_AWQ
+from .hf_weights import LORA_KEYS, unpack_int4_rows
 
 WEIGHTS_NAME, QUANT_CONFIG_NAME, CONFIG_NAME = "model.safetensors", "hf_quant_config.json", "config.json"
-__all__ = ["PreScaledLinear", "load_hf_checkpoint", "read_hf_checkpoint"]
-_LOADABLE = (FP8, NVFP4, W4A16_AWQ)
+__all__ = ["LowRankLinear", "PreScaledLinear", "load_hf_checkpoint", "read_hf_checkpoint"]
+_LOADABLE = (FP8, NVFP4, NVFP4_SVD, W4A16_AWQ)
+_NVFP4_KEYS = {"weight", "weight_scale", "weight_scale_2", "input_scale"}
 _KEYS = {
     FP8: ({"weight", "weight_scale"}, {"input_scale", "bias"}),
-    NVFP4: ({"weight", "weight_scale", "weight_scale_2", "input_scale"}, {"bias"}),
+    NVFP4: (_NVFP4_KEYS, {"bias"}),
+    NVFP4_SVD: (_NVFP4_KEYS, {"bias", "pre_quant_scale", *LORA_KEYS}),
     W4A16_AWQ: ({"weight", "weight_scale"}, {"pre_quant_scale", "bias"}),
 }
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -49,6 +52,25 @@ class PreScaledLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x * self.pre_quant_scale.to(x.dtype))
+
+
+class LowRankLinear(PreScaledLinear):
+    """``inner(x_s) + (x_s A^T) B^T`` with ``x_s = x * pre_quant_scale``: an SVDQuant layer (the real module holds the
+    quantized residual, ``lora_a`` ``(r, in)`` and ``lora_b`` ``(out, r)`` the float branch, in the checkpoint's
+    dtype and computed in the input's), as the fake-quant layer adds its branch."""
+
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+
+    def __init__(self, inner: nn.Module, in_features: int, out_features: int, rank: int, dtype: torch.dtype):
+        super().__init__(inner, in_features)
+        self.register_buffer("lora_a", torch.zeros(rank, in_features, dtype=dtype))
+        self.register_buffer("lora_b", torch.zeros(out_features, rank, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs = x * self.pre_quant_scale.to(x.dtype)
+        low = nn.functional.linear(nn.functional.linear(xs, self.lora_a.to(xs.dtype)), self.lora_b.to(xs.dtype))
+        return self.inner(xs) + low
 
 
 def _bad(path, entry: str, why: str) -> ValueError:
@@ -96,7 +118,7 @@ def _check_quant(path, q: dict) -> str | None:
         raise _bad(path, "quant_algo", f"must be one of {list(_LOADABLE)} or null, got {algo!r}")
     if "group_size" in q:
         g = q["group_size"]
-        ok = isinstance(g, int) and not isinstance(g, bool) and g > 0 and (algo != NVFP4 or g == 16)
+        ok = isinstance(g, int) and not isinstance(g, bool) and g > 0 and (algo not in (NVFP4, NVFP4_SVD) or g == 16)
         if not ok:
             raise _bad(path, "group_size", f"must be a positive int (16 for NVFP4), got {g!r}")
     ex = q.get("exclude_modules", [])
@@ -168,7 +190,7 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
         if "input_scale" in local:
             out["input_scale"] = _want(path, f"{name}.input_scale", local["input_scale"], f32, ()).reshape(1)
             spec["input"] = dict(int_keys, num_steps=1, elem="e4m3", dynamic=None)
-    elif algo == NVFP4:
+    elif algo in (NVFP4, NVFP4_SVD):
         if k % 16:
             raise _bad(path, f"module {name!r}", f"in_features={k} is not a multiple of the NVFP4 block 16")
         mx = {"format": "nvfp4", "scheme": "nvfp4", "elem": "e2m1", "block": 16, "rounding": "floor"}
@@ -179,6 +201,7 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
         out["input_scale"] = _want(path, f"{name}.input_scale", local["input_scale"], f32, ()).reshape(1)
         spec["weight"] = dict(mx, storage="fp4", dtype=dt)
         spec["input"] = dict(mx, num_steps=1)
+        out.update(_lowrank_tensors(path, name, lin, local))
     else:
         g = group if group is not None else 128
         if k % g or n % 2:
@@ -197,11 +220,36 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
             "dtype": dt,
         }
         if "pre_quant_scale" in local:
-            pqs = _want(path, f"{name}.pre_quant_scale", local["pre_quant_scale"], lin.weight.dtype, (k,))
-            if not bool((torch.isfinite(pqs) & (pqs > 0)).all()):
-                raise _bad(path, f"{name}.pre_quant_scale", "must be finite and > 0")
-            out["pre_quant_scale"] = pqs.float()
+            out["pre_quant_scale"] = _pqs(path, name, lin, local)
     return spec, out
+
+
+def _pqs(path, name: str, lin: nn.Linear, local: dict) -> torch.Tensor:
+    pqs = _want(path, f"{name}.pre_quant_scale", local["pre_quant_scale"], lin.weight.dtype, (lin.weight.shape[1],))
+    if not bool((torch.isfinite(pqs) & (pqs > 0)).all()):
+        raise _bad(path, f"{name}.pre_quant_scale", "must be finite and > 0")
+    return pqs.float()
+
+
+def _lowrank_tensors(path, name: str, lin: nn.Linear, local: dict) -> dict:
+    """An NVFP4_SVD module's ``pre_quant_scale`` and SVDQuant factors (both factors or neither), checked."""
+    out = {"pre_quant_scale": _pqs(path, name, lin, local)} if "pre_quant_scale" in local else {}
+    a, b = (local.get(key) for key in LORA_KEYS)
+    if (a is None) != (b is None):
+        missing = LORA_KEYS[0] if a is None else LORA_KEYS[1]
+        raise _bad(path, f"{name}.{missing}", "is missing (SVDQuant needs both factors)")
+    if a is None or b is None:
+        return out
+    n, k = lin.weight.shape
+    rank = int(a.shape[0]) if a.dim() == 2 else 0
+    if rank < 1:
+        raise _bad(path, f"{name}.{LORA_KEYS[0]}", f"must be 2-D (rank, {k}) with rank >= 1, got {tuple(a.shape)}")
+    for key, t, shape in ((LORA_KEYS[0], a, (rank, k)), (LORA_KEYS[1], b, (n, rank))):
+        _want(path, f"{name}.{key}", t, lin.weight.dtype, shape)
+        if not bool(torch.isfinite(t).all()):
+            raise _bad(path, f"{name}.{key}", "must be finite")
+    out["lora_a"], out["lora_b"] = a, b
+    return out
 
 
 def _float_tensors(path, model: nn.Module, replaced: set[str], tensors: dict) -> dict:
@@ -215,8 +263,16 @@ def _float_tensors(path, model: nn.Module, replaced: set[str], tensors: dict) ->
     return expected
 
 
+def _owner(key: str) -> str:
+    """The module a checkpoint key belongs to (SVDQuant factors sit under ``<module>.weight_quantizer.``)."""
+    for lk in LORA_KEYS:
+        if key.endswith("." + lk):
+            return key[: -len(lk) - 1]
+    return key.rpartition(".")[0]
+
+
 def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Module:
-    """Load an HF checkpoint (:func:`~.hf_export.export_hf_checkpoint`'s, FP8 / W4A16 AWQ / NVFP4) into real
+    """Load an HF checkpoint (:func:`~.hf_export.export_hf_checkpoint`'s, FP8 / W4A16 AWQ / NVFP4 / NVFP4_SVD) into real
     modules on a fresh FLOAT ``model`` of the same architecture (its float tensors, AWQ-folded norms included, are
     loaded too). Returns ``model``, modified in place.
 
@@ -243,7 +299,7 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
             raise _bad(st, f"module {name!r}", "is not in the model (a different architecture?)") from None
         if type(lin) is not nn.Linear:
             raise _bad(st, f"module {name!r}", f"is a {type(lin).__name__} in the model; expected nn.Linear")
-        local = {k[len(name) + 1 :]: t for k, t in tensors.items() if k.rpartition(".")[0] == name}
+        local = {k[len(name) + 1 :]: t for k, t in tensors.items() if _owner(k) == name}
         assert algo is not None  # quantized weights without a quant_algo were refused above
         spec, real = _module_spec(st, name, algo, lin, local, group)
         check_spec(st, name, spec)
@@ -253,16 +309,25 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
             raise ValueError(f"load_hf_checkpoint: module {name!r} ({describe(spec)}): backend {backend!r}: {why}")
         plans[name] = (spec, real, lin)
     expected = _float_tensors(st, model, set(plans), tensors)
-    used = set(expected) | {k for k in tensors if k.rpartition(".")[0] in plans}
+    used = set(expected) | {k for k in tensors if _owner(k) in plans}
     extra = sorted(set(tensors) - used)
     if extra:
         raise _bad(st, extra[0], f"has no place in the model ({len(extra)} unexpected tensor(s))")
     for name, (spec, real, lin) in plans.items():  # everything is checked: install
         pqs = real.pop("pre_quant_scale", None)
+        lora = real.pop("lora_a", None), real.pop("lora_b", None)
         built = build_real_module(spec, real, backend, device=lin.weight.device)
         built.label = name  # type: ignore[assignment]
         mod: nn.Module = built
-        if pqs is not None:
+        if lora[0] is not None and lora[1] is not None:
+            n, k = lin.weight.shape
+            low = LowRankLinear(built, k, n, lora[0].shape[0], lin.weight.dtype).to(lin.weight.device)
+            if pqs is not None:
+                low.pre_quant_scale.copy_(pqs)
+            low.lora_a.copy_(lora[0])
+            low.lora_b.copy_(lora[1])
+            mod = low
+        elif pqs is not None:
             wrap = PreScaledLinear(built, lin.weight.shape[1]).to(lin.weight.device)
             wrap.pre_quant_scale.copy_(pqs)
             mod = wrap

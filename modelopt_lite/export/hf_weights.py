@@ -14,6 +14,9 @@ W4A8_AWQ       as W4A16_AWQ                           + ``weight_scale_2`` f32 `
 NVFP4          uint8 ``(N, K/2)``: elements 2j (low   ``weight_scale`` float8_e4m3fn ``(N, K/16)`` block scales,
                nibble) and 2j+1 (high) of E2M1 codes  ``weight_scale_2`` f32 ``()`` = amax/2688, ``input_scale``
                                                       f32 ``()`` = input amax/2688
+NVFP4_SVD      as NVFP4                               as NVFP4, + ``pre_quant_scale`` ``(K,)`` and the SVDQuant
+                                                      factors ``weight_quantizer._svdquant_lora_a`` ``(r, K)`` /
+                                                      ``_b`` ``(N, r)``, both in the weight dtype (ModelOpt's keys)
 =============  =====================================  ===========================================================
 
 KV cache: ``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale``, f32 ``()`` = amax/448 (for NVFP4 too, as ModelOpt).
@@ -23,6 +26,7 @@ weight bit for bit (``real.fp8`` / ``real.microscaling`` for FP8 / NVFP4, here f
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -34,7 +38,10 @@ from ..functional.division import true_div
 from ..nn.sequential_quantizer import SequentialQuantizer
 from ..real import fp8, microscaling
 from ..real.packing import dequantize_weight, pack_int4, unpack_int4
-from .hf_formats import FP8, NVFP4, W4A8_AWQ, W4A16_AWQ
+from .hf_formats import FP8, NVFP4, NVFP4_SVD, W4A8_AWQ, W4A16_AWQ
+
+#: the SVDQuant factors' keys, relative to the module (ModelOpt writes the quantizer's buffer names)
+LORA_KEYS = ("weight_quantizer._svdquant_lora_a", "weight_quantizer._svdquant_lora_b")
 
 
 def pack_int4_rows(codes: torch.Tensor) -> torch.Tensor:
@@ -100,15 +107,22 @@ def module_tensors(name: str, module: Any, fmt: str) -> tuple[dict[str, torch.Te
         if fmt == W4A8_AWQ:
             out["weight_scale_2"] = _scale(wq[1].export_info()["amax"], E4M3_MAX)
             out.update(_fp8_input(name, module))
-    elif fmt == NVFP4:
+    elif fmt in (NVFP4, NVFP4_SVD):
         with torch.no_grad():
             _, t = microscaling.weight_part(name, w, wq, wq(w))
         out["weight"] = t["weight_packed"]
         out["weight_scale"] = t["weight_block_scale"].view(torch.float8_e4m3fn)
         out["weight_scale_2"] = t["weight_global_scale"].reshape(())
-        _, s = microscaling.input_part(name, module.input_quantizer)
+        iq = module.input_quantizer
+        if iq.pre_quant_scale is not None:  # the scale is exported on its own; check the quantization alone
+            iq = copy.deepcopy(iq)
+            iq.pre_quant_scale = None
+        _, s = microscaling.input_part(name, iq)
         out["input_scale"] = s.reshape(())
         group = int(wq.quant_desc.block_sizes[-1])
+        if getattr(wq, "has_lowrank", False):  # the float branch, in the dtype the forward computes it in
+            out[LORA_KEYS[0]] = wq.svdquant_lora_a.detach().to(w.dtype).clone()
+            out[LORA_KEYS[1]] = wq.svdquant_lora_b.detach().to(w.dtype).clone()
     else:  # pragma: no cover - formats are checked by hf_formats
         raise ValueError(f"export_hf_checkpoint: module {name!r}: unknown format {fmt!r}")
     pqs = module.input_quantizer.pre_quant_scale if hasattr(module, "input_quantizer") else None

@@ -87,15 +87,16 @@ class LowRankState(nn.Module):
 
 
 def checked_factor(value, label: str) -> torch.Tensor:
-    """A detached float32 copy of a low-rank factor (TypeError/ValueError naming ``label`` when it is not a finite 2-D
-    float tensor)."""
+    """A detached, contiguous float32 copy of a low-rank factor (TypeError/ValueError naming ``label`` when it is not
+    a finite 2-D float tensor). Contiguous whatever the caller's layout (e.g. a slice of ``torch.linalg.svd``'s
+    column-major ``V^T``), so the branch's GEMMs, and thus its bits, do not depend on it."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{label} must be a tensor or None, got {type(value).__name__}")
     if not value.is_floating_point():
         raise TypeError(f"{label} must be a floating-point tensor, got {value.dtype}")
     if value.dim() != 2 or value.numel() == 0:
         raise ValueError(f"{label} must be a non-empty 2-D tensor, got shape {tuple(value.shape)}")
-    t = value.detach().to(torch.float32).clone()
+    t = value.detach().to(torch.float32).clone(memory_format=torch.contiguous_format)  # layout-free forward
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{label} must be finite, got {t[~torch.isfinite(t)][0].item()!r}")
     return t

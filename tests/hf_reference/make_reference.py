@@ -8,7 +8,8 @@ For every config of ``hf_helpers.CONFIGS`` it stores the tensors' keys, dtypes a
 section of ``hf_quant_config.json`` and ``config.json``'s ``quantization_config`` (producer left out), and for the
 configs of ``hf_helpers.VALUE_CONFIGS`` a digest of every tensor computed from the weights alone. The AWQ configs
 are calibrated with max and the fixed ``hf_helpers.awq_scales`` as their ``pre_quant_scale`` (ModelOpt's AWQ search
-and ours differ; the export is what is compared).
+and ours differ; the export is what is compared). ``NVFP4_SVDQUANT_DEFAULT_CFG`` is ModelOpt's SVDQuant layers with
+``hf_helpers.svdquant_state`` (see ``SVD`` below).
 """
 
 from __future__ import annotations
@@ -23,6 +24,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import hf_helpers as H  # noqa: E402
+
+#: NVFP4 SVDQuant: the NVFP4 quantizers (max) with hf_helpers.svdquant_state's scales and factors (no search); its
+#: weights depend on a float64 SVD (LAPACK: not bit-stable across CPUs), so it is stored without digests
+SVD = "NVFP4_SVDQUANT_DEFAULT_CFG"
+
+
+def peer_svdquant():
+    """ModelOpt's SVDQuant layers holding hf_helpers.svdquant_state (its NVFP4 svdquant search needs CUDA)."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.conversion import create_and_replace_svdquant_linear_on_the_fly
+
+    model = H.tiny_llama()
+    state = H.svdquant_state(model)
+    mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, H.forward_loop)
+    create_and_replace_svdquant_linear_on_the_fly(model)
+    H.set_svdquant_state(model, state)
+    return model
 
 
 def peer_config(mtq, name: str) -> dict:
@@ -39,6 +57,9 @@ def peer_export(name: str, out: Path) -> None:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
 
+    if name == SVD:
+        export_hf_checkpoint(peer_svdquant(), export_dir=str(out))
+        return
     model = H.tiny_llama()
     scales = H.awq_scales(model) if "AWQ" in name else {}
     mtq.quantize(model, peer_config(mtq, name), H.forward_loop)
@@ -69,7 +90,7 @@ def main() -> None:
     ref = {"producer": {"name": "modelopt", "version": modelopt.__version__}, "configs": {}}
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
         warnings.simplefilter("ignore")
-        for name in H.CONFIGS:
+        for name in (*H.CONFIGS, SVD):
             out = Path(tmp) / name
             peer_export(name, out)
             ref["configs"][name] = describe(out, name)
