@@ -6,6 +6,8 @@ import numbers
 
 import torch
 
+from . import deferred_errors
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -77,6 +79,10 @@ def check_broadcast(t: torch.Tensor, x: torch.Tensor, what: str) -> None:
 
 def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
     if _compiling():  # data-dependent: cannot run on the fake tensors of torch.compile / torch.export
+        return
+    if deferred_errors.deferring(amax):  # CUDA: the flag computed on the device, read asynchronously
+        flag = torch.nan_to_num(amax, nan=-1.0, posinf=-1.0).lt(0).any()
+        deferred_errors.defer(flag, f"{what} check", {1: f"{what} must be finite and >= 0 (NaN, Inf or < 0)"}, amax)
         return
     bad = ~torch.isfinite(amax) | (amax < 0)
     if bool(bad.any()):

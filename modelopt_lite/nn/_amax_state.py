@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..functional import deferred_errors
 from ..functional.checks import first_bad
 
 
@@ -107,6 +108,13 @@ class AmaxStateMixin(nn.Module):
         Raises:
             RuntimeError: naming the quantizer, when it is dynamic (its amax is never stored).
         """
+        a = self._stored_amax()
+        if a is not None:
+            deferred_errors.check_errors(a.device)  # a reader's sync point: pending CUDA value errors raise here
+        return a
+
+    def _stored_amax(self) -> torch.Tensor | None:
+        """:attr:`amax` without the sync point (the forward's reader)."""
         a = self._amax
         if a is None:
             if self.dynamic:
