@@ -7,6 +7,7 @@ import numbers
 import torch
 
 from . import deferred_errors
+from .division import scalar_tensor
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -34,7 +35,7 @@ def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
     if isinstance(amax, bool) or amax is None:
         raise TypeError(f"{what} must be a number or a tensor, got {amax!r}")
     if isinstance(amax, numbers.Real):
-        amax = torch.tensor(float(amax), dtype=torch.float32, device=x.device)
+        amax = scalar_tensor(float(amax), torch.float32, x.device)
     elif not isinstance(amax, torch.Tensor):
         raise TypeError(f"{what} must be a number or a tensor, got {type(amax).__name__}")
     if not amax.is_floating_point():

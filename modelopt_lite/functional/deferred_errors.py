@@ -73,19 +73,33 @@ def error_checks(mode: str) -> Iterator[None]:
 
 
 def deferring(t: torch.Tensor) -> bool:
-    """Whether checks of values on ``t``'s device are deferred now (deferred mode, a CUDA tensor, eager)."""
-    return _state["mode"] == "deferred" and t.device.type in DEFER_DEVICE_TYPES
+    """Whether checks of values on ``t``'s device are deferred now (deferred mode, a CUDA tensor, eager: not while
+    torch.compile / torch.export trace, where the value checks do not run)."""
+    if _state["mode"] != "deferred" or t.device.type not in DEFER_DEVICE_TYPES:
+        return False
+    return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
-@contextlib.contextmanager
-def label(name: Callable[[], str] | str) -> Iterator[None]:
-    """Name the caller (a quantizer: a string, or a callable evaluated only when an error is raised) in the
-    deferred errors of the checks run inside the block."""
-    token = _label.set(name)
-    try:
-        yield
-    finally:
-        _label.reset(token)
+class _Label:
+    def __init__(self, name: Callable[[], str] | str):
+        self.name = name
+        self.token: contextvars.Token | None = None
+
+    def __enter__(self) -> None:
+        self.token = _label.set(self.name)
+
+    def __exit__(self, *exc) -> None:
+        assert self.token is not None
+        _label.reset(self.token)
+
+
+def label(name: Callable[[], str] | str) -> contextlib.AbstractContextManager:
+    """A context manager naming the caller (a quantizer: a string, or a callable evaluated only when an error is
+    raised) in the deferred errors of the checks run inside it. A no-op under torch.compile / torch.export (no
+    value checks run there, and dynamo cannot trace a ContextVar)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return contextlib.nullcontext()
+    return _Label(name)
 
 
 def current_label() -> str | None:

@@ -177,7 +177,7 @@ def nvfp4_fake_quant(x: Tensor, amax, block: int = 16, what: str = "inputs") -> 
     if a.numel() != 1:
         raise ValueError(f"NVFP4 amax must be per tensor (one value), got shape {tuple(a.shape)}")
     # deferred on the CUDA kernel: it flags a bad global scale itself (bit 2), so no host read of amax here
-    checked = not (_cuda_checked(x, "fake_nvfp4") and _deferred(x, "fake_nvfp4") is not None)
+    checked = not (_deferred(x, "fake_nvfp4") is not None and _cuda_checked(x, "fake_nvfp4"))
     gs = ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device), check=checked)
     return fake_nvfp4(x, gs, block)
 
