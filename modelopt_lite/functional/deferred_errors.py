@@ -201,7 +201,7 @@ class _Ring:
         self.pending: collections.deque[tuple[int, Context]] = collections.deque()
         self.calls = 0
 
-    def push(self, flag: torch.Tensor, ctx_args: tuple) -> tuple[Context, int, int] | None:
+    def push(self, flag: torch.Tensor, ctx: Callable[[int], Context]) -> tuple[Context, int, int] | None:
         """Queue ``flag``; the first error of the slots retired to make room (a full ring waits for its oldest)."""
         found = None
         if not self.free:  # full: wait for the oldest copy (bounded memory), then take its slot
@@ -211,7 +211,7 @@ class _Ring:
         self.views[slot].copy_(flag, non_blocking=True)
         self.events[slot].record()
         self.calls += 1
-        self.pending.append((slot, Context(*ctx_args, call=self.calls)))
+        self.pending.append((slot, ctx(self.calls)))
         return found
 
     def collect(self, block: bool) -> tuple[Context, int, int] | None:
@@ -272,7 +272,8 @@ def defer(flag: torch.Tensor, op: str, messages: Mapping[int, str], x: torch.Ten
     ``op`` on ``x``; then raise the first error of an earlier call that has completed (no synchronization)."""
     with _lock:
         r = _ring(flag.device)
-        found = r.push(flag, (op, messages, tuple(x.shape), x.dtype, _label.get()))
+        who = _label.get()
+        found = r.push(flag, lambda call: Context(op, messages, tuple(x.shape), x.dtype, who, call))
         _raise(found or r.collect(block=False))
 
 
@@ -299,7 +300,7 @@ def pending() -> int:
         return sum(len(r.pending) for r in _rings.values())
 
 
-def check_flag(flag: torch.Tensor, raise_now: Callable[[], None], op: str, messages: Mapping[int, str], x) -> None:
+def check_flag(flag: torch.Tensor, raise_now: Callable[[], object], op: str, messages: Mapping[int, str], x) -> None:
     """The one entry point of the ops: defer ``flag`` (deferred mode, CUDA), else read it now and, when set, call
     ``raise_now`` (which raises the sync mode's ValueError, as the CPU path)."""
     if deferring(flag):

@@ -100,6 +100,15 @@ class AmaxStateMixin(nn.Module):
             "(enable_calib(), run data through it, load_calib_amax()) or set .amax"
         )
 
+    def _stored_amax(self) -> torch.Tensor | None:
+        """:attr:`amax` without the sync point (the forward's reader)."""
+        a = self._amax
+        if a is None:
+            if self.dynamic:
+                raise self._uncalibrated_error()
+            return None
+        return a[self._step] if self._num_steps > 1 else a
+
     @property
     def amax(self) -> torch.Tensor | None:
         """The stored amax of the current step (float32; per channel it keeps the input's rank), or None before
@@ -112,15 +121,6 @@ class AmaxStateMixin(nn.Module):
         if a is not None:
             deferred_errors.check_errors(a.device)  # a reader's sync point: pending CUDA value errors raise here
         return a
-
-    def _stored_amax(self) -> torch.Tensor | None:
-        """:attr:`amax` without the sync point (the forward's reader)."""
-        a = self._amax
-        if a is None:
-            if self.dynamic:
-                raise self._uncalibrated_error()
-            return None
-        return a[self._step] if self._num_steps > 1 else a
 
     @amax.setter
     def amax(self, value) -> None:
