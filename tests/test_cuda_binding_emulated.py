@@ -111,6 +111,11 @@ def test_mx_matrix_equals_reference(emulated, group):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
+def test_mx_flagged_bindings_return_the_flag_unread(emulated):
+    failures = mx_cases.flagged_failures(emulated, "cpu")
+    assert not failures, "\n".join(failures)
+
+
 def test_mx_gradients_equal_reference(emulated, monkeypatch):
     """The public autograd ops with their forward in the emulated binding (routed as the CUDA kernels, argument
     checks of functional/cuda_args.py included) against the reference backend."""
