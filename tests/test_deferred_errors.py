@@ -245,3 +245,17 @@ def test_quantizer_error_keeps_the_label_of_its_own_call(fake):
     with pytest.raises(de.DeferredValueError, match="'a.input_quantizer'"):
         _ = static.amax  # a reader: waits and raises what is pending
     assert float(static.amax) == 2.0
+
+
+def test_unsigned_input_check_on_device_defers(fake):
+    """No kernel flags a negative input to an unsigned grid: the flag is computed on the device (amin >= 0)."""
+    from modelopt_lite import tensor_quant as tq
+    from modelopt_lite.functional.backend import use_backend
+
+    with use_backend("reference"):  # the separate check (the native CPU kernels fuse it into their pass)
+        tq.fake_tensor_quant(torch.tensor([0.0, 3.0]), 4.0, unsigned=True)
+        de.check_errors()
+        for bad in (-1.0, math.nan):
+            tq.fake_tensor_quant(torch.tensor([bad, 3.0]), 4.0, unsigned=True)  # deferred: no raise here
+            with pytest.raises(de.DeferredValueError, match=r"^unsigned quantization of inputs: the input holds a neg"):
+                de.check_errors()

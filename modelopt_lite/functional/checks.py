@@ -98,7 +98,15 @@ class NegativeUnsignedInputError(ValueError, TypeError):
 def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
     if _compiling() or x.numel() == 0:
         return
-    check_unsigned_min(torch.amin(x.detach()).item(), what)
+    m = torch.amin(x.detach())
+    if deferred_errors.deferring(x):  # CUDA: flag 1 for a NaN or negative minimum, read asynchronously
+        msg = (
+            f"unsigned quantization of {what}: the input holds a negative value or NaN (Negative values "
+            "encountered); use signed, or clean the input"
+        )
+        deferred_errors.defer(m.ge(0).logical_not(), "unsigned input check", {1: msg}, x)
+        return
+    check_unsigned_min(m.item(), what)
 
 
 def check_unsigned_min(m: float, what: str = "inputs") -> None:
