@@ -180,6 +180,15 @@ def test_sync_mode_raises_at_the_call_and_flushes_pending_on_entry(fake):
         de.set_error_checks("deferred")
 
 
+def test_leaving_a_deferred_block_for_sync_mode_raises_its_pending_errors(fake):
+    with de.error_checks("sync"):
+        with pytest.raises(de.DeferredValueError, match="inner_op"):
+            with de.error_checks("deferred"):
+                de.defer(_flag(1), "inner_op", MSG, X)  # pending at the block's end
+        assert de.get_error_checks() == "sync" and de.pending() == 0
+    assert de.get_error_checks() == "deferred"
+
+
 def test_modes_and_context_manager():
     assert de.get_error_checks() == "deferred"
     with pytest.raises(ValueError, match=r"error checks must be one of \('sync', 'deferred'\), got 'async'"):

@@ -63,11 +63,18 @@ def set_error_checks(mode: str) -> None:
 
 @contextlib.contextmanager
 def error_checks(mode: str) -> Iterator[None]:
-    """Run a block with the given error-check mode, restoring the previous one on exit (even on exceptions)."""
+    """Run a block with the given error-check mode, restoring the previous one on exit (even on exceptions). Back
+    from "deferred" to "sync" after a normal exit, the block's pending errors are raised (:func:`check_errors`)."""
     previous = get_error_checks()
     set_error_checks(mode)
     try:
         yield
+    except BaseException:
+        _state["mode"] = previous
+        raise
+    try:
+        if previous == "sync" and mode == "deferred":
+            check_errors()
     finally:
         _state["mode"] = previous
 
