@@ -36,6 +36,12 @@ _LAZY = {
     "get_backend": "modelopt_lite.functional.backend",
     "use_backend": "modelopt_lite.functional.backend",
     "precompile": "modelopt_lite.functional.backend",
+    # value checks of CUDA tensors: deferred (no host sync per call) or sync (raise at the call)
+    "set_error_checks": "modelopt_lite.functional.deferred_errors",
+    "get_error_checks": "modelopt_lite.functional.deferred_errors",
+    "error_checks": "modelopt_lite.functional.deferred_errors",
+    "check_errors": "modelopt_lite.functional.deferred_errors",
+    "DeferredValueError": "modelopt_lite.functional.deferred_errors",
     # modules and conversion
     "TensorQuantizer": "modelopt_lite.nn.tensor_quantizer",
     "quant_nn": ("modelopt_lite.nn", None),

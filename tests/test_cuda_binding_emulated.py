@@ -12,60 +12,19 @@ headers (cuda_fp8.h), not a GPU. The same switch also parses the real (non-emula
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import math
-import os
 import shutil
 import subprocess
 import sys
 import sysconfig
-from pathlib import Path
 
 import pytest
 import torch
+from emulated_build import CSRC, HERE, OPT_IN, cuda_include
 
-HERE = Path(__file__).resolve().parent
-CSRC = HERE.parent / "modelopt_lite" / "csrc"
-SOURCES = [
-    CSRC / "quant_cuda_binding.cpp",
-    HERE / "cuda_host" / "emulated_kernels.cpp",
-    CSRC / "mx_cuda_binding.cpp",
-    HERE / "cuda_host" / "emulated_mx_kernels.cpp",
-    CSRC / "block_cuda_binding.cpp",
-    HERE / "cuda_host" / "emulated_block_kernels.cpp",
-]
-DEPS = (
-    SOURCES
-    + [
-        CSRC / n
-        for n in ("quant_kernels.cu", "quant_kernels.cuh", "quant_index.cuh", "quant_math.cuh", "quant_kernels_api.h")
-    ]
-    + [
-        CSRC / n
-        for n in (
-            "mx_kernels.cu",
-            "mx_lanes.cuh",
-            "block_kernels.cu",
-            "mx_kernels_api.h",
-            "mx_elem.h",
-            "mx_checks.h",
-            "binding_errors.h",
-        )
-    ]
-)
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("MODELOPT_LITE_TEST_EMULATED") != "1",
-    reason="opt-in (about 1 min to build): set MODELOPT_LITE_TEST_EMULATED=1",
-)
-
-
-def _cuda_include():
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda", "/opt/cuda"):
-        if root and (Path(root) / "include" / "cuda_fp8.h").exists():
-            return Path(root) / "include"
-    return None
+pytestmark = OPT_IN
+_cuda_include = cuda_include
 
 
 def _load(name: str):
@@ -80,24 +39,9 @@ def _load(name: str):
 
 @pytest.fixture(scope="module")
 def emulated():
-    inc = _cuda_include()
-    if inc is None:
-        pytest.skip("CUDA headers (cuda_fp8.h) not found")
-    from torch.utils import cpp_extension
+    import emulated_build
 
-    from modelopt_lite.functional.native_build import cache_root
-
-    digest = hashlib.sha1(b"".join(p.read_bytes() for p in DEPS)).hexdigest()[:12]
-    name = f"modelopt_lite_cuda_emulated_{digest}"
-    build = cache_root() / f"torch{torch.__version__.replace('+', '_')}" / name
-    build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name,
-        sources=[str(s) for s in SOURCES],
-        build_directory=str(build),
-        extra_cflags=["-O2", "-std=c++17", "-DMODELOPT_LITE_EMULATE_ON_HOST", f"-I{inc}"],
-        verbose=False,
-    )
+    return emulated_build.build()
 
 
 cases = _load("cuda_cases")
@@ -165,6 +109,11 @@ def test_mx_matrix_equals_reference(emulated, group):
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
+def test_mx_flagged_bindings_return_the_flag_unread(emulated):
+    failures = mx_cases.flagged_failures(emulated, "cpu")
+    assert not failures, "\n".join(failures)
 
 
 def test_mx_gradients_equal_reference(emulated, monkeypatch):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..descriptor import ScaledQuantDescriptor
+from ..functional import deferred_errors
 from ..nn import SequentialQuantizer, TensorQuantizer
 from ..nn._quantizer_config import PEER_DEFAULTS
 from ..nn.modules._base import module_device
@@ -78,6 +79,7 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
     ``path`` may end in ``.json`` or ``.safetensors`` (the suffix is replaced). With ``include_weights`` the whole
     ``state_dict`` of the model is stored too and loaded back by :func:`restore`.
     """
+    deferred_errors.check_errors()  # a sync point: pending CUDA value errors raise before saving
     from safetensors.torch import save_file
 
     lowrank = [n for n, q in named_quantizers(model) if getattr(q, "has_lowrank", False)]
@@ -271,6 +273,7 @@ def restore(model: nn.Module, path) -> nn.Module:
             or quantizer); ``model`` is left unchanged then.
         FileNotFoundError: one of the two files is missing.
     """
+    deferred_errors.check_errors()  # a sync point: pending CUDA value errors raise before loading
     json_path, st_path = _paths(path)
     doc = read_json(json_path)
     check_doc(doc, json_path)

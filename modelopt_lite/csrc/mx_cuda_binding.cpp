@@ -5,13 +5,16 @@
 // raises its Python exception itself (binding_errors.h: python_errors).
 //
 // Host side only: validates arguments (the reference's messages, mx_checks.h), makes x contiguous, launches on x's
-// device and current stream, and reads back the kernels' flag (one int: NaN/Inf inputs and a bad NVFP4 global
-// scale, which the kernel reads from device memory; the reference raises ValueError for both, and so do these).
+// device and current stream. The kernels raise a flag (one int32 in device memory; bit 1: NaN/Inf input, bit 2: a
+// bad NVFP4 global scale, which the kernel reads from device memory). The ``*_flagged`` functions return it with the
+// output WITHOUT reading it (no host synchronization: functional/deferred_errors.py reads it asynchronously); the
+// plain ones read it back and raise the reference's ValueError (the "sync" error-check mode, and direct callers).
 // With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it takes CPU
 // tensors and the launchers run the kernel bodies on the host.
 #include <torch/extension.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
@@ -89,8 +92,9 @@ Blocked prepare(const Tensor& x_in, const std::string& what, const Tensor* grad 
   return b;
 }
 
-// The one host synchronization of these ops: the kernels' flag (bit 1: a NaN/Inf block amax, bit 2: a bad NVFP4
-// global scale), read back so that bad values raise ValueError as the reference does.
+// The host synchronization of the plain functions: the kernels' flag (bit 1: a NaN/Inf block amax, bit 2: a bad
+// NVFP4 global scale), read back so that bad values raise ValueError as the reference does. Not called by the
+// *_flagged functions.
 void finish(const Blocked& b, const std::string& what, const Tensor* gs = nullptr) {
   const int f = b.flag.item<int>();
   if ((f & 1) != 0) mol::mxchk::raise_nonfinite(b.x, what);
@@ -104,13 +108,15 @@ Tensor device_global_scale(const Tensor& global_scale, const Tensor& x) {
   return global_scale.to(x.device(), at::kFloat).reshape({1}).contiguous();
 }
 
-Tensor nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block, const Tensor* grad) {
+using Flagged = std::tuple<Tensor, Tensor>;
+
+Flagged nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block, const Tensor* grad, bool read) {
   const std::string what = "NVFP4 input";
   mol::mxchk::check_x(x, what);
   mol::mxchk::check_block(block, {16, 32}, "NVFP4");
   Blocked b = prepare(x, what, grad);
   const Tensor gs = device_global_scale(global_scale, b.x);
-  if (b.x.numel() == 0) return b.y;
+  if (b.x.numel() == 0) return {b.y, b.flag};
   Scope scope(b.x);
   const float* g = gs.data_ptr<float>();
   int* flag = b.flag.data_ptr<int>();
@@ -123,27 +129,35 @@ Tensor nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block, 
                                     static_cast<int>(block), g, flag, scope.stream()),
                  "nvfp4_backward");
   }
-  finish(b, what, &gs);
-  return b.y;
+  if (read) finish(b, what, &gs);
+  return {b.y, b.flag};
 }
 
 Tensor fake_nvfp4(const Tensor& x, const Tensor& global_scale, int64_t block) {
-  return nvfp4_common(x, global_scale, block, nullptr);
+  return std::get<0>(nvfp4_common(x, global_scale, block, nullptr, true));
 }
 
 Tensor nvfp4_backward(const Tensor& grad, const Tensor& x, const Tensor& global_scale, int64_t block) {
-  return nvfp4_common(x, global_scale, block, &grad);
+  return std::get<0>(nvfp4_common(x, global_scale, block, &grad, true));
 }
 
-Tensor mx_common(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
-                 const Tensor* grad) {
+Flagged fake_nvfp4_flagged(const Tensor& x, const Tensor& global_scale, int64_t block) {
+  return nvfp4_common(x, global_scale, block, nullptr, false);
+}
+
+Flagged nvfp4_backward_flagged(const Tensor& grad, const Tensor& x, const Tensor& global_scale, int64_t block) {
+  return nvfp4_common(x, global_scale, block, &grad, false);
+}
+
+Flagged mx_common(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
+                  const Tensor* grad, bool read) {
   const int e = mol::mxchk::elem_index(elem);
   const bool rceil = mol::mxchk::rounding_rceil(rounding);
   const std::string what = "MX (" + elem + ") input";
   mol::mxchk::check_x(x, what);
   mol::mxchk::check_block(block, {32}, "MX");
   Blocked b = prepare(x, what, grad);
-  if (b.x.numel() == 0) return b.y;
+  if (b.x.numel() == 0) return {b.y, b.flag};
   Scope scope(b.x);
   int* flag = b.flag.data_ptr<int>();
   if (grad == nullptr) {
@@ -155,17 +169,26 @@ Tensor mx_common(const Tensor& x, const std::string& elem, int64_t block, const 
                                  b.rows, b.cols, static_cast<int>(block), flag, scope.stream()),
                  "mx_backward");
   }
-  finish(b, what);
-  return b.y;
+  if (read) finish(b, what);
+  return {b.y, b.flag};
 }
 
 Tensor fake_mx(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
-  return mx_common(x, elem, block, rounding, nullptr);
+  return std::get<0>(mx_common(x, elem, block, rounding, nullptr, true));
 }
 
 Tensor mx_backward(const Tensor& grad, const Tensor& x, const std::string& elem, int64_t block,
                    const std::string& rounding) {
-  return mx_common(x, elem, block, rounding, &grad);
+  return std::get<0>(mx_common(x, elem, block, rounding, &grad, true));
+}
+
+Flagged fake_mx_flagged(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding) {
+  return mx_common(x, elem, block, rounding, nullptr, false);
+}
+
+Flagged mx_backward_flagged(const Tensor& grad, const Tensor& x, const std::string& elem, int64_t block,
+                            const std::string& rounding) {
+  return mx_common(x, elem, block, rounding, &grad, false);
 }
 
 // elem(x / s) * s with s broadcast against x: per tensor, one channel dim, or expanded to one scale per element.
@@ -227,6 +250,16 @@ void register_mx_cuda_ops(pybind11::module_& m) {
   m.def("nvfp4_backward", python_errors(&nvfp4_backward), "STE gradient of fake_nvfp4 (microscaling.nvfp4_backward)",
         py::arg("grad"), py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
   m.def("mx_backward", python_errors(&mx_backward), "STE gradient of fake_mx (microscaling.mx_backward)",
+        py::arg("grad"), py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
+  m.def("fake_nvfp4_flagged", python_errors(&fake_nvfp4_flagged),
+        "fake_nvfp4 -> (y, flag): the kernel's int32 flag (1: NaN/Inf input, 2: bad global scale), not read",
+        py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
+  m.def("nvfp4_backward_flagged", python_errors(&nvfp4_backward_flagged), "nvfp4_backward -> (grad_x, flag)",
+        py::arg("grad"), py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
+  m.def("fake_mx_flagged", python_errors(&fake_mx_flagged),
+        "fake_mx -> (y, flag): the kernel's int32 flag (1: NaN/Inf input), not read", py::arg("x"), py::arg("elem"),
+        py::arg("block") = 32, py::arg("rounding") = "floor");
+  m.def("mx_backward_flagged", python_errors(&mx_backward_flagged), "mx_backward -> (grad_x, flag)",
         py::arg("grad"), py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
         py::arg("scale"));

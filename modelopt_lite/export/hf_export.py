@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..functional import deferred_errors
 from .hf_formats import NVFP4, NVFP4_SVD, config_json_entry, has_quantizers, hf_quant_config, kv_format, module_format
 from .hf_fusion import fuse_for_export
 from .hf_weights import float_state, kv_tensors, module_tensors
@@ -108,6 +109,7 @@ def export_hf_checkpoint(model: nn.Module, export_dir, dummy_input=None) -> Path
         ValueError: an uncalibrated quantizer, a module in a format the checkpoint cannot hold (names the module
             and its format), a mix of weight formats, or a failing dummy forward.
     """
+    deferred_errors.check_errors()  # a sync point: pending CUDA value errors raise before exporting
     try:
         from safetensors.torch import save_file
     except ImportError as e:  # pragma: no cover - depends on the environment

@@ -6,6 +6,9 @@ import numbers
 
 import torch
 
+from . import deferred_errors
+from .division import scalar_tensor
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -32,7 +35,7 @@ def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
     if isinstance(amax, bool) or amax is None:
         raise TypeError(f"{what} must be a number or a tensor, got {amax!r}")
     if isinstance(amax, numbers.Real):
-        amax = torch.tensor(float(amax), dtype=torch.float32, device=x.device)
+        amax = scalar_tensor(float(amax), torch.float32, x.device)
     elif not isinstance(amax, torch.Tensor):
         raise TypeError(f"{what} must be a number or a tensor, got {type(amax).__name__}")
     if not amax.is_floating_point():
@@ -78,6 +81,10 @@ def check_broadcast(t: torch.Tensor, x: torch.Tensor, what: str) -> None:
 def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
     if _compiling():  # data-dependent: cannot run on the fake tensors of torch.compile / torch.export
         return
+    if deferred_errors.deferring(amax):  # CUDA: the flag computed on the device, read asynchronously
+        flag = torch.nan_to_num(amax, nan=-1.0, posinf=-1.0).lt(0).any()
+        deferred_errors.defer(flag, f"{what} check", {1: f"{what} must be finite and >= 0 (NaN, Inf or < 0)"}, amax)
+        return
     bad = ~torch.isfinite(amax) | (amax < 0)
     if bool(bad.any()):
         raise ValueError(f"{what} must be finite and >= 0, got {first_bad(amax, bad)!r}")
@@ -91,7 +98,15 @@ class NegativeUnsignedInputError(ValueError, TypeError):
 def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
     if _compiling() or x.numel() == 0:
         return
-    check_unsigned_min(torch.amin(x.detach()).item(), what)
+    m = torch.amin(x.detach())
+    if deferred_errors.deferring(x):  # CUDA: flag 1 for a NaN or negative minimum, read asynchronously
+        msg = (
+            f"unsigned quantization of {what}: the input holds a negative value or NaN (Negative values "
+            "encountered); use signed, or clean the input"
+        )
+        deferred_errors.defer(m.ge(0).logical_not(), "unsigned input check", {1: msg}, x)
+        return
+    check_unsigned_min(m.item(), what)
 
 
 def check_unsigned_min(m: float, what: str = "inputs") -> None:

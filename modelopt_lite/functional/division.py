@@ -25,9 +25,19 @@ def _divisor_dtype(t: torch.Tensor, number: float) -> torch.dtype:
     return torch.get_default_dtype() if isinstance(number, float) else torch.int64
 
 
+def scalar_tensor(number: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``number`` as a 0-dim tensor of ``dtype`` on ``device`` (the same value either way). On a CUDA device it is
+    filled there (``torch.full``, one kernel): ``torch.tensor(number, device="cuda")`` copies it from pageable host
+    memory, which synchronizes the stream (a host sync on every quantizer call). Traced code keeps ``torch.tensor``
+    (a constant in an exported graph)."""
+    if device.type == "cuda" and not torch.jit.is_tracing():
+        return torch.full((), number, dtype=dtype, device=device)
+    return torch.tensor(number, dtype=dtype, device=device)
+
+
 def divisor_like(t: torch.Tensor, number: float) -> torch.Tensor:
     """``number`` as a 0-dim tensor on ``t``'s device, in the dtype ``t / number`` computes in."""
-    return torch.tensor(number, dtype=_divisor_dtype(t, number), device=t.device)
+    return scalar_tensor(number, _divisor_dtype(t, number), t.device)
 
 
 def true_div(t: torch.Tensor, number: float) -> torch.Tensor:

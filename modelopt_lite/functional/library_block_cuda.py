@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..formats import int_range, scaled_float_format
-from . import blocks, reference
+from . import blocks, deferred_errors, reference
 from .backend import is_native_cuda, kernels_for
 from .scales import scale_from_amax
 
@@ -142,10 +142,15 @@ def fused_dynamic_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: b
     return args + scale_q if _fused_kernels(x, block) is not None else None
 
 
-def _checked(x: Tensor, block: int, out) -> Tensor:
+#: the deferred error of the kernel's flag (the reference's text without the block and its value)
+_MESSAGES = {1: "the input contains NaN or Inf, so its block amax is not finite; clean the input"}
+
+
+def _checked(x: Tensor, block: int, out, op: str) -> Tensor:
+    """The output; the kernel's NaN/Inf flag read asynchronously (:mod:`.deferred_errors`, no host sync) or, in
+    "sync" mode, at once: then a set flag raises the reference's ValueError."""
     y, flag = out
-    if bool(flag.item()):  # the one synchronization: a NaN/Inf block raises the reference's ValueError
-        blocks.block_amax(x, {-1: block})
+    deferred_errors.check_flag(flag, lambda: blocks.block_amax(x, {-1: block}), op, _MESSAGES, x)
     return y
 
 
@@ -166,7 +171,7 @@ def fake_block_dynamic(
     mod = _fused_kernels(x, block)
     if mod is None:
         return fake_block_dynamic_reference(x, *args)
-    return _checked(x, block, mod.fake_block_dynamic(x, *args))
+    return _checked(x, block, mod.fake_block_dynamic(x, *args), "fake_block_dynamic")
 
 
 @fake_block_dynamic.register_fake
@@ -191,7 +196,7 @@ def block_dynamic_backward(
     mod = _fused_kernels(x, block)
     if mod is None or grad.dtype != x.dtype or grad.shape != x.shape or grad.device != x.device:
         return block_dynamic_backward_reference(grad, x, *args)
-    return _checked(x, block, mod.block_dynamic_backward(grad, x, *args))
+    return _checked(x, block, mod.block_dynamic_backward(grad, x, *args), "block_dynamic_backward")
 
 
 @block_dynamic_backward.register_fake

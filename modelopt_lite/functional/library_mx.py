@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import cuda_args
+from . import cuda_args, deferred_errors
 from . import microscaling as ref
 from .backend import is_native_cuda, kernels_for
 from .checks import check_input
@@ -40,10 +40,36 @@ def _like(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+_NONFINITE = "contains NaN or Inf; NVFP4/MX formats cannot represent it: clean the input"
+#: the deferred errors of the kernels' flag bits (the sync mode's texts without the bad value)
+NVFP4_MESSAGES = {
+    1: f"NVFP4 input {_NONFINITE}",
+    2: "NVFP4 global amax must be finite and >= 0 (its global scale is not)",
+}
+MX_MESSAGES = {e: {1: f"MX ({e}) input {_NONFINITE}"} for e in ref.MX_ELEMENTS}
+
+
+def _deferred(x: Tensor, name: str):
+    """The CUDA extension's ``name + "_flagged"`` (returns the kernel's flag unread) when x's value checks are
+    deferred (:mod:`.deferred_errors`), else None (the plain function reads the flag and raises at once)."""
+    if not deferred_errors.deferring(x):
+        return None
+    return getattr(kernels_for(x.device.type), name + "_flagged", None)
+
+
+def _run_flagged(fn, args: tuple, x: Tensor, op: str, messages) -> Tensor:
+    y, flag = fn(*args)
+    deferred_errors.defer(flag, op, messages, x)
+    return y
+
+
 @torch.library.custom_op("modelopt_lite::fake_nvfp4", mutates_args=())
 def fake_nvfp4(x: Tensor, global_scale: Tensor, block: int) -> Tensor:
     if _cuda_checked(x, "fake_nvfp4"):
         cuda_args.check_nvfp4(x, global_scale, block)
+        flagged = _deferred(x, "fake_nvfp4")
+        if flagged is not None:
+            return _run_flagged(flagged, (x.contiguous(), global_scale, block), x, "fake_nvfp4", NVFP4_MESSAGES)
     return _impl(x, "fake_nvfp4")(x.contiguous(), global_scale, block)
 
 
@@ -64,6 +90,10 @@ def nvfp4_backward(grad: Tensor, x: Tensor, global_scale: Tensor, block: int) ->
     if _cuda_checked(x, "nvfp4_backward"):
         cuda_args.check_nvfp4(x, global_scale, block)
         cuda_args.check_grad(grad, x)
+        flagged = _deferred(x, "nvfp4_backward") if grad.dtype == x.dtype else None
+        if flagged is not None:
+            args = (grad, x.contiguous(), global_scale, block)
+            return _run_flagged(flagged, args, x, "nvfp4_backward", NVFP4_MESSAGES)
     return _bwd_impl(grad, x, "nvfp4_backward")(grad, x.contiguous(), global_scale, block)
 
 
@@ -76,6 +106,9 @@ def _(grad, x, global_scale, block):
 def fake_mx(x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
     if _cuda_checked(x, "fake_mx"):
         cuda_args.check_mx(x, elem, block, rounding)
+        flagged = _deferred(x, "fake_mx")
+        if flagged is not None:
+            return _run_flagged(flagged, (x.contiguous(), elem, block, rounding), x, "fake_mx", MX_MESSAGES[elem])
     return _impl(x, "fake_mx")(x.contiguous(), elem, block, rounding)
 
 
@@ -89,6 +122,10 @@ def mx_backward(grad: Tensor, x: Tensor, elem: str, block: int, rounding: str) -
     if _cuda_checked(x, "mx_backward"):
         cuda_args.check_mx(x, elem, block, rounding)
         cuda_args.check_grad(grad, x)
+        flagged = _deferred(x, "mx_backward") if grad.dtype == x.dtype else None
+        if flagged is not None:
+            args = (grad, x.contiguous(), elem, block, rounding)
+            return _run_flagged(flagged, args, x, "mx_backward", MX_MESSAGES[elem])
     return _bwd_impl(grad, x, "mx_backward")(grad, x.contiguous(), elem, block, rounding)
 
 
@@ -139,7 +176,9 @@ def nvfp4_fake_quant(x: Tensor, amax, block: int = 16, what: str = "inputs") -> 
     a = torch.as_tensor(amax, dtype=torch.float32, device=x.device) if not isinstance(amax, Tensor) else amax
     if a.numel() != 1:
         raise ValueError(f"NVFP4 amax must be per tensor (one value), got shape {tuple(a.shape)}")
-    gs = ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device))
+    # deferred on the CUDA kernel: it flags a bad global scale itself (bit 2), so no host read of amax here
+    checked = not (_deferred(x, "fake_nvfp4") is not None and _cuda_checked(x, "fake_nvfp4"))
+    gs = ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device), check=checked)
     return fake_nvfp4(x, gs, block)
 
 

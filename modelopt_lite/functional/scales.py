@@ -11,7 +11,7 @@ import torch
 
 from ..formats import AMAX_EPS, format_range, int_range
 from .checks import first_bad
-from .division import true_div
+from .division import scalar_tensor, true_div
 
 _ONE_ULP_DOWN = 1.0 - 2.0**-24  # s * this == the float32 just below s (for any normal s > 0)
 
@@ -23,7 +23,7 @@ def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
     (an amax within a rounding step of float32's largest value, ~3.4e38), the scale is the float32 just below it,
     so that every finite input quantizes to a finite value (the stored and exported scale is that value too)."""
     a = amax.float()
-    b = torch.tensor(float(bound), dtype=torch.float32, device=a.device)
+    b = scalar_tensor(float(bound), torch.float32, a.device)  # no host sync on CUDA
     s = a / b
     s = torch.where(torch.isinf(s * b) & torch.isfinite(a), s * _ONE_ULP_DOWN, s)
     return torch.where(a <= AMAX_EPS, torch.zeros_like(a), s)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..functional import deferred_errors
 from ..functional.checks import first_bad
 
 
@@ -99,6 +100,15 @@ class AmaxStateMixin(nn.Module):
             "(enable_calib(), run data through it, load_calib_amax()) or set .amax"
         )
 
+    def _stored_amax(self) -> torch.Tensor | None:
+        """:attr:`amax` without the sync point (the forward's reader)."""
+        a = self._amax
+        if a is None:
+            if self.dynamic:
+                raise self._uncalibrated_error()
+            return None
+        return a[self._step] if self._num_steps > 1 else a
+
     @property
     def amax(self) -> torch.Tensor | None:
         """The stored amax of the current step (float32; per channel it keeps the input's rank), or None before
@@ -107,12 +117,10 @@ class AmaxStateMixin(nn.Module):
         Raises:
             RuntimeError: naming the quantizer, when it is dynamic (its amax is never stored).
         """
-        a = self._amax
-        if a is None:
-            if self.dynamic:
-                raise self._uncalibrated_error()
-            return None
-        return a[self._step] if self._num_steps > 1 else a
+        a = self._stored_amax()
+        if a is not None:
+            deferred_errors.check_errors(a.device)  # a reader's sync point: pending CUDA value errors raise here
+        return a
 
     @amax.setter
     def amax(self, value) -> None:

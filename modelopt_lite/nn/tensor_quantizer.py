@@ -27,6 +27,7 @@ import torch
 
 from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
 from ..formats import element_format, format_range
+from ..functional import deferred_errors
 from ..functional.checks import check_axes
 from ..functional.division import true_div
 from ..functional.library_mx import scheme_fake_quant
@@ -49,6 +50,9 @@ from ._modelopt_state import ModeloptStateMixin
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
 from ._svdquant_lora import LowRankState
+
+#: the deferred error of a non-finite dynamic amax (see functional/deferred_errors.py)
+_DYNAMIC_NONFINITE = {1: "the input contains NaN or Inf, so its dynamic amax is not finite"}
 
 
 def _bool(v, what: str, label: str) -> bool:
@@ -314,6 +318,7 @@ class TensorQuantizer(
         amax is left as it was; temporal steps without data get the max of the others). Dynamic, or disabled with
         no data at all (pytorch-quantization's loop calls this on every quantizer): no-op.
         """
+        deferred_errors.check_errors()  # the end of calibration: pending CUDA value errors raise here
         if self.dynamic:
             return
         results = compute_step_amaxes(self._calibrator_list(), method, kwargs)
@@ -377,7 +382,10 @@ class TensorQuantizer(
             a = torch.maximum(hi, -lo).float()
         else:
             a = xd.abs().float()
-        if not bool(torch.isfinite(a).all()):
+        if deferred_errors.deferring(a):  # CUDA: the flag is read asynchronously (no host sync)
+            flag = torch.isfinite(a).all().logical_not()
+            deferred_errors.defer(flag, "dynamic amax", _DYNAMIC_NONFINITE, x)
+        elif not bool(torch.isfinite(a).all()):
             raise ValueError(f"{self._label()}: the input contains NaN or Inf, so its dynamic amax is not finite")
         return a
 
@@ -396,7 +404,7 @@ class TensorQuantizer(
 
     def _amax_for(self, x: torch.Tensor):
         """The amax to quantize ``x`` with: the stored one, else ``x``'s own (None for blocks: computed per block)."""
-        stored = None if self.dynamic else self.amax
+        stored = None if self.dynamic else self._stored_amax()
         if stored is None:
             if self.block_sizes and not (self._desc.block_scheme and self._desc.block_scheme.calibrates_amax):
                 return None
@@ -447,22 +455,10 @@ class TensorQuantizer(
     def _quantize(self, x: torch.Tensor) -> torch.Tensor:
         d = self._desc
         try:
-            amax = self._amax_for(x)
-            if d.block_scheme is not None:  # NVFP4 / OCP MX (formats.BLOCK_SCHEMES)
-                return scheme_fake_quant(x, d.block_scheme, d.block_sizes, amax, d.fake_quant)
-            if d.block_sizes:
-                if d.fake_quant:
-                    return fake_block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
-                return block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
-            fmt = element_format(d.num_bits)
-            if fmt.is_scaled_float:  # E4M3, E5M2, E2M1 with a float32 scale
-                if d.fake_quant:
-                    return fake_float_quant(x, amax, fmt)
-                q, s = tensor_quant(x, amax, d.num_bits)
-                return self._keep_scale(q.float(), s)
-            if d.fake_quant:
-                return fake_tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)
-            return self._keep_scale(*tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range))
+            with deferred_errors.label(self._label):  # names this quantizer in a deferred (CUDA) value error
+                return self._quantize_labelled(x, d)
+        except deferred_errors.DeferredValueError:
+            raise  # an earlier call's error: it names its own quantizer
         except (ValueError, TypeError) as e:
             if str(e).startswith(self._label()):
                 raise
@@ -473,6 +469,24 @@ class TensorQuantizer(
         if not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
             self._last_scale = s.detach()
         return q
+
+    def _quantize_labelled(self, x: torch.Tensor, d) -> torch.Tensor:
+        amax = self._amax_for(x)
+        if d.block_scheme is not None:  # NVFP4 / OCP MX (formats.BLOCK_SCHEMES)
+            return scheme_fake_quant(x, d.block_scheme, d.block_sizes, amax, d.fake_quant)
+        if d.block_sizes:
+            if d.fake_quant:
+                return fake_block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)
+            return block_quant(x, d.block_sizes, amax, d.num_bits, d.unsigned, d.narrow_range)[0]
+        fmt = element_format(d.num_bits)
+        if fmt.is_scaled_float:  # E4M3, E5M2, E2M1 with a float32 scale
+            if d.fake_quant:
+                return fake_float_quant(x, amax, fmt)
+            q, s = tensor_quant(x, amax, d.num_bits)
+            return self._keep_scale(q.float(), s)
+        if d.fake_quant:
+            return fake_tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range)
+        return self._keep_scale(*tensor_quant(x, amax, d.num_bits, d.unsigned, d.narrow_range))
 
     # pytorch-quantization's private names, read by its users' code and tests
     _get_amax = _amax_for

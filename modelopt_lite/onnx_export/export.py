@@ -24,7 +24,7 @@ import torch
 from onnx import helper
 from torch import nn
 
-from ..functional import onnx_qdq
+from ..functional import deferred_errors, onnx_qdq
 from . import checks, ort_layout, postprocess
 from .graph import OpsetTooLow
 from .inspect import InspectReport, inspect_onnx
@@ -251,6 +251,7 @@ def export_onnx(
     Weights are stored already quantized (INT8/INT4/FP8 initializers followed by DequantizeLinear only). The model
     is left exactly as it was (mode flags restored, no buffer written).
     """
+    deferred_errors.check_errors()  # a sync point: pending CUDA value errors raise before exporting
     _check_args(target, opset, dynamo, fp8_custom_ops)
     ort_layout.resolve_weights(ort_weights)  # a bad value fails before the (slow) export
     if not isinstance(model, nn.Module):

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..conversion.state_file import check_quantizer_tensor
 from ..conversion.utils import quantizer_sites
+from ..functional import deferred_errors
 from ..nn._modelopt_state import TENSOR_NAMES
 from .state import modelopt_state, peer_flat_amax_keys, restore_with_undo
 
@@ -28,6 +29,7 @@ def save(model: nn.Module, f, **kwargs) -> None:
     """Write ModelOpt's checkpoint of ``model`` (its modelopt state and its whole ``state_dict``) to ``f``;
     ``kwargs`` go to ``torch.save``. Static block weight amaxes are written in ModelOpt's flat layout
     ``(rows * blocks, 1)``, so ModelOpt's ``mto.restore`` reads the file (:func:`restore` maps them back)."""
+    deferred_errors.check_errors()  # a sync point: pending CUDA value errors raise before saving
     sd = model.state_dict()
     for key, shape in peer_flat_amax_keys(model).items():
         sd[key] = sd[key].reshape(shape)
@@ -138,6 +140,7 @@ def restore(model: nn.Module, f) -> nn.Module:
             not fit ``model`` (the message names the file and the entry); ``model`` is left unchanged then.
         FileNotFoundError: no such file.
     """
+    deferred_errors.check_errors()  # a sync point: pending CUDA value errors raise before loading
     ckpt = load_checkpoint(f)
     missing = [k for k in ("modelopt_state", "model_state_dict") if k not in ckpt]
     if missing:

@@ -395,3 +395,35 @@ def value_error_cases(device: str):
             (lambda m, gs=gs: m.nvfp4_backward(x, x, gs, 16), ValueError, rf"global_scale must be finite .*{text}")
         )
     return out
+
+
+def flagged_failures(mod, device: str) -> list[str]:
+    """The ``*_flagged`` bindings (the deferred error checks' hot path: the flag returned, never read) against the
+    plain ones: the same output bit for bit, flag 0 on clean input, bit 1 on a NaN/Inf input, bit 2 on a bad NVFP4
+    global scale (read by the kernel from device memory); the failure messages."""
+    failures = []
+    x = _data((5, 70), torch.float32, 3).to(device)
+    g = torch.ones_like(x)
+    gs = torch.tensor(0.01, device=device)
+    bad = x.clone()
+    bad[4, 66] = math.nan
+    calls = {
+        "fake_nvfp4": lambda t, s: (t, s, 16),
+        "nvfp4_backward": lambda t, s: (g, t, s, 16),
+        "fake_mx": lambda t, s: (t, "e4m3", 32, "floor"),
+        "mx_backward": lambda t, s: (g, t, "e2m1", 32, "rceil"),
+    }
+    for name, args in calls.items():
+        y, flag = getattr(mod, name + "_flagged")(*args(x, gs))
+        if flag.dtype != torch.int32 or flag.shape != (1,) or flag.device != x.device:
+            failures.append(f"{name}_flagged: flag {flag.dtype} {tuple(flag.shape)} on {flag.device}")
+        if int(flag.cpu()[0]) != 0 or not torch.equal(y, getattr(mod, name)(*args(x, gs))):
+            failures.append(f"{name}_flagged: clean input gave flag {int(flag.cpu()[0])} or another output")
+        _, flag = getattr(mod, name + "_flagged")(*args(bad, gs))
+        if int(flag.cpu()[0]) & 1 != 1:
+            failures.append(f"{name}_flagged: NaN input gave flag {int(flag.cpu()[0])}")
+        if name.startswith(("fake_nvfp4", "nvfp4")):
+            _, flag = getattr(mod, name + "_flagged")(*args(x, torch.tensor(-1.0, device=device)))
+            if int(flag.cpu()[0]) != 2:
+                failures.append(f"{name}_flagged: a negative global scale gave flag {int(flag.cpu()[0])}")
+    return failures

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from modelopt_lite import tensor_quant as tq
-from modelopt_lite.functional import backend, library_block_cuda
+from modelopt_lite.functional import backend, deferred_errors, library_block_cuda
 
 
 @pytest.mark.parametrize("group", list(block_cases.GROUPS))
@@ -47,5 +47,12 @@ def test_public_api_routes_to_the_fused_kernel(cuda_module, dtype):
     assert torch.equal(y.cpu(), yr) and torch.equal(x.grad.cpu(), xr.grad)
     bad = x0.cuda().clone()
     bad[3, 700] = math.nan
-    with backend.use_backend("native"), pytest.raises(ValueError, match=r"NaN or Inf.*block \(3, 5\)"):
-        tq.fake_block_quant(bad, {-1: 128}, None, 4)
+    with backend.use_backend("native"):
+        with deferred_errors.error_checks("sync"), pytest.raises(ValueError, match=r"NaN or Inf.*block \(3, 5\)"):
+            tq.fake_block_quant(bad, {-1: 128}, None, 4)  # sync: raised at the call, naming the block
+        with deferred_errors.error_checks("deferred"):
+            tq.fake_block_quant(bad, {-1: 128}, None, 4)  # deferred: the flag is read asynchronously
+            with pytest.raises(
+                deferred_errors.DeferredValueError, match=r"NaN or Inf.*fake_block_dynamic on a 64x1024"
+            ):
+                deferred_errors.check_errors()

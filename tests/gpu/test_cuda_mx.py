@@ -39,3 +39,8 @@ def test_errors_are_raised_on_the_host(cuda_module, function):
     total, failures = run_isolated("mx_cases", function, "cuda")
     assert total == len(getattr(mx_cases, function)("cpu"))
     assert not failures, f"{len(failures)} of {total} cases failed:\n" + "\n".join(failures)
+
+
+def test_flagged_bindings_return_the_flag_unread(cuda_module):
+    failures = mx_cases.flagged_failures(cuda_module, "cuda")
+    assert not failures, "\n".join(failures)

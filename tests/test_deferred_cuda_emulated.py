@@ -1,0 +1,276 @@
+"""The CUDA path of a TensorQuantizer forward issues no host read in deferred mode (issue 24: no host sync), proven
+on the CPU with the host-emulated CUDA bindings (tests/emulated_build.py; opt-in: ``MODELOPT_LITE_TEST_EMULATED=1``).
+
+The public API is routed to the emulated extension for CPU tensors exactly as it routes CUDA tensors to the real
+one (``kernels_for``, ``is_native_cuda``, the fused block kernel, deferred checks for the "cpu" device type). A
+TorchDispatchMode sees every aten op the forward issues, inside our custom ops and the C++ bindings too (it runs
+the ops' bodies under itself), fails on a host read (``_local_scalar_dense``: ``.item()``, ``bool(tensor)``) and
+counts the ops: the exact counts below are the launches (plus metadata-only ops) of one forward.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+import torch
+from emulated_build import OPT_IN, build
+from torch._library.custom_ops import OPDEFS
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from modelopt_lite.descriptor import QuantDescriptor
+from modelopt_lite.functional import (
+    backend,
+    deferred_errors,
+    library,
+    library_block,
+    library_block_cuda,
+    library_minifloat,
+    library_mx,
+)
+from modelopt_lite.nn import TensorQuantizer
+
+pytestmark = OPT_IN
+
+HOST_READS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item"}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched (by schema name) and fails on a host read; a ``modelopt_lite::`` op is
+    counted, then its Python body runs under this mode so that its own ops are seen too."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        self.ops[name] += 1
+        if name in HOST_READS:
+            raise AssertionError(f"host read: {name}")
+        if name.startswith("modelopt_lite::"):
+            with self:
+                return OPDEFS[name]._init_fn(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    return build()
+
+
+@pytest.fixture
+def on_emulated_cuda(emulated, monkeypatch):
+    """CPU tensors take the CUDA path: the emulated kernels, their routing and deferred value checks."""
+    for mod in (library, library_mx, library_minifloat, library_block_cuda, library_block):
+        monkeypatch.setattr(mod, "kernels_for", lambda device_type: emulated)
+    for mod in (library, library_mx, library_minifloat, library_block_cuda):
+        monkeypatch.setattr(mod, "is_native_cuda", lambda m: m is emulated)
+    monkeypatch.setattr(backend, "is_native_cuda", lambda m: m is emulated)
+    monkeypatch.setattr(library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(deferred_errors, "DEFER_DEVICE_TYPES", ("cpu",))
+    with deferred_errors.error_checks("deferred"):
+        yield emulated
+        deferred_errors.check_errors()
+
+
+def _nvfp4():
+    return QuantDescriptor(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}, amax=3.0)
+
+
+def _mxfp8():
+    return QuantDescriptor(num_bits=(4, 3), block_sizes={-1: 32, "type": "dynamic", "scale_bits": (8, 0)})
+
+
+_SCALE = {  # scale_from_amax: amax / bound with the tiny-amax and overflow guards (functional/scales.py)
+    "aten::lift_fresh": 1,
+    "aten::div": 1,
+    "aten::mul": 3,
+    "aten::isinf": 1,
+    "aten::abs": 1,
+    "aten::ne": 1,
+    "aten::eq": 1,
+    "aten::bitwise_and": 1,
+    "aten::where": 2,
+    "aten::le": 1,
+    "aten::zeros_like": 1,
+}
+_AMAX_CHECK = {"aten::nan_to_num": 1, "aten::lt": 1, "aten::any": 1}  # checks.check_amax_values on the device
+_RING = {"aten::copy_": 1}  # the flag's non_blocking copy into the host ring (deferred_errors.defer)
+_QUANT_BINDING = {"aten::to": 1, "aten::reshape": 1, "aten::expand": 1, "aten::empty": 1}  # quant_cuda_binding
+_FLAGGED_BINDING = {"aten::empty": 1, "aten::zeros": 1}  # output and flag (mx / block bindings)
+
+
+def _ops(*parts: dict, **extra: int) -> dict[str, int]:
+    out: collections.Counter[str] = collections.Counter()
+    for p in parts:
+        out.update(p)
+    out.update({k.replace("__", "::").replace("_DOT_", "."): v for k, v in extra.items()})
+    return dict(out)
+
+
+#: descriptor factory -> the exact op counts of one forward on a (16, 64) float32 input (after a warm-up call);
+#: every counted op but the metadata ones (view, reshape, expand, detach, to without a copy) is one launch on a GPU
+FORMATS = {
+    "int8_per_tensor": (
+        lambda: QuantDescriptor(num_bits=8, amax=2.0),
+        _ops(_AMAX_CHECK, _RING, _SCALE, _QUANT_BINDING, modelopt_lite__fake_quant_int=1),
+    ),
+    "int8_per_channel": (
+        lambda: QuantDescriptor(num_bits=8, axis=0, amax=[0.5 + 0.1 * i for i in range(16)]),
+        _ops(_AMAX_CHECK, _RING, _SCALE, _QUANT_BINDING, aten__view=1, modelopt_lite__fake_quant_int=1),
+    ),
+    "e4m3": (
+        lambda: QuantDescriptor(num_bits=(4, 3), amax=2.0),
+        _ops(_AMAX_CHECK, _RING, _SCALE, _QUANT_BINDING, modelopt_lite__fake_e4m3=1),
+    ),
+    "nvfp4": (
+        _nvfp4,
+        _ops(
+            _FLAGGED_BINDING,
+            _RING,
+            {"aten::detach": 1, "aten::view": 1, "aten::lift_fresh": 1, "aten::div": 1, "aten::le": 1},
+            {"aten::zeros_like": 1, "aten::where": 1},  # the global scale (microscaling.nvfp4_global_scale)
+            {"aten::to": 1, "aten::reshape": 1},  # the binding's device copy of the global scale
+            modelopt_lite__fake_nvfp4=1,
+        ),
+    ),
+    "mxfp8": (_mxfp8, _ops(_FLAGGED_BINDING, _RING, modelopt_lite__fake_mx=1)),
+    "int4_dynamic_blocks": (
+        lambda: QuantDescriptor(num_bits=4, block_sizes={-1: 16, "type": "dynamic"}),
+        _ops(_FLAGGED_BINDING, _RING, modelopt_lite__fake_block_dynamic=1),
+    ),
+}
+
+
+def _x():
+    return torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+
+
+def _count(q, x):
+    with OpCounter() as c:
+        y = q(x)
+    return y, dict(c.ops)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_forward_makes_no_host_read_and_counts_its_ops(on_emulated_cuda, fmt):
+    make, _ = FORMATS[fmt]
+    q = TensorQuantizer(make())
+    x = _x()
+    q(x)  # warm-up: the ring of the device is allocated at the first deferred check
+    y, ops = _count(q, x)
+    with deferred_errors.error_checks("sync"):
+        want = TensorQuantizer(make())(x)
+    assert torch.equal(y, want)  # deferral changes no numerics
+    assert not HOST_READS & set(ops)
+    assert ops == FORMATS[fmt][1]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_sync_mode_reads_the_flag_at_the_call(on_emulated_cuda, fmt):
+    """The sync mode is today's behaviour: at least one host read per forward (the counter fails on it)."""
+    make, _ = FORMATS[fmt]
+    q = TensorQuantizer(make())
+    with deferred_errors.error_checks("sync"), pytest.raises(AssertionError, match="host read"):
+        _count(q, _x())
+
+
+@pytest.mark.parametrize("fmt", ["int8_per_tensor", "nvfp4", "mxfp8", "int4_dynamic_blocks"])
+def test_training_step_makes_no_host_read(on_emulated_cuda, fmt):
+    """Forward and backward (the QAT step) in deferred mode: no host read either (backward kernels flag too)."""
+    q = TensorQuantizer(FORMATS[fmt][0]())
+    x = _x().requires_grad_()
+    q(x).sum().backward()
+    x.grad = None
+    with OpCounter() as c:
+        q(x).sum().backward()
+    assert not HOST_READS & set(c.ops)
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+class PendingEvents:
+    """Copies that complete only at a synchronization (check_errors): the asynchronous case."""
+
+    def host_slots(self, capacity, device):
+        return torch.zeros(capacity, dtype=torch.int32)
+
+    def new_event(self, device):
+        return PendingEvent()
+
+
+class PendingEvent:
+    done = False
+
+    def record(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+def _bad_x():
+    x = _x()
+    x[3, 40] = math.nan
+    return x
+
+
+#: format -> (deferred message, sync-mode message: today's, raised at the call)
+NONFINITE = {
+    "nvfp4": (
+        r"NVFP4 input contains NaN or Inf; NVFP4/MX formats cannot represent it: clean the input \[detected "
+        r"asynchronously: this error belongs to an earlier call, fake_nvfp4 on a 16x64 float32 tensor",
+        r"NVFP4 input contains NaN or Inf \(nan\); NVFP4/MX formats cannot represent it: clean the input$",
+    ),
+    "mxfp8": (
+        r"MX \(e4m3\) input contains NaN or Inf; NVFP4/MX formats cannot represent it: clean the input \[detected "
+        r"asynchronously: this error belongs to an earlier call, fake_mx on a 16x64 float32 tensor",
+        r"MX \(e4m3\) input contains NaN or Inf \(nan\); NVFP4/MX formats cannot represent it: clean the input$",
+    ),
+    "int4_dynamic_blocks": (
+        r"the input contains NaN or Inf, so its block amax is not finite; clean the input \[detected asynchronously: "
+        r"this error belongs to an earlier call, fake_block_dynamic on a 16x64 float32 tensor",
+        r"the input contains NaN or Inf, so its block amax is not finite \(block \(3, 2\) of \(16, 4\) blocks has "
+        r"amax nan\); clean the input$",
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", list(NONFINITE))
+def test_nonfinite_input_raises_at_check_errors_or_at_the_call(on_emulated_cuda, fmt):
+    deferred_msg, sync_msg = NONFINITE[fmt]
+    q = TensorQuantizer(FORMATS[fmt][0](), name="layer.input_quantizer")
+    with deferred_errors.use_event_backend(PendingEvents(), "cpu"):
+        y = q(_bad_x())  # deferred: returns; the error is pending
+        assert y.shape == (16, 64) and deferred_errors.pending() == 1
+        q(_x())  # a later call does not wait for it either
+        with pytest.raises(
+            deferred_errors.DeferredValueError, match="^TensorQuantizer 'layer.input_quantizer': " + deferred_msg
+        ):
+            deferred_errors.check_errors()
+        assert deferred_errors.pending() == 0
+    with deferred_errors.error_checks("sync"):
+        with pytest.raises(ValueError, match="^TensorQuantizer 'layer.input_quantizer': " + sync_msg) as info:
+            q(_bad_x())
+        assert not isinstance(info.value, deferred_errors.DeferredValueError)
+
+
+def test_bad_amax_raises_at_check_errors_or_at_the_call(on_emulated_cuda):
+    q = TensorQuantizer(QuantDescriptor(num_bits=8, axis=0, amax=[0.5 + 0.1 * i for i in range(16)]), name="w")
+    q._amax.data[5] = -1.0  # as a learned amax gone negative (the setter refuses it)
+    with deferred_errors.use_event_backend(PendingEvents(), "cpu"):
+        q(_x())
+        with pytest.raises(
+            deferred_errors.DeferredValueError,
+            match=r"^TensorQuantizer 'w': amax must be finite and >= 0 \(NaN, Inf or < 0\) \[detected asynchronously",
+        ):
+            deferred_errors.check_errors()
+    with (
+        deferred_errors.error_checks("sync"),
+        pytest.raises(ValueError, match=r"^TensorQuantizer 'w': amax must be finite and >= 0, got -1.0$"),
+    ):
+        q(_x())
