@@ -131,3 +131,32 @@ def binding_ops():
         verbose=False,
     )
     return torch.ops.modelopt_lite_emulated
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str, any_nan: bool = False):
+    """Same dtype, shape and bits (the sign of zero included; NaN payloads too unless ``any_nan``: then a NaN
+    matches any NaN, as for a NaN row's scale, whose bits torch's amax chain leaves to the CPU)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype} {got.shape} {want.shape}"
+    diff = bits(got) != bits(want)
+    if any_nan:
+        diff &= ~(got.isnan() & want.isnan())
+    bad = diff.nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} differences, first at {bad[0].tolist()}"
+
+
+def special_rows(shape, dtype, seed, special=True):
+    """Rows across magnitudes; with ``special``: a zero row, a tiny (dead) row, ties and saturation, NaN and Inf rows."""
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = shape
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(-3, 3, rows).view(rows, 1)
+    if special and rows >= 6:
+        x[1] = 0.0
+        x[2] *= 1e-30
+        x[3, : min(cols, 4)] = torch.tensor([-0.0, 0.5, -1.5, 1e30])[: min(cols, 4)]
+        x[4, 0] = float("nan")
+        x[5, -1] = float("-inf")
+    return x.to(dtype)

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 from fast_real_helpers import OpCounter, fake_mlp, fp8_cfg, inputs
-from real_kernel_ops import HostOps, binding_ops, build_host_library
+from real_kernel_ops import HostOps, binding_ops, bits, build_host_library, same, special_rows
 
 import modelopt_lite as mtl
 from modelopt_lite.functional import library_real as LR
@@ -39,35 +39,6 @@ def ops(request):
     return HostOps(lib)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.element_size() == 1 else t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
-
-
-def _same(got: torch.Tensor, want: torch.Tensor, what: str, any_nan: bool = False):
-    """Same dtype, shape and bits (the sign of zero included; NaN payloads too unless ``any_nan``: then a NaN
-    matches any NaN, as for a NaN row's scale, whose bits torch's amax chain leaves to the CPU)."""
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype} {got.shape} {want.shape}"
-    diff = _bits(got) != _bits(want)
-    if any_nan:
-        diff &= ~(got.isnan() & want.isnan())
-    bad = diff.nonzero()
-    assert bad.numel() == 0, f"{what}: {bad.shape[0]} differences, first at {bad[0].tolist()}"
-
-
-def _data(shape, dtype, seed, special=True):
-    """Rows across magnitudes; with ``special``: a zero row, a tiny (dead) row, ties and saturation, NaN and Inf rows."""
-    g = torch.Generator().manual_seed(seed)
-    rows, cols = shape
-    x = torch.randn(rows, cols, generator=g) * torch.logspace(-3, 3, rows).view(rows, 1)
-    if special and rows >= 6:
-        x[1] = 0.0
-        x[2] *= 1e-30
-        x[3, : min(cols, 4)] = torch.tensor([-0.0, 0.5, -1.5, 1e30])[: min(cols, 4)]
-        x[4, 0] = float("nan")
-        x[5, -1] = float("-inf")
-    return x.to(dtype)
-
-
 # --- FP8 --------------------------------------------------------------------------------------------------------------
 def test_e4m3_cast_equals_torch_on_every_bf16_value(ops):
     """Every bfloat16 bit pattern (as float32, divisor 1; the static chain saturates at 448 first) and float32
@@ -80,16 +51,16 @@ def test_e4m3_cast_equals_torch_on_every_bf16_value(ops):
     near = torch.cat([mids, mids.nextafter(torch.tensor(float("inf"))), mids.nextafter(torch.tensor(-float("inf")))])
     x = torch.cat([allbf, near, torch.tensor([447.9, 448.0, 464.0, 479.9, 480.0, 1e38, 2.0**-10, 2.0**-9 * 3])])
     one = torch.ones(1)
-    _same(ops.real_fp8_static(x.reshape(1, -1), one), LR.fp8_static_reference(x.reshape(1, -1), one), "cast")
+    same(ops.real_fp8_static(x.reshape(1, -1), one), LR.fp8_static_reference(x.reshape(1, -1), one), "cast")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fp8_static_equals_chain(ops, dtype, shape):
-    x = _data(shape, dtype, seed=shape[0] * 1000 + shape[1])
+    x = special_rows(shape, dtype, seed=shape[0] * 1000 + shape[1])
     for d in (0.37, 1e-3, 2.0**-20, float("inf"), 3e4):  # inf: the divisor of a dead scale
         div = torch.tensor([d], dtype=torch.float32)
-        _same(ops.real_fp8_static(x, div), LR.fp8_static_reference(x, div), f"static {dtype} {shape} d={d}")
+        same(ops.real_fp8_static(x, div), LR.fp8_static_reference(x, div), f"static {dtype} {shape} d={d}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -97,12 +68,12 @@ def test_fp8_static_equals_chain(ops, dtype, shape):
 @pytest.mark.parametrize("per_row", [True, False])
 def test_fp8_dynamic_equals_chain(ops, dtype, shape, per_row):
     """Codes and scales (bits, NaN included) per row / per tensor, with dead, NaN and Inf rows."""
-    x = _data(shape, dtype, seed=shape[0] * 7 + shape[1])
+    x = special_rows(shape, dtype, seed=shape[0] * 7 + shape[1])
     codes, scale = ops.real_fp8_dynamic(x, per_row)
     want_codes, want_scale = LR.fp8_dynamic_reference(x, per_row)
     what = f"dynamic {dtype} {shape} per_row={per_row}"
-    _same(scale, want_scale, what + " scale", any_nan=True)
-    _same(codes, want_codes, what + " codes")
+    same(scale, want_scale, what + " scale", any_nan=True)
+    same(codes, want_codes, what + " codes")
 
 
 def test_fp8_dynamic_rows_as_documented(ops):
@@ -116,7 +87,7 @@ def test_fp8_dynamic_rows_as_documented(ops):
     x[4, 0] = torch.finfo(torch.float32).max
     codes, scale = ops.real_fp8_dynamic(x, True)
     f = codes.float()
-    assert scale[0, 0] == 0 and scale[1, 0] == 0 and torch.equal(_bits(codes[:2]), torch.zeros(2, 40, dtype=torch.uint8))
+    assert scale[0, 0] == 0 and scale[1, 0] == 0 and torch.equal(bits(codes[:2]), torch.zeros(2, 40, dtype=torch.uint8))
     assert scale[2, 0].isnan() and scale[3, 0].isinf() and not f[2:4].any()
     top = torch.tensor(torch.finfo(torch.float32).max)
     assert scale[4, 0] == scale_from_amax(top, 448.0) and f[4, 0] == 448.0 and f.isfinite().all()
@@ -129,7 +100,7 @@ def test_fp8_dynamic_per_tensor_over_many_partials(ops):
     """A tensor larger than one partial-amax chunk (8192 elements), its max in the last chunk."""
     x = torch.randn(40, 1000).bfloat16()
     x[39, 999] = 77.0
-    _same(ops.real_fp8_dynamic(x, False)[1], LR.fp8_dynamic_reference(x, False)[1], "partials")
+    same(ops.real_fp8_dynamic(x, False)[1], LR.fp8_dynamic_reference(x, False)[1], "partials")
 
 
 # --- INT8 -------------------------------------------------------------------------------------------------------------
@@ -139,7 +110,7 @@ def test_fp8_dynamic_per_tensor_over_many_partials(ops):
 def test_int8_codes_equal_chain(ops, dtype, shape, qmin, qmax, shift):
     """Codes (ties to even, clamping, a dead scale's +Inf divisor) and the zero rows _int_mm's padding needs; NaN
     quotients give the documented 0 - shift (the chain's float-to-int8 cast of NaN is undefined)."""
-    x = _data(shape, dtype, seed=shape[0] + shape[1])
+    x = special_rows(shape, dtype, seed=shape[0] + shape[1])
     x.view(-1)[:: max(1, x.numel() // 5)] = torch.tensor(2.5).to(dtype)  # ties at divisor 1
     for d in (1.0, 0.013, float("inf")):
         div = torch.tensor([d])
@@ -170,7 +141,7 @@ def test_epilogue_equals_chain(ops, dtype, with_bias, rows, acc_rows, cols):
     bias = (torch.randn(cols, generator=g) * 100).float() if with_bias else None
     got = ops.real_int_mm_epilogue(acc, scale_row, bias, rows, dtype)
     want = LR.int_mm_epilogue_reference(acc, scale_row, bias, rows, dtype)
-    _same(got, want, f"epilogue {dtype} bias={with_bias} {rows}/{acc_rows}x{cols}")
+    same(got, want, f"epilogue {dtype} bias={with_bias} {rows}/{acc_rows}x{cols}")
 
 
 # --- the CUDA forward with the kernels standing in --------------------------------------------------------------------
@@ -214,14 +185,18 @@ def test_forward_with_kernels_op_list_and_output(ops, monkeypatch, case, dtype):
 
 def test_ops_fall_back_to_the_chain_without_kernels():
     """The torch.library ops themselves equal the chains where no kernel serves the tensor (CPU here)."""
-    x = _data((6, 48), torch.bfloat16, 3)
+    x = special_rows((6, 48), torch.bfloat16, 3)
     d = torch.tensor([0.02])
     assert not LR.available(x)
-    _same(LR.real_fp8_static(x, d), LR.fp8_static_reference(x, d), "op static")
+    same(LR.real_fp8_static(x, d), LR.fp8_static_reference(x, d), "op static")
     for a, b in zip(LR.real_fp8_dynamic(x, True), LR.fp8_dynamic_reference(x, True)):
-        _same(a, b, "op dynamic", any_nan=True)
+        same(a, b, "op dynamic", any_nan=True)
     xi = x.nan_to_num()
     assert torch.equal(LR.real_int8_codes(xi, d, -128, 127, 0, 17), LR.int8_codes_reference(xi, d, -128, 127, 0, 17))
     acc = torch.randint(-1000, 1000, (17, 48), dtype=torch.int32)
     s, b = torch.rand(1, 48), torch.randn(48)
-    _same(LR.real_int_mm_epilogue(acc, s, b, 6, torch.float16), LR.int_mm_epilogue_reference(acc, s, b, 6, torch.float16), "op epi")
+    same(
+        LR.real_int_mm_epilogue(acc, s, b, 6, torch.float16),
+        LR.int_mm_epilogue_reference(acc, s, b, 6, torch.float16),
+        "op epi",
+    )

@@ -27,8 +27,6 @@ only then and keeps the chains (several aten ops) otherwise.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -150,7 +148,11 @@ def _(x, divisor, qmin, qmax, shift, rows_out):
 
 @torch.library.custom_op("modelopt_lite::real_int_mm_epilogue", mutates_args=())
 def real_int_mm_epilogue(
-    acc: Tensor, scale_row: Tensor, bias: Optional[Tensor], rows: int, dtype: torch.dtype  # noqa: UP045 (schema)
+    acc: Tensor,
+    scale_row: Tensor,
+    bias: Tensor | None,
+    rows: int,
+    dtype: torch.dtype,
 ) -> Tensor:
     k = kernel_ops(acc)
     if k is None:

@@ -14,14 +14,18 @@ inputs in bfloat16/float16 and keeps the exact paths of :mod:`.modules` for CPU 
 - ``"int8pack"`` (INT8 per-tensor/per-channel, weight-only): ``torch._weight_int8pack_mm`` (CPU's fast path; on CUDA
   ``"auto"`` dequantizes into the input dtype instead: torch's CUDA kernel is ~0.15x bf16).
 
-aten ops of one forward after the first (views excluded; asserted exactly in ``tests/test_real_fast_paths.py``):
-scaled_mm static per tensor: div, clamp_, _to_copy, _scaled_mm (4); static with per-channel weights: the same 4;
-dynamic per row: linalg_vector_norm, threshold, div, div, nan_to_num, _to_copy, _scaled_mm (7); int_mm (16-bit):
-div, round_, clamp_, _to_copy, _int_mm, empty, addcmul (7); int4pack: int4 mm (+ add for a bias); int8pack:
-_weight_int8pack_mm (+ add). None reads a value back to the host (no ``.item()``, no ``bool(tensor)``); the
-weight-side preparation (packing, scale products) runs once per device/dtype/step and is cached. The quantize chain
-is one function (:func:`.fp8.static_codes`, :func:`int8_codes`): the place a fused CUDA kernel plugs in (then three
-launches: quantize, GEMM, epilogue).
+aten ops of one forward after the first (views excluded; asserted exactly in ``tests/test_real_fast_contract.py``),
+pure torch (CPU, or CUDA without the extension): scaled_mm static per tensor: div, clamp_, _to_copy, _scaled_mm (4);
+static with per-channel weights: the same 4; dynamic per row: linalg_vector_norm, threshold, div, div, nan_to_num,
+_to_copy, _scaled_mm (7); int_mm (16-bit): div, round_, clamp_, _to_copy, _int_mm, empty, addcmul (7); int4pack: int4
+mm (+ add for a bias); int8pack: _weight_int8pack_mm (+ add). With the fused CUDA kernels
+(:mod:`modelopt_lite.functional.library_real`, used for CUDA tensors when the extension is loaded; asserted with the
+kernels built for the host in ``tests/test_real_kernels_host.py`` and on a GPU in ``tests/gpu/test_cuda_real.py``):
+scaled_mm real_fp8_static (or real_fp8_dynamic), _scaled_mm (2 ops; 2 launches, 3 for a dynamic per-tensor scale);
+int_mm real_int8_codes (padding rows included), _int_mm, real_int_mm_epilogue (3 ops, 3 launches). The fused ops equal
+the pure-torch chains bit for bit. None reads a value back to the host (no ``.item()``, no ``bool(tensor)``), the
+first call included: the weight-side preparation (packing, scale products, a dead static scale's +Inf divisor) runs
+on the device once per device/dtype/step and is cached.
 
 On CUDA, ``_int_mm`` needs M > 16 and K, N multiples of 8 (small M is padded: one ``constant_pad_nd``);
 ``_scaled_mm`` needs K, N multiples of 16. Modules that do not fit are refused (forced) or keep their exact path
