@@ -89,7 +89,7 @@ std::tuple<Tensor, Tensor> fp8_dynamic(const Tensor& x_in, bool per_row) {
   Tensor codes = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
   Tensor scales = per_row ? at::empty({rows, 1}, x.options().dtype(at::kFloat))
                           : at::empty({1, 1}, x.options().dtype(at::kFloat));
-  if (!per_row && x.numel() == 0) return {codes, scales.zero_()};  // the amax of nothing: 0, a dead scale
+  if (x.numel() == 0) return {codes, scales.zero_()};  // the amax of nothing: 0, a dead scale
   Tensor partials = per_row ? Tensor() : at::empty({mlr_fp8_dynamic_partials(x.numel())}, scales.options());
   MLR_STREAM(x);
   check_status(mlr_fp8_dynamic(dtype_code(x), per_row ? 1 : 0, x.data_ptr(), static_cast<uint8_t*>(codes.data_ptr()),
