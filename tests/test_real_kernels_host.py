@@ -200,3 +200,41 @@ def test_ops_fall_back_to_the_chain_without_kernels():
         LR.int_mm_epilogue_reference(acc, s, b, 6, torch.float16),
         "op epi",
     )
+
+
+def test_binding_rejects_bad_arguments_by_name(ops):
+    """The binding's checks (real_cuda_binding.cpp): the exact Python exception type, the op and argument named."""
+    if isinstance(ops, HostOps):
+        pytest.skip("the binding's checks: its host build only (opt-in)")
+    x = torch.randn(4, 16)
+    d = torch.tensor([0.5])
+    cases = [
+        (lambda: ops.real_fp8_static(x.int(), d), TypeError, r"real_fp8_static: x must be float32, float16 or bf"),
+        (lambda: ops.real_fp8_static(x.reshape(-1), d), ValueError, r"real_fp8_static: x must be 2-D"),
+        (lambda: ops.real_fp8_static(x, torch.ones(2)), ValueError, r"divisor must have 1 element"),
+        (lambda: ops.real_fp8_static(x, d.double()), TypeError, r"divisor must be float32"),
+        (lambda: ops.real_fp8_dynamic(x[None], True), ValueError, r"real_fp8_dynamic: x must be 2-D"),
+        (lambda: ops.real_int8_codes(x, d, 5, 4, 0, 4), ValueError, r"real_int8_codes: bad range qmin=5"),
+        (lambda: ops.real_int8_codes(x, d, 0, 255, 0, 4), ValueError, r"bad range qmin=0 qmax=255 shift=0"),
+        (lambda: ops.real_int8_codes(x, d, -128, 127, 0, 3), ValueError, r"rows_out=3 for 4 rows"),
+        (lambda: ops.real_int_mm_epilogue(x, torch.ones(1, 16), None, 4, torch.float16), TypeError, r"acc must be"),
+        (
+            lambda: ops.real_int_mm_epilogue(x.int(), torch.ones(1, 16), None, 5, torch.float16),
+            ValueError,
+            r"rows=5 outside acc's 4",
+        ),
+        (
+            lambda: ops.real_int_mm_epilogue(x.int(), torch.ones(1, 8), None, 4, torch.float16),
+            ValueError,
+            r"scale_row must have 16 element",
+        ),
+        (
+            lambda: ops.real_int_mm_epilogue(x.int(), torch.ones(1, 16), None, 4, torch.int8),
+            TypeError,
+            r"output dtype must be float32",
+        ),
+    ]
+    for call, exc, msg in cases:
+        with pytest.raises(exc, match=msg) as info:
+            call()
+        assert type(info.value) is exc
