@@ -15,6 +15,7 @@ Usage::
 
     python bench/bench_real_gpu.py --device cuda           # M in {1,16,128,512,2048,4096}, K = N in {4096, 8192}
     python bench/bench_real_gpu.py --device cpu --quick    # tiny shapes: a smoke test of every path
+    python bench/bench_real_gpu.py --m 1,16,2048 --kn 4096 --no-e2e --repeats 10   # tests/gpu/run_session.sh's
 """
 
 from __future__ import annotations
@@ -197,6 +198,8 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--no-e2e", action="store_true")
+    ap.add_argument("--m", default=None, help="comma-separated M values (default: the full or quick list)")
+    ap.add_argument("--kn", default=None, help="comma-separated K = N values (default: the full or quick list)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     timer = Timer(dev, args.repeats or (2 if args.quick else 30))
@@ -205,6 +208,8 @@ def main(argv=None) -> None:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     ms, kns = (QUICK_M, QUICK_KN) if args.quick else (FULL_M, FULL_KN)
+    ms = tuple(int(v) for v in args.m.split(",")) if args.m else ms
+    kns = tuple(int(v) for v in args.kn.split(",")) if args.kn else kns
     print_layers(layer_table(dev, ms, kns, timer))
     if not args.no_e2e:
         end_to_end(dev, args.quick, timer)

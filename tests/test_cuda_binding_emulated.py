@@ -232,7 +232,9 @@ def test_fused_dynamic_nonfinite_raises_the_reference_error(fused_on_cpu):
         q(x)
 
 
-@pytest.mark.parametrize("source", ["quant_cuda_binding.cpp", "mx_cuda_binding.cpp", "block_cuda_binding.cpp"])
+@pytest.mark.parametrize(
+    "source", ["quant_cuda_binding.cpp", "mx_cuda_binding.cpp", "block_cuda_binding.cpp", "real_cuda_binding.cpp"]
+)
 def test_real_binding_parses(source, tmp_path):
     """The non-emulated binding (CUDAGuard, getCurrentCUDAStream, cudaGetErrorString) is valid C++ against this
     torch's headers: g++ -fsyntax-only (it is compiled and run only on a GPU host)."""

@@ -44,6 +44,30 @@ def test_forward_op_list_and_no_host_sync(case):
     assert c.ops == EXPECTED[case]
 
 
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_first_forward_makes_no_host_sync(case):
+    """The first call prepares the weight side (packing, scale products, a dead static scale's +Inf divisor) on the
+    device: no value is read back to the host either (the FP8 dead-scale check used to read one per device/dtype)."""
+    fq, backend, k = _model(case)
+    lin = fake2real(fq, inplace=False, backend=backend)[0]
+    x = inputs(k, torch.bfloat16)
+    with torch.no_grad(), OpCounter() as c:
+        y = lin(x)
+    assert y.shape == (x.shape[0], lin.out_features) and EXPECTED[case][0] in c.ops
+
+
+def test_fp8_dead_static_scale_without_host_read():
+    """A static input scale of 0 (an input calibrated on zeros): codes +-0, output the bias, no host read."""
+    fq, backend, k = _model("fp8 static")
+    lin = fake2real(fq, inplace=False, backend=backend)[0]
+    with torch.no_grad():
+        lin.input_scale.zero_()
+        x = inputs(k, torch.bfloat16)
+        with OpCounter():
+            y = lin(x)
+    assert torch.equal(y, lin.bias.to(torch.bfloat16).expand_as(y))
+
+
 def test_op_counter_fails_on_a_host_sync():
     with pytest.raises(AssertionError, match="host synchronization"), OpCounter():
         bool(torch.ones(2).sum() > 0)

@@ -49,6 +49,8 @@ SOURCES = {
         "mx_kernels.cu",
         "block_cuda_binding.cpp",
         "block_kernels.cu",
+        "real_cuda_binding.cpp",
+        "real_kernels.cu",
     ],
 }
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
@@ -64,6 +66,7 @@ HEADERS = {
         "mx_elem.h",
         "mx_checks.h",
         "binding_errors.h",
+        "real_kernels_api.h",
     ],
 }
 # Strict IEEE float math: no fast-math, no FMA contraction (results must be bit-exact with the reference).

@@ -14,14 +14,18 @@ inputs in bfloat16/float16 and keeps the exact paths of :mod:`.modules` for CPU 
 - ``"int8pack"`` (INT8 per-tensor/per-channel, weight-only): ``torch._weight_int8pack_mm`` (CPU's fast path; on CUDA
   ``"auto"`` dequantizes into the input dtype instead: torch's CUDA kernel is ~0.15x bf16).
 
-aten ops of one forward after the first (views excluded; asserted exactly in ``tests/test_real_fast_paths.py``):
-scaled_mm static per tensor: div, clamp_, _to_copy, _scaled_mm (4); static with per-channel weights: the same 4;
-dynamic per row: linalg_vector_norm, threshold, div, div, nan_to_num, _to_copy, _scaled_mm (7); int_mm (16-bit):
-div, round_, clamp_, _to_copy, _int_mm, empty, addcmul (7); int4pack: int4 mm (+ add for a bias); int8pack:
-_weight_int8pack_mm (+ add). None reads a value back to the host (no ``.item()``, no ``bool(tensor)``); the
-weight-side preparation (packing, scale products) runs once per device/dtype/step and is cached. The quantize chain
-is one function (:func:`.fp8.static_codes`, :func:`int8_codes`): the place a fused CUDA kernel plugs in (then three
-launches: quantize, GEMM, epilogue).
+aten ops of one forward after the first (views excluded; asserted exactly in ``tests/test_real_fast_contract.py``),
+pure torch (CPU, or CUDA without the extension): scaled_mm static per tensor: div, clamp_, _to_copy, _scaled_mm (4);
+static with per-channel weights: the same 4; dynamic per row: linalg_vector_norm, threshold, div, div, nan_to_num,
+_to_copy, _scaled_mm (7); int_mm (16-bit): div, round_, clamp_, _to_copy, _int_mm, empty, addcmul (7); int4pack: int4
+mm (+ add for a bias); int8pack: _weight_int8pack_mm (+ add). With the fused CUDA kernels
+(:mod:`modelopt_lite.functional.library_real`, used for CUDA tensors when the extension is loaded; asserted with the
+kernels built for the host in ``tests/test_real_kernels_host.py`` and on a GPU in ``tests/gpu/test_cuda_real.py``):
+scaled_mm real_fp8_static (or real_fp8_dynamic), _scaled_mm (2 ops; 2 launches, 3 for a dynamic per-tensor scale);
+int_mm real_int8_codes (padding rows included), _int_mm, real_int_mm_epilogue (3 ops, 3 launches). The fused ops equal
+the pure-torch chains bit for bit. None reads a value back to the host (no ``.item()``, no ``bool(tensor)``), the
+first call included: the weight-side preparation (packing, scale products, a dead static scale's +Inf divisor) runs
+on the device once per device/dtype/step and is cached.
 
 On CUDA, ``_int_mm`` needs M > 16 and K, N multiples of 8 (small M is padded: one ``constant_pad_nd``);
 ``_scaled_mm`` needs K, N multiples of 16. Modules that do not fit are refused (forced) or keep their exact path
@@ -31,10 +35,9 @@ On CUDA, ``_int_mm`` needs M > 16 and K, N multiples of 8 (small M is padded: on
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..formats import E4M3_MAX, int_range
-from ..functional import blocks
+from ..functional import blocks, library_real
 from . import fp8, int4pack
 
 FAST_BACKENDS = ("scaled_mm", "int4pack", "int8pack")
@@ -146,9 +149,8 @@ def _prepare_scaled_mm(m, x) -> dict:
     p: dict = {"w_t": m.weight.t(), "dynamic": inp["dynamic"], "rowwise": per_channel}
     p["bound"] = torch.full((1,), E4M3_MAX, dtype=torch.float32, device=x.device)
     if inp["dynamic"] is None:
-        s = m.input_scale[m.step].reshape(1)
-        p["dead"] = bool(s == 0)
-        p["divisor"] = s
+        s = m.input_scale[m.step].reshape(1).float()
+        p["divisor"] = _live_divisor(s)  # on the device: no host read of the scale
         if per_channel:
             p["scale_b"] = (s * sw).reshape(1, n).contiguous()
             p["ones"] = torch.ones(0, 1, dtype=torch.float32, device=x.device)
@@ -159,6 +161,11 @@ def _prepare_scaled_mm(m, x) -> dict:
         p["scale_b"] = sw.expand(n).reshape(1, n).contiguous() if p["rowwise"] else sw.reshape(())
     _prepare_bias(m, x, p, fuse=x.dtype in LOWP)
     return p
+
+
+def _live_divisor(s: torch.Tensor) -> torch.Tensor:
+    """The divisor of a static scale: the scale, or +Inf where it is dead (0): ``x / inf`` gives +-0 codes."""
+    return torch.where(s == 0, torch.full_like(s, float("inf")), s)
 
 
 def _prepare_bias(m, x, p: dict, fuse: bool) -> None:
@@ -178,10 +185,9 @@ def _prepare_int_mm(m, x) -> dict:
     if shift:  # codes q - 128 in int8; 128 * rowsum(w) * sa * sw goes into the bias
         extra = (128 * m.weight.sum(1, dtype=torch.int32)).float().reshape(1, -1) * scale_row
         bias = extra.reshape(-1) if bias is None else bias + extra.reshape(-1)
-    divisor = torch.where(s == 0, torch.full_like(s, float("inf")), s)  # dead: x / inf = 0 codes
     return {
         "w_t": m.weight.t(),
-        "divisor": divisor,
+        "divisor": _live_divisor(s),
         "scale_row": scale_row,
         "bias": bias,
         "qmin": qmin,
@@ -230,21 +236,24 @@ def prepared(m, path: str, x: torch.Tensor) -> dict:
 def int8_codes(x2d: torch.Tensor, divisor: torch.Tensor, qmin: int, qmax: int, shift: int) -> torch.Tensor:
     """int8 ``clamp(rint(x / s), qmin, qmax) - shift`` in one op chain (div, round_, clamp_, [sub_,] _to_copy;
     ``shift`` is 128 for unsigned codes). NaN inputs give unspecified codes (``validate=True`` rejects them)."""
-    v = (x2d / divisor).round_().clamp_(qmin, qmax)
-    return (v.sub_(shift) if shift else v).to(torch.int8)
+    return library_real.int8_codes_reference(x2d, divisor, qmin, qmax, shift)
 
 
 def _scaled_mm(m, x2, p):
-    mrows = x2.shape[0]
+    mrows, fused = x2.shape[0], library_real.available(x2)
     if p["dynamic"] is not None:
-        codes, sa = fp8.dynamic_codes(x2, p["dynamic"] == "row", p["bound"])
+        per_row = p["dynamic"] == "row"
+        if fused:
+            codes, sa = library_real.real_fp8_dynamic(x2, per_row)
+        else:
+            codes, sa = fp8.dynamic_codes(x2, per_row, p["bound"])
         if p["rowwise"] and p["dynamic"] == "tensor":
             sa = sa.expand(mrows, 1).contiguous()
         elif not p["rowwise"]:
             sa = sa.reshape(())
     else:
-        if p["dead"]:
-            codes = torch.zeros(x2.shape, dtype=torch.float8_e4m3fn, device=x2.device)
+        if fused:
+            codes = library_real.real_fp8_static(x2, p["divisor"])
         else:
             codes = fp8.static_codes(x2, p["divisor"])
         if p["rowwise"]:
@@ -259,17 +268,13 @@ def _scaled_mm(m, x2, p):
 
 def _int_mm(m, x2, p):
     mrows = x2.shape[0]
-    a = int8_codes(x2, p["divisor"], p["qmin"], p["qmax"], p["shift"])
-    pad = 17 - mrows if (x2.device.type == "cuda" and mrows <= 16) else 0
-    if pad:
-        a = F.pad(a, (0, 0, 0, pad))
-    acc = torch._int_mm(a, p["w_t"])
-    out = torch.empty(acc.shape, dtype=x2.dtype, device=x2.device)
-    if p["bias"] is None:
-        torch.mul(acc, p["scale_row"], out=out)
-    else:
-        torch.addcmul(p["bias"], acc, p["scale_row"], out=out)
-    return out[:mrows] if pad else out
+    rows = 17 if (x2.device.type == "cuda" and mrows <= 16) else mrows  # CUDA's _int_mm needs M > 16
+    args = (p["divisor"], p["qmin"], p["qmax"], p["shift"], rows)
+    if library_real.available(x2):  # three launches: codes, GEMM, epilogue
+        acc = torch._int_mm(library_real.real_int8_codes(x2, *args), p["w_t"])
+        return library_real.real_int_mm_epilogue(acc, p["scale_row"], p["bias"], mrows, x2.dtype)
+    acc = torch._int_mm(library_real.int8_codes_reference(x2, *args), p["w_t"])
+    return library_real.int_mm_epilogue_reference(acc, p["scale_row"], p["bias"], mrows, x2.dtype)
 
 
 def _int4pack(m, x2, p):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import AMAX_EPS, E4M3_DTYPE, E4M3_MAX, e4m3_codes
-from ..functional import library
+from ..formats import E4M3_DTYPE, E4M3_MAX, e4m3_codes
+from ..functional import library, library_real
 from ..functional.scales import scale_from_amax
 
 #: the dynamic granularities of an FP8 input spec
@@ -143,33 +143,18 @@ def input_part(name: str, iq, in_features: int) -> tuple[dict, torch.Tensor | No
     return spec, (torch.stack(scales).float().contiguous() if scales else None)
 
 
-def _bound(x: torch.Tensor) -> torch.Tensor:
-    return torch.full((1,), E4M3_MAX, dtype=torch.float32, device=x.device)
-
-
 def dynamic_codes(x2d: torch.Tensor, per_row: bool, bound: torch.Tensor | None = None):
-    """``(codes, scale)`` of a dynamic E4M3 quantization of ``(M, K)`` rows: scale ``(M, 1)`` per row, ``(1, 1)``
-    per tensor; float32 ``scale = amax / 448`` (0 for a dead amax <= 2**-24, whose codes are +0).
-
-    Ops (bf16/fp16 inputs): ``linalg_vector_norm`` (amax, exact), ``threshold`` (dead -> 0), ``div`` (the scale),
-    ``div`` (x / scale), ``nan_to_num`` (a dead row's 0/0, +-x/0 -> +0), ``_to_copy`` (E4M3). NaN/Inf inputs are not
-    propagated (their rows give codes 0 or garbage scales); ``validate=True`` on the real model rejects them.
-    """
-    b = _bound(x2d) if bound is None else bound
-    dims = -1 if per_row else (0, 1)
-    amax = torch.linalg.vector_norm(x2d, float("inf"), dim=dims, keepdim=True)
-    if x2d.dtype == torch.float32:  # float32 amax can reach float32's top: the guarded formula of scale_from_amax
-        scale = scale_from_amax(amax, E4M3_MAX)
-    else:  # |x| <= 65504 (fp16) or 3.39e38 (bf16): amax / 448 * 448 never overflows float32
-        scale = torch.threshold(amax, AMAX_EPS, 0.0) / b
-    v = torch.nan_to_num(x2d / scale, nan=0.0, posinf=0.0, neginf=0.0)
-    return v.to(E4M3_DTYPE), scale
+    """``(codes, scale)`` of a dynamic E4M3 quantization of ``(M, K)`` rows (pure torch, six ops; see
+    :func:`~modelopt_lite.functional.library_real.fp8_dynamic_reference`, which the fused CUDA kernel equals). NaN/Inf
+    inputs are not propagated (their rows give codes 0 and a NaN / Inf scale); ``validate=True`` on the real model
+    rejects them."""
+    return library_real.fp8_dynamic_reference(x2d, per_row, bound)
 
 
 def static_codes(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
-    """E4M3 codes of ``x / divisor`` (``divisor``: float32 ``(1,)``, the live scale; a dead scale is handled by the
-    caller). Ops: ``div`` (true division, float32 result), ``clamp_`` (saturation), ``_to_copy`` (E4M3)."""
-    return (x / divisor).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3_DTYPE)
+    """E4M3 codes of ``x / divisor`` (``divisor``: float32 ``(1,)``; a dead scale 0 is passed as +Inf, giving +-0
+    codes). Ops: ``div`` (true division, float32 result), ``clamp_`` (saturation), ``_to_copy`` (E4M3)."""
+    return library_real.fp8_static_reference(x, divisor)
 
 
 def input_codes(x: torch.Tensor, dynamic: str | None, scale: torch.Tensor | None):
