@@ -11,6 +11,7 @@ by a registry finder (key ``"Conv1D"``), so ``transformers`` is never imported h
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ class QuantHFConv1D(QuantLinear):
         w = module.weight
         if not isinstance(w, torch.Tensor) or w.dim() != 2:
             raise ValueError(f"QuantHFConv1D.from_float: the Conv1D weight must be 2-D (in, out), got {w!r}")
-        new = copy.deepcopy(module)
+        new: Any = copy.deepcopy(module)
         new.__class__ = cls
         with torch.no_grad():
             new.weight = nn.Parameter(w.detach().t().contiguous().clone(), requires_grad=w.requires_grad)
