@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
-from modelopt_lite.nn import QuantHFConv1D, QuantLinear, QuantModuleRegistry
+from modelopt_lite.nn import QuantLinear, QuantModuleRegistry
+from modelopt_lite.nn.modules.quant_conv1d_hf import QuantHFConv1D
 
 transformers = pytest.importorskip("transformers")
 from transformers.pytorch_utils import Conv1D  # noqa: E402

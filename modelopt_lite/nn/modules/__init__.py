@@ -9,7 +9,7 @@ from .quant_add import QuantResidualAdd, ResidualAdd
 from .quant_attention import ATTENTION_QUANTIZERS, AttentionQuantMode, QuantAttentionModule, quantized_sdpa
 from .quant_attention_hf import register_attention_module
 from .quant_conv import Conv1d, Conv2d, Conv3d, QuantConv1d, QuantConv2d, QuantConv3d
-from .quant_conv1d_hf import QuantHFConv1D
+from .quant_conv1d_hf import find_hf_conv1d  # noqa: F401  (installs the registry finder of HF's Conv1D)
 from .quant_conv_transpose import (
     ConvTranspose1d,
     ConvTranspose2d,
@@ -122,7 +122,6 @@ __all__ = [c.__name__ for c in QUANT_MODULE_CLASSES] + [
     "quantized_sdpa",
     "register_attention_module",
     "QuantHFResidualOutputMixin",
-    "QuantHFConv1D",
     "Clip",
     "MatMul",
     "Add",
