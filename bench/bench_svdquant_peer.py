@@ -1,20 +1,50 @@
-"""SVDQuant on all-MiniLM-L6-v2, NVFP4 W4A4: modelopt_lite beside nvidia-modelopt 0.47, same data, same metric.
+"""SVDQuant on all-MiniLM-L6-v2: modelopt_lite beside nvidia-modelopt 0.47, same data, same metric, same process.
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=$PWD /tmp/venv-peer/bin/python bench/bench_svdquant_peer.py [--calib N]
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONPATH=$PWD /tmp/venv-peer/bin/python bench/bench_svdquant_peer.py \
+        [--format nvfp4|int4] [--calib N] [--skip-peer]
 
-Both sides quantize a copy of the encoder with their ``NVFP4_DEFAULT_CFG`` (max calibration: round-to-nearest
-weights) and their ``NVFP4_SVDQUANT_DEFAULT_CFG`` (awq_lite, then a rank-32 float branch per Linear, the residual
-quantized), calibrated on the demo's first N calibration sentences (default 256, batches of 32, as the demo), and
-are scored by the mean/min cosine to the FP32 embeddings of the demo's held-out retrieval set (48 query/passage
-pairs). Seconds are the wall time of ``quantize`` (calibration included) on this machine's CPU.
+Both sides quantize a copy of the encoder twice, round to nearest (max calibration) and SVDQuant (awq_lite, then a
+rank-32 float branch per Linear, the residual quantized and recalibrated), calibrated on the demo's first N
+calibration sentences (default 256, batches of 32, as the demo), and are scored by the mean/min cosine to the FP32
+embeddings of the demo's held-out retrieval set (48 query/passage pairs). Seconds are the wall time of ``quantize``
+(calibration included) on this machine's CPU; rows print as they finish.
 
-ModelOpt's NVFP4 fake quantization is CUDA-only (its ``dynamic_block_quantize_op`` asserts a CUDA amax); on the CPU
-this script routes that op through ModelOpt's own NVFP4 arithmetic (``NVFP4QTensor.quantize``/``dequantize`` with the
-calibrated global scale ``amax / (6 * 448)``), so the peer's numbers are its algorithm with its NVFP4 math, and its
-seconds include that emulation (slower than a kernel would be). Prints a Markdown table.
+- ``--format int4`` (like for like: the peer runs natively on the CPU): INT4 blocks of 128, activations float.
+  ModelOpt 0.47 has no INT4 SVDQuant preset, so its side is its ``INT4_AWQ_CFG`` quantizers with ``"max"`` or
+  ``{"method": "svdquant", "lowrank": 32}``; ours is ``INT4_SVDQUANT_CFG`` (the same quantizers) with the same two.
+- ``--format nvfp4`` (default): NVFP4 W4A4, ``NVFP4_DEFAULT_CFG`` / ``NVFP4_SVDQUANT_DEFAULT_CFG``. ModelOpt's NVFP4
+  fake quantization is CUDA-only (its ``dynamic_block_quantize_op`` asserts a CUDA amax); on the CPU this script
+  routes that op through ModelOpt's own NVFP4 arithmetic (``NVFP4QTensor.quantize``/``dequantize`` with the
+  calibrated global scale ``amax / (6 * 448)``), so the peer's numbers are its algorithm with its NVFP4 math, and
+  its seconds include that emulation (slower than a kernel would be).
 
-Measured 2026-11-26 (AMD EPYC, 2 logical CPUs shared with ~6 other jobs, load ~13: seconds are only indicative;
-the same scripts' logic, run as two processes at the same time, 256 sentences):
+``OMP_NUM_THREADS=1``: on a shared, oversubscribed machine two OpenMP threads make MKL's float64 SVD (both sides run
+one per Linear) 5-50x slower (measured: a 1536x384 SVD 0.3-0.4 s with one thread, 1.7-14 s with two at load ~9);
+the 1458 s below was measured that way.
+
+INT4, measured 2026-11-26 on an AMD EPYC (``run_all.cpu_model()``), 2 logical CPUs shared with ~6 other jobs (load
+average 9-10), one torch thread, both sides in one process:
+
+| calib | implementation | config | mean cosine | min cosine | seconds |
+|---|---|---|---|---|---|
+| 32 | modelopt_lite | INT4 W4A16 max (RTN) | 0.94701 | 0.9267 | 6.8 |
+| 32 | modelopt_lite | INT4 W4A16 svdquant r=32 | 0.97813 | 0.9626 | 99.7 |
+| 32 | ModelOpt 0.47 | INT4 W4A16 max (RTN) | 0.94701 | 0.9267 | 5.5 |
+| 32 | ModelOpt 0.47 | INT4 W4A16 svdquant r=32 | 0.97813 | 0.9627 | 86.6 |
+| 128 | modelopt_lite | INT4 W4A16 max (RTN) | 0.94701 | 0.9267 | 13.5 |
+| 128 | modelopt_lite | INT4 W4A16 svdquant r=32 | 0.97828 | 0.9597 | 80.0 |
+| 128 | ModelOpt 0.47 | INT4 W4A16 max (RTN) | 0.94701 | 0.9267 | 22.4 |
+| 128 | ModelOpt 0.47 | INT4 W4A16 svdquant r=32 | 0.97823 | 0.9588 | 212.5 |
+
+The same quality (the RTN rows are identical; SVDQuant within 5e-5 mean cosine). Time: ModelOpt's awq_lite runs
+the layer once per alpha on the cached batches (grows with the data), ours scores every alpha from a Gram matrix
+(``trace(D G D^T)``, independent of the data): ModelOpt 13% faster at 32 sentences, ours 2.7x faster at 128. Where our
+svdquant's time goes (cProfile, INT4, 32 sentences, one thread, 81 s): the alpha search 50 s (its Gram error 27 s,
+BLAS-bound at out x in^2 per alpha; statistics gathering 13 s; weight fake quant 4 s), the float64 SVDs 25.5 s
+(36 layers, ~0.7 s each; ModelOpt's are the same calls), quantizer snapshots (rollback on error) 4 s.
+
+NVFP4, measured 2026-11-26 (load ~13, two torch threads; the two sides run as two processes at the same time, 256
+sentences):
 
 | implementation | config | mean cosine | min cosine | seconds |
 |---|---|---|---|---|
@@ -23,8 +53,12 @@ the same scripts' logic, run as two processes at the same time, 256 sentences):
 | ModelOpt 0.47 (CPU stand-in) | NVFP4 W4A4 max (RTN) | 0.94058 | 0.8996 | 60 |
 | ModelOpt 0.47 (CPU stand-in) | NVFP4 W4A4 svdquant r=32 | 0.95751 | 0.9399 | 4722 |
 
-ModelOpt's own RTN row is lower than ours (0.9406 vs 0.9666) on the same data; why (which extra quantizers, or
-the stand-in's activation path) is not yet explained.
+The same modelopt_lite rows with one torch thread (``--skip-peer``, load ~9, 256 sentences): RTN 0.96656 / 0.9394 in
+11.1 s, svdquant 0.98265 / 0.9758 in 113.1 s (13x less than with two threads; the last digit moves with the thread
+count, which changes the GEMMs' summation order).
+
+ModelOpt's own NVFP4 RTN row is lower than ours (0.9406 vs 0.9666) on the same data; why (which extra quantizers,
+or the stand-in's activation path) is not yet explained (the INT4 RTN rows, without the stand-in, agree exactly).
 """
 
 from __future__ import annotations

@@ -94,21 +94,25 @@ def test_every_tensor_equals_modelopts_export(name, dtype, tmp_path):
     assert ca == cb  # the rest of config.json too
 
 
-def test_svdquant_every_tensor_equals_modelopts_export(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_svdquant_every_tensor_equals_modelopts_export(dtype, tmp_path):
     """NVFP4 SVDQuant: ModelOpt's SVDQuant layers and ours hold the same scales and factors
-    (``hf_helpers.svdquant_state``; ModelOpt's NVFP4 search needs CUDA); the two exports (the shared-branch re-SVD
-    of q/k/v and gate/up included) are identical tensor for tensor, and so are the configs."""
+    (``hf_helpers.svdquant_state``, in the model's dtype; ModelOpt's NVFP4 search needs CUDA); the two exports (the
+    shared-branch re-SVD of q/k/v and gate/up included) are identical tensor for tensor, and so are the configs."""
     from modelopt.torch.quantization.conversion import create_and_replace_svdquant_linear_on_the_fly
+
+    def prepared():
+        m = H.tiny_llama()
+        state = {k: tuple(t.to(dtype) for t in v) for k, v in H.svdquant_state(m).items()}
+        return m.to(dtype), state
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        peer = H.tiny_llama()
-        state = H.svdquant_state(peer)
+        peer, state = prepared()
         mtq.quantize(peer, mtq.NVFP4_DEFAULT_CFG, H.forward_loop)
         create_and_replace_svdquant_linear_on_the_fly(peer)
         H.set_svdquant_state(peer, state)
-        model = H.tiny_llama()
-        H.svdquant_state(model)
+        model, _ = prepared()
         ours.quantize(model, ours.NVFP4_DEFAULT_CFG, H.forward_loop)
         H.set_svdquant_state(model, state)
         export_hf_checkpoint(model, tmp_path / "ours")
