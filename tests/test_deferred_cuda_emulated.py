@@ -23,6 +23,7 @@ from modelopt_lite.descriptor import QuantDescriptor
 from modelopt_lite.functional import (
     backend,
     deferred_errors,
+    division,
     library,
     library_block,
     library_block_cuda,
@@ -34,11 +35,14 @@ from modelopt_lite.nn import TensorQuantizer
 pytestmark = OPT_IN
 
 HOST_READS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item"}
+#: a ``torch.tensor(...)`` constant: on a GPU it is copied from pageable host memory, which synchronizes the stream
+HOST_COPIES = {"aten::lift_fresh"}
 
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched (by schema name) and fails on a host read; a ``modelopt_lite::`` op is
-    counted, then its Python body runs under this mode so that its own ops are seen too."""
+    counted, then its Python body runs under this mode so that its own ops are seen too. A ``torch.tensor``
+    constant (HOST_COPIES) fails too: the fixture fills scalars on the device as on a GPU."""
 
     def __init__(self):
         super().__init__()
@@ -49,6 +53,8 @@ class OpCounter(TorchDispatchMode):
         self.ops[name] += 1
         if name in HOST_READS:
             raise AssertionError(f"host read: {name}")
+        if name in HOST_COPIES:
+            raise AssertionError(f"host-to-device copy: {name}")
         if name.startswith("modelopt_lite::"):
             with self:
                 return OPDEFS[name]._init_fn(*args, **(kwargs or {}))
@@ -70,6 +76,7 @@ def on_emulated_cuda(emulated, monkeypatch):
     monkeypatch.setattr(backend, "is_native_cuda", lambda m: m is emulated)
     monkeypatch.setattr(library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(deferred_errors, "DEFER_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(division, "FILL_DEVICE_TYPES", ("cuda", "cpu"))  # scalars filled as on a GPU
     with deferred_errors.error_checks("deferred"):
         yield emulated
         deferred_errors.check_errors()
@@ -84,7 +91,7 @@ def _mxfp8():
 
 
 _SCALE = {  # scale_from_amax: amax / bound with the tiny-amax and overflow guards (functional/scales.py)
-    "aten::lift_fresh": 1,
+    "aten::full": 1,
     "aten::div": 1,
     "aten::mul": 3,
     "aten::isinf": 1,
@@ -130,7 +137,7 @@ FORMATS = {
         _ops(
             _FLAGGED_BINDING,
             _RING,
-            {"aten::detach": 1, "aten::view": 1, "aten::lift_fresh": 1, "aten::div": 1, "aten::le": 1},
+            {"aten::detach": 1, "aten::view": 1, "aten::full": 1, "aten::div": 1, "aten::le": 1},
             {"aten::zeros_like": 1, "aten::where": 1},  # the global scale (microscaling.nvfp4_global_scale)
             {"aten::to": 1, "aten::reshape": 1},  # the binding's device copy of the global scale
             modelopt_lite__fake_nvfp4=1,
@@ -164,7 +171,7 @@ def test_forward_makes_no_host_read_and_counts_its_ops(on_emulated_cuda, fmt):
     with deferred_errors.error_checks("sync"):
         want = TensorQuantizer(make())(x)
     assert torch.equal(y, want)  # deferral changes no numerics
-    assert not HOST_READS & set(ops)
+    assert not (HOST_READS | HOST_COPIES) & set(ops)
     assert ops == FORMATS[fmt][1]
 
 

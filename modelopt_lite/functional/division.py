@@ -25,12 +25,16 @@ def _divisor_dtype(t: torch.Tensor, number: float) -> torch.dtype:
     return torch.get_default_dtype() if isinstance(number, float) else torch.int64
 
 
+#: Device types whose scalars are filled on the device (the host-emulated CUDA tests add "cpu").
+FILL_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+
+
 def scalar_tensor(number: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``number`` as a 0-dim tensor of ``dtype`` on ``device`` (the same value either way). On a CUDA device it is
     filled there (``torch.full``, one kernel): ``torch.tensor(number, device="cuda")`` copies it from pageable host
     memory, which synchronizes the stream (a host sync on every quantizer call). Traced code keeps ``torch.tensor``
     (a constant in an exported graph)."""
-    if device.type == "cuda" and not torch.jit.is_tracing():
+    if device.type in FILL_DEVICE_TYPES and not torch.jit.is_tracing():
         return torch.full((), number, dtype=dtype, device=device)
     return torch.tensor(number, dtype=dtype, device=device)
 
