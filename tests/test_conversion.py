@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import modelopt_lite as mtq
+import modelopt_lite.algorithms  # noqa: F401  (registers awq/gptq/svdquant..., which presets name; conversion alone does not)
 from modelopt_lite.conversion import config as C
 from modelopt_lite.conversion.config import QuantConfigError, normalize_config
 from modelopt_lite.conversion.registry import QuantModuleRegistryCls, registered
