@@ -49,3 +49,26 @@ def test_quantized_conv1d_equals_the_quantized_linear_it_is():
 def test_from_float_rejects_other_modules():
     with pytest.raises(TypeError, match="expects a transformers Conv1D, got Linear"):
         QuantHFConv1D.from_float(nn.Linear(3, 5))
+
+
+def test_save_restore_into_a_float_model(tmp_path):
+    x = torch.randn(6, 3)
+    model = mtq.quantize(_model(), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    mtq.save(model, tmp_path / "q")
+    restored = mtq.restore(_model(), tmp_path / "q")  # a fresh float model with Conv1D layers
+    assert type(restored[0]) is QuantHFConv1D and restored[0].weight.shape == (5, 3)
+    with torch.no_grad():
+        assert torch.equal(restored(x), model(x))
+    assert QuantHFConv1D.converted_param_shapes(_model()[0]) == {"weight": [5, 3], "bias": [5]}
+
+
+def test_modelopt_checkpoint_restores_into_a_float_model(tmp_path):
+    import modelopt_lite.opt as mto
+
+    x = torch.randn(6, 3)
+    model = mtq.quantize(_model(), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    mto.save(model, tmp_path / "ckpt.pth")
+    restored = mto.restore(_model(), tmp_path / "ckpt.pth")
+    assert type(restored[2]) is QuantHFConv1D
+    with torch.no_grad():
+        assert torch.equal(restored(x), model(x))

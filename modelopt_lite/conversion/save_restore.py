@@ -149,6 +149,9 @@ def _first_mismatch(model: nn.Module, records: list[dict]) -> str | None:
                 f"(quantized as {rec['quant_cls']})"
             )
         shapes = _own_param_shapes(m)
+        converted = getattr(REGISTRY.get(type(m)), "converted_param_shapes", None)
+        if converted is not None and _qualname(type(m)) == rec["float_cls"]:
+            shapes = converted(m)  # a float module whose conversion reshapes its parameters (HF Conv1D)
         if shapes != rec["params"]:
             return f"module {name!r} has parameters {shapes}, the saved state has {rec['params']}"
     missing = [r["name"] for r in records if r["name"] not in seen]

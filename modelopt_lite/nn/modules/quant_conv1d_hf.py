@@ -45,6 +45,15 @@ class QuantHFConv1D(QuantLinear):
         new._init_quantizers(quant_desc_input, quant_desc_weight)
         return new
 
+    @classmethod
+    def converted_param_shapes(cls, module: nn.Module) -> dict[str, list[int]]:
+        """The shapes of ``module``'s own parameters once converted (the weight transposed), as
+        :func:`modelopt_lite.restore` compares a float model with a saved quantized one."""
+        out = {n: list(p.shape) for n, p in module.named_parameters(recurse=False)}
+        if len(out.get("weight", ())) == 2:
+            out["weight"] = out["weight"][::-1]
+        return out
+
 
 def find_hf_conv1d(cls: type) -> type | None:
     """The registry finder: :class:`QuantHFConv1D` for Hugging Face's ``Conv1D``, else None."""
