@@ -29,7 +29,8 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   and input amaxes recomputed with max from the weight and the per-channel input maxima SmoothQuant measured.
 
 Parameters the registered algorithm does not take raise a QuantConfigError naming them, before anything runs.
-Not provided: ModelOpt's ``lsq`` (learned separate pre/post block amaxes of static block weights).
+``lsq(model, forward_loop, scale_algorithm=None, ...)`` runs the scale calibration only: ModelOpt's LSQ conversion
+applies to static NVFP4 weight quantizers, which this project does not have (a warning says so).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
-from .algorithms import layerwise, nvfp4_act_headroom, weight_mse
+from .algorithms import layerwise, weight_mse, weight_scale
 from .algorithms.svdquant import check_rank as svdquant_rank
 from .algorithms.svdquant import svd_factors
 from .calib.distributed import is_active
@@ -69,6 +70,7 @@ __all__ = [
     "gptq",
     "layerwise_calibrate",
     "local_hessian_calibrate",
+    "lsq",
     "max_calibrate",
     "mse_calibrate",
     "nvfp4_act_headroom_calibrate",
@@ -207,7 +209,7 @@ def nvfp4_act_headroom_calibrate(
     if forward_loop is not None:
         return _algorithm(model, "nvfp4_act_headroom", forward_loop, params)
     normalize_algorithm({"method": "nvfp4_act_headroom", **params})  # QuantConfigError before anything runs
-    method, opts = nvfp4_act_headroom.weight_algorithm(weight_scale_algorithm)
+    method, opts = weight_scale.weight_algorithm(weight_scale_algorithm)
     if method == "mse":
         return mse_calibrate(model, None, **opts)
     if method == "local_hessian":
@@ -224,6 +226,31 @@ def layerwise_calibrate(model: nn.Module, forward_loop: ForwardLoop, calib_func:
     if not callable(calib_func):
         raise TypeError(f"layerwise_calibrate: calib_func must be callable, got {calib_func!r}")
     return _guarded(model, lambda: layerwise.layerwise(model, forward_loop, calib_func, **calib_kwargs))
+
+
+def lsq(
+    model: nn.Module,
+    forward_loop: ForwardLoop | None = None,
+    scale_algorithm: dict | None = None,
+    learnable_amax=("post",),
+    tied_amax: bool = False,
+    quantize_pre_scale: bool = True,
+) -> nn.Module:
+    """ModelOpt's ``lsq``: ``scale_algorithm`` (default ``{"method": "mse"}``), then LSQ mode for static NVFP4
+    weight quantizers, which this project does not have: the weights are calibrated and a warning says nothing was
+    converted (see :mod:`modelopt_lite.algorithms.lsq`)."""
+    params = {"scale_algorithm": scale_algorithm, "learnable_amax": learnable_amax, "tied_amax": tied_amax}
+    params["quantize_pre_scale"] = quantize_pre_scale
+    if forward_loop is not None:
+        return _algorithm(model, "lsq", forward_loop, params)
+    normalize_algorithm({"method": "lsq", **params})  # QuantConfigError before anything runs
+    method, opts = weight_scale.weight_algorithm(scale_algorithm or {"method": "mse"}, "scale_algorithm")
+    calib = {"mse": mse_calibrate, "local_hessian": local_hessian_calibrate, "max": max_calibrate}[method]
+    calib(model, None, **opts)
+    warnings.warn(
+        "lsq: no static NVFP4 weight quantizer to convert to LSQ mode; only the scales were calibrated", stacklevel=2
+    )
+    return model
 
 
 def smoothquant(model: nn.Module, forward_loop: ForwardLoop | None = None, alpha: float = 1.0) -> nn.Module:

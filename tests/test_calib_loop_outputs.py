@@ -118,6 +118,7 @@ CASES = {
     "weight_mse": (_W8A8_CFG, {"method": "mse", "step_size": 0.5}),
     "local_hessian": (_W8A8_CFG, {"method": "local_hessian", "fp8_scale_sweep": False, "block_size": 8}),
     "nvfp4_act_headroom": (_NVFP4_CFG, {"method": "nvfp4_act_headroom"}),
+    "lsq": (_W8A8_CFG, {"method": "lsq", "scale_algorithm": {"method": "local_hessian", "fp8_scale_sweep": False}}),
     "layerwise": (_W4_CFG, {"method": "gptq", "layerwise": {"enable": True}}),
     "max_layerwise_qdq": (
         _W8A8_CFG,

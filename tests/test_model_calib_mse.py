@@ -254,3 +254,32 @@ def test_svd_is_the_best_low_rank_approximation():
     assert torch.equal(us[:, 9:], torch.zeros(12, 2, dtype=torch.float16))
     with pytest.raises(ValueError, match="svd: weight must be 2-D"):
         model_calib.svd(torch.ones(3), 1)
+
+
+# --- lsq --------------------------------------------------------------------------------------------------------------
+def test_lsq_is_the_scale_calibration_and_says_nothing_was_converted():
+    x = _data()
+    ref = _model()
+    mtq.quantize(ref, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    model_calib.mse_calibrate(ref, lambda m: m(x))
+    a = _model()
+    mtq.quantize(a, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    with pytest.warns(UserWarning, match="no quantizer was converted to LSQ mode"):
+        model_calib.lsq(a, lambda m: m(x))
+    b = _model()
+    with pytest.warns(UserWarning, match="no quantizer was converted to LSQ mode"):
+        mtq.quantize(b, {**copy.deepcopy(mtq.INT8_DEFAULT_CFG), "algorithm": {"method": "lsq"}}, lambda m: m(x))
+    for i in (0, 2):
+        assert torch.equal(a[i].weight_quantizer.amax, ref[i].weight_quantizer.amax)  # default: mse
+        assert torch.equal(b[i].weight_quantizer.amax, ref[i].weight_quantizer.amax)
+        assert not isinstance(a[i].weight_quantizer._amax, torch.nn.Parameter)
+    c = _model()
+    mtq.quantize(c, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    before = c[0].weight_quantizer.amax.clone()
+    with pytest.warns(UserWarning, match="LSQ mode"):
+        model_calib.lsq(c, lambda m: m(x), scale_algorithm={"method": "max"})
+    assert torch.equal(c[0].weight_quantizer.amax, before)
+    with pytest.raises(QuantConfigError, match="learnable_amax must be 'pre', 'post'"):
+        model_calib.lsq(c, lambda m: m(x), learnable_amax="both")
+    with pytest.raises(QuantConfigError, match="scale_algorithm must be None or"):
+        model_calib.lsq(c, lambda m: m(x), scale_algorithm={"method": "awq_lite"})

@@ -159,3 +159,17 @@ def test_layerwise_max_matches_modelopt_on_tiny_llama(qdq):
         layer1.self_attn.q_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0].abs().amax()))
         H.forward_loop(mine)
         assert torch.equal(torch.stack(seen).amax(), got["model.layers.1.self_attn.q_proj.input_quantizer"])
+
+
+def test_lsq_on_int4_weights_matches_modelopt():
+    """ModelOpt's lsq converts only static NVFP4 weights: on INT4 weights both sides are its mse calibration."""
+    x = _data()
+    peer = _model()
+    mtq.quantize(peer, _peer_cfg(W4, {"method": "lsq"}), lambda m: m(x))
+    mine = _model()
+    ours.quantize(mine, _our_cfg(W4), lambda m: m(x))
+    with pytest.warns(UserWarning, match="LSQ mode"):
+        model_calib.lsq(mine, lambda m: m(x))
+    for i in (0, 2):
+        a = mine[i].weight_quantizer.amax
+        assert torch.equal(a, _peer_amax(peer[i]).reshape(a.shape))

@@ -6,6 +6,7 @@
 - :mod:`.local_hessian` (``local_hessian``: that search weighted by each Linear's input block Hessians),
 - :mod:`.nvfp4_act_headroom` (``nvfp4_act_headroom``: NVFP4 activation global amaxes with headroom),
 - :mod:`.layerwise` (``layerwise``: any of them decoder layer by decoder layer, ModelOpt's ``"layerwise"``),
+- :mod:`.lsq` (``lsq``: the scale calibration; no static NVFP4 weights to convert), :mod:`.weight_scale` (their weight-scale option),
 - :mod:`.smoothquant` (``smoothquant``), :mod:`.svdquant` (``svdquant``: a low-rank float branch, residual quantized), :mod:`.sequence` (a list of algorithms run in order),
 - :mod:`.block_replay` (replaying one block of a model on recorded inputs, shared by AWQ and GPTQ),
 - :mod:`.relu_grids` (shared grids across a ReLU), :mod:`.auto_quantize` (per-layer format search).
@@ -17,6 +18,7 @@ is the model: its ``model_calib`` holds the calibration algorithms, its ``algori
 
 from ..conversion.algorithm_registry import ALGORITHMS, Algorithm, register_algorithm
 from . import (
+    lsq,  # noqa: F401  (registers "lsq")
     nvfp4_act_headroom,  # noqa: F401  (registers "nvfp4_act_headroom")
     sequence,  # noqa: F401  (registers "sequence": a list under "algorithm")
 )

@@ -12,7 +12,6 @@ an error. A ``SequentialQuantizer`` input wrapping an NVFP4 quantizer is refused
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 from torch import nn
 
@@ -20,44 +19,13 @@ from ..calib.nvfp4_headroom import NVFP4ActHeadroomCalibrator, check_headroom
 from ..conversion.algorithm_registry import register_algorithm
 from ..conversion.utils import named_quantizers
 from ..nn import SequentialQuantizer, TensorQuantizer
-from . import local_hessian, weight_mse
+from .weight_scale import run_weight_algorithm, weight_algorithm
 
 PARAMS = ("anchor_percentile", "upper_percentile", "rho", "weight_scale_algorithm")
-
-#: ``weight_scale_algorithm`` methods and the options each takes
-_WEIGHT_METHODS = {
-    "max": frozenset({"distributed_sync"}),
-    "mse": weight_mse.PARAMS,
-    "local_hessian": local_hessian.PARAMS,
-}
 
 
 class UnsupportedActivationQuantizerError(NotImplementedError, ValueError):
     """An NVFP4 activation quantizer this algorithm cannot calibrate (ModelOpt raises NotImplementedError)."""
-
-
-def weight_algorithm(spec: Any) -> tuple[str, dict]:
-    """``(method, options)`` of a ``weight_scale_algorithm`` (None -> ``("max", {})``); ValueError if malformed."""
-    if spec is None:
-        return "max", {}
-    if isinstance(spec, str):
-        spec = {"method": spec}
-    if not isinstance(spec, dict) or spec.get("method") not in _WEIGHT_METHODS:
-        raise ValueError(
-            f"weight_scale_algorithm must be None or {{'method': one of {sorted(_WEIGHT_METHODS)}, ...}}, got {spec!r}"
-        )
-    method = spec["method"]
-    opts = {k: v for k, v in spec.items() if k != "method"}
-    unknown = sorted(set(opts) - set(_WEIGHT_METHODS[method]))
-    if unknown:
-        raise ValueError(f"weight_scale_algorithm {method!r} got unknown option(s) {unknown}")
-    if method == "mse":
-        weight_mse.check_params(opts)
-    elif method == "local_hessian":
-        local_hessian.check_params(opts)
-    elif not isinstance(opts.get("distributed_sync", True), bool):
-        raise TypeError(f"distributed_sync must be a bool, got {opts['distributed_sync']!r}")
-    return method, opts
 
 
 def check_params(params: dict) -> None:
@@ -107,16 +75,6 @@ def swap_in(model: nn.Module, anchor_percentile: float, upper_percentile: float,
         swapped.append((q, q._calibrators))
         q._calibrators = cals
     return swapped
-
-
-def run_weight_algorithm(model: nn.Module, forward_loop, calibrate, method: str, opts: dict) -> None:
-    """The weight calibration asked for (each starts with the max calibration over the loop)."""
-    if method == "max":
-        calibrate()
-    elif method == "mse":
-        weight_mse.run(model, forward_loop, calibrate, **opts)
-    else:
-        local_hessian.run(model, forward_loop, calibrate, **opts)
 
 
 @register_algorithm("nvfp4_act_headroom", params=PARAMS, check=check_params)

@@ -1,0 +1,47 @@
+"""ModelOpt's ``lsq`` (``model_calib.lsq``), as far as this project's quantizers allow.
+
+ModelOpt runs a weight-scale calibration (``scale_algorithm``: ``{"method": "mse"}`` by default, or ``"max"`` /
+``"local_hessian"`` with their options) and then converts every *static NVFP4* weight quantizer (its
+``StaticBlockScaleQuantizer``: stored per-block amaxes under a global amax) to LSQ mode, with separate quantize
+(``pre``) and dequantize (``post``) amaxes of which ``learnable_amax`` become parameters. Every other weight
+quantizer is left as calibrated. This project has no static NVFP4 weight quantizer (NVFP4 weights scale their blocks
+dynamically), so here ``lsq`` is the scale calibration, and a warning says that no quantizer was converted; a
+single learnable amax (ModelOpt's ``tied_amax=True`` form) is :meth:`TensorQuantizer.init_learn_amax`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from torch import nn
+
+from ..conversion.algorithm_registry import register_algorithm
+from .weight_scale import run_weight_algorithm, weight_algorithm
+
+PARAMS = ("scale_algorithm", "learnable_amax", "tied_amax", "quantize_pre_scale")
+_AMAXES = ("pre", "post")
+
+
+def check_params(params: dict) -> None:
+    """Validate ``scale_algorithm`` (as a weight algorithm) and the LSQ options."""
+    weight_algorithm(params.get("scale_algorithm") or {"method": "mse"}, "scale_algorithm")
+    la = params.get("learnable_amax", ("post",))
+    names = [la] if isinstance(la, str) else la
+    if not isinstance(names, (list, tuple)) or any(n not in _AMAXES for n in names):
+        raise ValueError(f"learnable_amax must be 'pre', 'post', a list of those or [], got {la!r}")
+    for key in ("tied_amax", "quantize_pre_scale"):
+        if key in params and not isinstance(params[key], bool):
+            raise TypeError(f"{key} must be a bool, got {params[key]!r}")
+
+
+@register_algorithm("lsq", params=PARAMS, check=check_params)
+def run(model: nn.Module, forward_loop, calibrate, **params) -> None:
+    """ModelOpt's ``{"method": "lsq", ...}``: the scale calibration; no static NVFP4 weight to convert here."""
+    method, opts = weight_algorithm(params.get("scale_algorithm") or {"method": "mse"}, "scale_algorithm")
+    run_weight_algorithm(model, forward_loop, calibrate, method, opts)
+    warnings.warn(
+        "lsq: the weights were calibrated with the scale algorithm, but no quantizer was converted to LSQ mode: "
+        "ModelOpt converts only static NVFP4 weight quantizers (separate pre/post block amaxes), which this project "
+        "does not have; for a single learnable amax call init_learn_amax() on the weight quantizers",
+        stacklevel=3,
+    )
