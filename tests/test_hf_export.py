@@ -24,7 +24,7 @@ from modelopt_lite.export import export_hf_checkpoint, fuse_for_hf_export, load_
 from modelopt_lite.export.hf_weights import pack_int4_rows, unpack_int4_rows
 
 REF = json.loads((Path(__file__).parent / "hf_reference" / "modelopt_reference.json").read_text())
-LOADABLE = ("FP8_DEFAULT_CFG", "NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG")
+LOADABLE = ("FP8_DEFAULT_CFG", "NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG")
 
 
 def our_config(name: str) -> dict:
@@ -165,7 +165,7 @@ def test_reloads_into_real_modules_with_the_fake_models_outputs(name, tmp_path):
     assert _real_vs_fake(fake, real, x) == 14  # 7 Linear layers per decoder layer
 
 
-@pytest.mark.parametrize("name", ["NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG"])
+@pytest.mark.parametrize("name", ["NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG"])
 def test_bfloat16_model_reloads_with_its_outputs(name, tmp_path):
     model = quantized(name, torch.bfloat16)
     export_hf_checkpoint(model, tmp_path)
@@ -174,7 +174,7 @@ def test_bfloat16_model_reloads_with_its_outputs(name, tmp_path):
     assert t["model.layers.0.self_attn.q_proj.weight_scale"].dtype == H.torch_dtype(
         REF["configs"][name]["tensors"]["model.layers.0.self_attn.q_proj.weight_scale"][0]
     )
-    if name == "INT4_AWQ_CFG":
+    if "AWQ" in name:
         assert t["model.layers.0.self_attn.o_proj.pre_quant_scale"].dtype == torch.bfloat16  # as ModelOpt writes it
     real = load_hf_checkpoint(H.tiny_llama().to(torch.bfloat16), tmp_path)
     x = torch.randint(0, H.VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
@@ -277,7 +277,6 @@ def test_loader_rejects_corrupt_files_and_configs(fp8_dir, tmp_path):
     for i, (text, match) in enumerate(
         [
             ("{not json", "not valid UTF-8 JSON"),
-            ('{"quantization": {"quant_algo": "W4A8_AWQ"}}', "W4A8_AWQ has no real module"),
             ('{"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}', "do not quantize the KV cache"),
             ('{"quantization": {"quant_algo": "INT2"}}', r"quant_algo: must be one of"),
             ('{"quantization": {"quant_algo": "FP8", "exclude_modules": [1]}}', "exclude_modules: must be a list"),
@@ -288,6 +287,35 @@ def test_loader_rejects_corrupt_files_and_configs(fp8_dir, tmp_path):
         (d / "hf_quant_config.json").write_text(text)
         with pytest.raises(ValueError, match=match):
             load_hf_checkpoint(H.tiny_llama(), d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a8_reloads_as_fp8_weights_equal_to_the_fake_quant_weights(dtype, tmp_path):
+    """W4A8_AWQ has no INT4-with-FP8 real kernel: it loads as FP8 W8A8 whose dequantized weight is the fake-quant
+    weight (INT4 stage, then the E4M3 stage) bit for bit, and whose input scale is the checkpoint's."""
+    model = quantized("W4A8_AWQ_BETA_CFG", dtype)
+    export_hf_checkpoint(model, tmp_path)
+    real = load_hf_checkpoint(H.tiny_llama().to(dtype), tmp_path)
+    fake = fuse_for_hf_export(model)
+    name = "model.layers.1.mlp.down_proj"
+    loaded, fake_mod = real.get_submodule(name), fake.get_submodule(name)
+    inner = loaded.inner if hasattr(loaded, "inner") else loaded
+    codes, scale = inner.weight, inner.weight_scale
+    assert codes.dtype == torch.float8_e4m3fn and tuple(codes.shape) == tuple(fake_mod.weight.shape)
+    with torch.no_grad():
+        want = fake_mod.weight_quantizer(fake_mod.weight)
+    assert torch.equal((codes.float() * scale).to(dtype), want)
+
+
+def test_w4a8_bad_second_scale_is_refused(tmp_path):
+    export_hf_checkpoint(quantized("W4A8_AWQ_BETA_CFG"), tmp_path / "ok")
+    key = "model.layers.0.self_attn.q_proj.weight_scale_2"
+    bad = _rewrite(tmp_path / "ok", tmp_path / "bad", lambda t: t.update({key: torch.tensor(float("nan"))}))
+    model = H.tiny_llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"q_proj\.weight_scale_2.*finite and > 0"):
+        load_hf_checkpoint(model, bad)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_loader_rejects_a_different_architecture(fp8_dir):

@@ -8,8 +8,13 @@ validated by :mod:`modelopt_lite.real.spec_checks`); a W4A16 module with a ``pre
 computes it; an NVFP4_SVD module with SVDQuant factors becomes a :class:`LowRankLinear` (the scaled input through the
 real NVFP4 module plus the float branch ``(x_s A^T) B^T``). Every other tensor of the model is loaded bit for bit.
 
-Not loadable (ValueError naming the reason): W4A8 AWQ (modelopt_lite.real has no INT4-codes-with-an-FP8-GEMM
-module) and KV-cache scales (real modules do not quantize attention), sharded checkpoints.
+A W4A8_AWQ module becomes an FP8 W8A8 real module: its weight is the E4M3 quantization (``weight_scale_2``) of the
+INT4 weight (codes x block ``weight_scale``, in the weight dtype), exactly what the fake-quant SequentialQuantizer
+computes, so the weight is bit for bit the fake-quant one; it is stored as E4M3 codes (one byte per weight, not the
+checkpoint's half byte: ``modelopt_lite.real`` has no INT4-codes-with-an-FP8-GEMM kernel).
+
+Not loadable (ValueError naming the reason): KV-cache scales (real modules do not quantize attention), sharded
+checkpoints.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import torch
 from torch import nn
 
 from ..real.fast_gemm import describe, why_not
-from ..real.packing import pack_int4
+from ..real.fp8 import static_codes
+from ..real.packing import dequantize_weight, pack_int4
 from ..real.real_types import build_real_module
 from ..real.spec_checks import check_spec, check_values
 from .hf_formats import FP8, NVFP4, NVFP4_SVD, W4A8_AWQ, W4A16_AWQ
@@ -29,13 +35,14 @@ from .hf_weights import LORA_KEYS, unpack_int4_rows
 
 WEIGHTS_NAME, QUANT_CONFIG_NAME, CONFIG_NAME = "model.safetensors", "hf_quant_config.json", "config.json"
 __all__ = ["LowRankLinear", "PreScaledLinear", "load_hf_checkpoint", "read_hf_checkpoint"]
-_LOADABLE = (FP8, NVFP4, NVFP4_SVD, W4A16_AWQ)
+_LOADABLE = (FP8, NVFP4, NVFP4_SVD, W4A16_AWQ, W4A8_AWQ)
 _NVFP4_KEYS = {"weight", "weight_scale", "weight_scale_2", "input_scale"}
 _KEYS = {
     FP8: ({"weight", "weight_scale"}, {"input_scale", "bias"}),
     NVFP4: (_NVFP4_KEYS, {"bias"}),
     NVFP4_SVD: (_NVFP4_KEYS, {"bias", "pre_quant_scale", *LORA_KEYS}),
     W4A16_AWQ: ({"weight", "weight_scale"}, {"pre_quant_scale", "bias"}),
+    W4A8_AWQ: ({"weight", "weight_scale", "weight_scale_2", "input_scale"}, {"pre_quant_scale", "bias"}),
 }
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -112,8 +119,6 @@ def _check_quant(path, q: dict) -> str | None:
     algo, kv = q.get("quant_algo"), q.get("kv_cache_quant_algo")
     if kv is not None:
         raise _bad(path, "kv_cache_quant_algo", f"is {kv!r}; real modules do not quantize the KV cache")
-    if algo == W4A8_AWQ:
-        raise _bad(path, "quant_algo", "W4A8_AWQ has no real module in modelopt_lite.real (keep it fake-quantized)")
     if algo is not None and algo not in _LOADABLE:
         raise _bad(path, "quant_algo", f"must be one of {list(_LOADABLE)} or null, got {algo!r}")
     if "group_size" in q:
@@ -207,8 +212,12 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
         if k % g or n % 2:
             raise _bad(path, f"module {name!r}", f"weight ({n}, {k}) does not fit INT4 row pairs in blocks of {g}")
         packed = _want(path, f"{name}.weight", local["weight"], torch.uint8, (n // 2, k))
-        out["weight_packed"] = pack_int4(unpack_int4_rows(packed))
+        codes = unpack_int4_rows(packed)
+        out["weight_packed"] = pack_int4(codes)
         out["weight_scale"] = _want(path, f"{name}.weight_scale", local["weight_scale"], f32, (n, k // g))
+        if algo == W4A8_AWQ:
+            _w4a8_as_fp8(path, name, lin, local, codes, out, spec, g, dt)
+            return spec, out
         spec["weight"] = {
             "num_bits": 4,
             "unsigned": False,
@@ -222,6 +231,29 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
         if "pre_quant_scale" in local:
             out["pre_quant_scale"] = _pqs(path, name, lin, local)
     return spec, out
+
+
+def _w4a8_as_fp8(path, name: str, lin: nn.Linear, local: dict, codes, out: dict, spec: dict, g: int, dt: str) -> None:
+    """A W4A8_AWQ module as FP8 W8A8: the INT4 weight (in the weight dtype, as the fake-quant first stage gives it)
+    quantized to E4M3 by ``weight_scale_2`` (true division, saturating cast: the second stage), its input E4M3 by
+    ``input_scale``; ``out`` and ``spec`` are rewritten in place."""
+    f32, e4m3 = torch.float32, torch.float8_e4m3fn
+    ws2 = _want(path, f"{name}.weight_scale_2", local["weight_scale_2"], f32, ())
+    if not bool(torch.isfinite(ws2) & (ws2 > 0)):
+        raise _bad(path, f"{name}.weight_scale_2", f"must be finite and > 0, got {float(ws2)!r}")
+    block_scale = out.pop("weight_scale")
+    if not bool(torch.isfinite(block_scale).all()):
+        raise _bad(path, f"{name}.weight_scale", "must be finite")
+    out.pop("weight_packed")
+    int4 = dequantize_weight(codes.to(torch.int8), block_scale, {1: g}).to(lin.weight.dtype)
+    out["weight"] = static_codes(int4, ws2.reshape(1)).to(e4m3)
+    out["weight_scale"] = ws2
+    out["input_scale"] = _want(path, f"{name}.input_scale", local["input_scale"], f32, ()).reshape(1)
+    int_keys = {"num_bits": 8, "unsigned": False, "narrow_range": False}
+    spec["weight"] = dict(int_keys, layout="tensor", axis=None, block_sizes=None, storage="e4m3", dtype=dt)
+    spec["input"] = dict(int_keys, num_steps=1, elem="e4m3", dynamic=None)
+    if "pre_quant_scale" in local:
+        out["pre_quant_scale"] = _pqs(path, name, lin, local)
 
 
 def _pqs(path, name: str, lin: nn.Linear, local: dict) -> torch.Tensor:
@@ -272,13 +304,13 @@ def _owner(key: str) -> str:
 
 
 def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Module:
-    """Load an HF checkpoint (:func:`~.hf_export.export_hf_checkpoint`'s, FP8 / W4A16 AWQ / NVFP4 / NVFP4_SVD) into real
-    modules on a fresh FLOAT ``model`` of the same architecture (its float tensors, AWQ-folded norms included, are
+    """Load an HF checkpoint (:func:`~.hf_export.export_hf_checkpoint`'s: FP8, W4A16 / W4A8 AWQ, NVFP4, NVFP4_SVD) into
+    real modules on a fresh FLOAT ``model`` of the same architecture (its float tensors, AWQ-folded norms included, are
     loaded too). Returns ``model``, modified in place.
 
     Raises:
         ValueError: a malformed or corrupt checkpoint, a tensor with the wrong key, dtype, shape or value, a format
-            real modules cannot compute (W4A8, KV cache), or a different architecture; nothing is modified then.
+            real modules cannot compute (KV cache), or a different architecture; nothing is modified then.
         FileNotFoundError: no checkpoint directory, weights file or quantization config.
     """
     if not isinstance(model, nn.Module):
@@ -288,7 +320,7 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
     if names and algo is None:
         raise _bad(st, names[0], "has quantized weights but the quantization config has no quant_algo")
     group = None
-    if algo == W4A16_AWQ:
+    if algo in (W4A16_AWQ, W4A8_AWQ):
         q = _quant_section(Path(path))[1]
         group = q.get("group_size", 128)
     plans = {}
