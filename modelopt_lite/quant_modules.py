@@ -63,7 +63,7 @@ DEFAULT_QUANT_MAP = default_quant_map()
 
 _lock = threading.RLock()
 # (parent, name) -> (original object, patched object)
-_patched: dict[tuple[object, str], tuple[object, object]] = {}
+_patched: dict[tuple[object, str], tuple[object, type]] = {}
 
 
 def _entries(float_module_list, custom_quant_modules) -> list[tuple[object, str, type]]:

@@ -12,6 +12,8 @@ Data flows descriptor -> TensorQuantizer -> these functions -> ``torch.ops.model
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -468,6 +470,8 @@ class _Unbound:
     ModelOpt's tests and users write ``self.fn = tensor_quant.fake_tensor_quant`` (or set it on the class) and call
     ``self.fn(x, amax)``. Name, docstring and signature are the function's."""
 
+    __wrapped__: Callable[..., Any]  # set by functools.update_wrapper
+
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
 
@@ -478,10 +482,10 @@ class _Unbound:
         return f"<function {self.__wrapped__.__qualname__}>"
 
 
-fake_tensor_quant = _Unbound(fake_tensor_quant)  # type: ignore[assignment]
-tensor_quant = _Unbound(tensor_quant)  # type: ignore[assignment]
-scaled_e4m3 = _Unbound(scaled_e4m3)  # type: ignore[assignment]
-fake_affine_tensor_quant = _Unbound(fake_affine_tensor_quant)  # type: ignore[assignment]
-affine_tensor_quant = _Unbound(affine_tensor_quant)  # type: ignore[assignment]
-fake_block_quant = _Unbound(fake_block_quant)  # type: ignore[assignment]
-block_quant = _Unbound(block_quant)  # type: ignore[assignment]
+fake_tensor_quant = _Unbound(fake_tensor_quant)
+tensor_quant = _Unbound(tensor_quant)
+scaled_e4m3 = _Unbound(scaled_e4m3)
+fake_affine_tensor_quant = _Unbound(fake_affine_tensor_quant)
+affine_tensor_quant = _Unbound(affine_tensor_quant)
+fake_block_quant = _Unbound(fake_block_quant)
+block_quant = _Unbound(block_quant)

@@ -14,6 +14,8 @@ the ones a ``TensorQuantizer`` and an exported QuantizeLinear produce:
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 from ..formats import int_range
@@ -73,7 +75,7 @@ class Int8Quantizer:
 
     def _grouped(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` viewed as ``(..., n_groups, group_size)`` (asymmetric groups only)."""
-        g = self.group_size
+        g = cast(int, self.group_size)  # only called when a group size is set
         if t.dim() == 0 or t.shape[-1] % g:
             raise ValueError(
                 f"Int8Quantizer: asymmetric group quantization needs the last dim to be a multiple of "
@@ -188,7 +190,9 @@ class Int8Quantizer:
         """``scale`` (float32, positive), ``zero_point`` (int32, zeros when symmetric), ``qmin``/``qmax``, the
         calibrated range (``amax`` or ``min``/``max``) and the settings."""
         self._need_calib()
-        out = {
+        hi, lo = self._hi, self._lo
+        assert hi is not None  # calibrated (checked above)
+        out: dict[str, Any] = {
             "symmetric": self.symmetric,
             "per_channel": self.per_channel,
             "channel_axis": self.channel_axis if self.per_channel else None,
@@ -196,23 +200,24 @@ class Int8Quantizer:
         }
         if self.symmetric:
             bound, qmin, qmax = int_range(8, False, self.narrow_range)
-            scale = positive_scale(scale_from_amax(self._hi, bound))
+            scale = positive_scale(scale_from_amax(hi, bound))
             out.update(
                 scale=scale,
                 zero_point=torch.zeros(scale.shape, dtype=torch.int32),
                 qmin=qmin,
                 qmax=qmax,
-                amax=self._hi.clone(),
+                amax=hi.clone(),
             )
         else:
-            scale, zp, qmin, qmax = affine_params(self._lo, self._hi, 8)
+            assert lo is not None  # asymmetric calibration sets both ends
+            scale, zp, qmin, qmax = affine_params(lo, hi, 8)
             out.update(
                 scale=positive_scale(scale),
                 zero_point=zp.to(torch.int32),
                 qmin=qmin,
                 qmax=qmax,
-                min=self._lo.clone(),
-                max=self._hi.clone(),
+                min=lo.clone(),
+                max=hi.clone(),
             )
         return out
 

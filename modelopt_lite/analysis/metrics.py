@@ -6,6 +6,7 @@ All metrics are computed in float64 and returned as Python floats, so they can b
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,7 +97,7 @@ def calculate_model_size(model: nn.Module) -> dict:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"calculate_model_size expects an nn.Module, got {type(model).__name__}")
-    out = {"num_params": 0, "num_buffers": 0, "param_bytes": 0, "buffer_bytes": 0}
+    out: dict[str, Any] = {"num_params": 0, "num_buffers": 0, "param_bytes": 0, "buffer_bytes": 0}
     by_dtype: dict[str, int] = {}
     for kind, _, t in _unique_tensors(model):
         nbytes = t.numel() * t.element_size()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -112,7 +113,7 @@ def sensitivity(
     all_q = _metric(metric, qm)
     for qs in groups.values():
         _set(qs, False)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, (name, qs) in enumerate(groups.items()):
         _set(qs, True)
         try:
@@ -176,7 +177,7 @@ def auto_skip(
     groups = quant_layers(qm)
     baseline = rep.baseline
     v = _metric(metric, qm)
-    steps = [{"skipped": [], "metric": v, "drop": sign * (baseline - v)}]
+    steps: list[dict[str, Any]] = [{"skipped": [], "metric": v, "drop": sign * (baseline - v)}]
     skipped: list[str] = []
     for name in rep.ranking:
         if steps[-1]["drop"] <= max_drop:

@@ -7,7 +7,7 @@ and returns the rows as dicts, so the numbers can be checked or logged.
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TextIO, cast
 
 import torch
 from torch import nn
@@ -107,7 +107,8 @@ def _model_rows(model: nn.Module) -> list[dict]:
 
     rows = [dict(r, kind="quantizer") for r in summary(model)]
     for name, m in real_modules(model):
-        w, inp = m.spec["weight"], m.spec.get("input")
+        spec = cast(dict, m.spec)  # every real module holds its spec dict
+        w, inp = spec["weight"], spec.get("input")
         nbytes = sum(t.numel() * t.element_size() for t in m.buffers())
         rows.append(
             {

@@ -51,7 +51,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -123,7 +123,8 @@ class Rule:
         if self.owner_cls is not None:
             if owner is None or not _class_matches(self.owner_cls, type(owner), float_cls):
                 return False
-            return fnmatch.fnmatchcase(local, self.pattern) or fnmatch.fnmatchcase(name, self.pattern)
+            pattern = cast(str, self.pattern)  # class rules always have a string pattern
+            return fnmatch.fnmatchcase(local, pattern) or fnmatch.fnmatchcase(name, pattern)
         if callable(self.pattern):
             return bool(self.pattern(name))
         return fnmatch.fnmatchcase(name, self.pattern)

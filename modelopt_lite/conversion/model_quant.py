@@ -369,7 +369,9 @@ def calibrate(
             raise TypeError("calibrate: give the method positionally or as algorithm=, not both")
         method = algorithm
     if isinstance(method, dict):
-        method, params = normalize_algorithm(method)
+        normalized = normalize_algorithm(method)
+        assert normalized is not None  # only None normalizes to None
+        method, params = normalized
         compute_amax_kwargs = {**params, **compute_amax_kwargs}
     if forward_loop is None:
         if algorithm is not _UNSET:  # ModelOpt's calibrate(model, algorithm=...): weight-only, at once

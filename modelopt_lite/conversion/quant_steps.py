@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ def register_temporal_finder(finder: Callable[[nn.Module], list[tuple[str, nn.Mo
 def temporal_quantizers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, quantizer)`` for every quantizer of ``model`` with ``num_steps > 1``, plus the temporal modules of
     the registered finders (e.g. real modules, which select their per-step input scale through ``step``)."""
-    qs = [(n, q) for n, q in named_quantizers(model) if getattr(q, "num_steps", 1) > 1]
+    qs: list[tuple[str, nn.Module]] = [(n, q) for n, q in named_quantizers(model) if getattr(q, "num_steps", 1) > 1]
     for finder in _TEMPORAL_FINDERS:
         qs += finder(model)
     return qs
@@ -83,7 +84,7 @@ def quant_step(model: nn.Module, t):
             with modelopt_lite.quant_step(model, t):
                 x = sampler_step(model(x, t), x, t)
     """
-    qs = dict(temporal_quantizers(model))
+    qs: dict[str, Any] = dict(temporal_quantizers(model))  # modules with a settable ``step``
     previous = set_quant_step(model, t)
     try:
         yield model

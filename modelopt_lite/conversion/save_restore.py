@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -134,7 +135,7 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
 
 def _first_mismatch(model: nn.Module, records: list[dict]) -> str | None:
     by_name = {r["name"]: r for r in records}
-    seen = set()
+    seen: set[str] = set()
     for name, m in model.named_modules():
         rec = by_name.get(name)
         eligible = REGISTRY.get(type(m)) is not None or REGISTRY.float_class_of(type(m)) is not None
@@ -183,7 +184,8 @@ def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements
             continue
         new = memo.get(id(m))
         if new is None:
-            new = memo[id(m)] = _quant_class_for(m, rec, path).from_float(m)
+            quant_cls: Any = _quant_class_for(m, rec, path)
+            new = memo[id(m)] = quant_cls.from_float(m)
             new.train(m.training)
         model = undo.put(model, name, new)
     return model
@@ -307,7 +309,7 @@ def restore(model: nn.Module, path) -> nn.Module:
             _apply_record(name, present[name], rec, tensors, json_path, st_path)
         if include_weights:
             _load_weights(model, tensors, used, st_path)
-        modes = [
+        modes: list[tuple[Any, str]] = [  # (module with a settable ``requant``, mode)
             (model.get_submodule(r["name"]) if r["name"] else model, check_mode(r.get("requant", "float")))
             for r in doc["modules"]
         ]

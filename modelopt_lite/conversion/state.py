@@ -10,6 +10,7 @@ import copy
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,8 +50,8 @@ def _is_immutable(v) -> bool:
 @dataclass
 class _Saved:
     kind: str  # "ref" | "tensor" | "container" | "object" | "deep"
-    obj: object
-    copy: object = None
+    obj: Any  # what was saved; its type depends on ``kind`` (a tensor, a list/dict/set, any object)
+    copy: Any = None  # the saved contents; their type depends on ``kind`` too
 
 
 def _save_value(v, memo: dict | None = None) -> _Saved:
@@ -129,7 +130,7 @@ class ModuleSnapshot:
 
     @staticmethod
     def _save(m: nn.Module) -> dict:
-        state = {}
+        state: dict[str, tuple] = {}
         for k, v in m.__dict__.items():
             if k in _TENSOR_DICTS:
                 state[k] = ("tensors", dict(v), {n: t.detach().clone() for n, t in v.items() if t is not None})
@@ -166,7 +167,7 @@ class ModuleSnapshot:
 
 def snapshot_quantizers(quantizers: Iterable[nn.Module]) -> ModuleSnapshot:
     """A snapshot of every quantizer and all its submodules (learned-amax parameters, per-step calibrators...)."""
-    mods = []
+    mods: list[nn.Module] = []
     for q in quantizers:
         mods.extend(q.modules())
     return ModuleSnapshot(mods)

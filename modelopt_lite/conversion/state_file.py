@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -101,7 +102,7 @@ def decode(v, path, entry: str):
     return v
 
 
-def _is_int(v) -> bool:
+def _is_int(v) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from torch import nn
 
+if TYPE_CHECKING:
+    from ..nn.tensor_quantizer import TensorQuantizer
 
-def tensor_quantizer_class() -> type:
+
+def tensor_quantizer_class() -> type[TensorQuantizer]:
     """``modelopt_lite.nn.TensorQuantizer`` (imported on first use)."""
     from ..nn.tensor_quantizer import TensorQuantizer
 
@@ -20,7 +23,7 @@ def is_quantizer(module) -> bool:
     return isinstance(module, tensor_quantizer_class())
 
 
-def named_quantizers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def named_quantizers(model: nn.Module) -> Iterator[tuple[str, TensorQuantizer]]:
     """``(module path, TensorQuantizer)`` for every quantizer in ``model``, in module order (shared ones once)."""
     cls = tensor_quantizer_class()
     for name, m in model.named_modules():
@@ -34,7 +37,7 @@ class QuantizerSite(NamedTuple):
     name: str
     local: str
     owner: nn.Module | None
-    quantizer: nn.Module
+    quantizer: TensorQuantizer
 
 
 def quantizer_sites(model: nn.Module) -> list[QuantizerSite]:

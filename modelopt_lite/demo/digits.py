@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from . import measure
 
@@ -103,7 +104,7 @@ def trained_cnn(cache_dir: str | Path | None = None, progress: bool = False) -> 
     path = folder / f"digits_cnn_v{__version__}_e{_TRAIN_EPOCHS}_s{_SEED}.pt"
     if path.is_file():
         try:
-            model = DigitsCNN()
+            model: nn.Module = DigitsCNN()
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             return model.eval()
         except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:  # stale/corrupt: retrain

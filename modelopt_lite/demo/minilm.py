@@ -26,6 +26,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,7 +49,7 @@ INT4_AWQ_ALGORITHM = {"method": "awq_full"}
 #: AWQ's scales, then GPTQ on the AWQ-scaled model with clip_search, least-squares scale re-fits and the damping
 #: of Hugging Face's GPTQConfig (damp_percent 0.1; ModelOpt's default 0.01 fits the templated calibration sentences
 #: too closely: see bench/REPORT.md)
-INT4_BEST_ALGORITHM = [
+INT4_BEST_ALGORITHM: list[dict[str, Any]] = [
     {"method": "awq_lite"},
     {"method": "gptq", "clip_search": True, "scale_refit": 3, "perc_damp": 0.1},
 ]

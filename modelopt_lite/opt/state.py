@@ -15,7 +15,7 @@ is left as it was.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -233,7 +233,7 @@ def apply_quantizer_states(model: nn.Module, qstate: Mapping, undo: _Replacement
     return model
 
 
-def restore_with_undo(model: nn.Module, state) -> tuple[nn.Module, object]:
+def restore_with_undo(model: nn.Module, state) -> tuple[nn.Module, Callable[[], None]]:
     """:func:`restore_from_modelopt_state`'s work; returns the model and a callable that undoes it."""
     qstate = quantizer_state_of(state)
     if qstate is None:
