@@ -7,6 +7,7 @@ Also works out the lowest opset that can express every enabled quantizer: 13 for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from onnx import TensorProto
 from torch import nn
@@ -56,6 +57,7 @@ def _is_weight(name: str) -> bool:
 def plan(model: nn.Module, *, target: str, opset: int | None) -> Plan:
     """Validate every enabled quantizer; raise one ValueError listing all problems of the first kind found."""
     p = Plan()
+    problems: list[str]
     uncalibrated, calibrating, real, dynamic, problems, no_bias = [], [], [], [], [], []
     for name, q in quantizers(model):
         if not (q.is_enabled and q.is_quant_enabled):
@@ -146,9 +148,9 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
             )
         p.need(13, f"{name}: per-channel quantization (axis) needs opset >= 13")
     fmt = scaled_float_format(bits) if kind != "block" and is_float_format(bits) else None
-    if fmt is not None:
-        p.need(fmt.onnx_opset, f"{name}: {fmt.title} needs opset >= {fmt.onnx_opset} ({fmt.onnx_type})")
-        if getattr(TensorProto, fmt.onnx_type) in NO_ORT_KERNELS:
+    if fmt is not None:  # a scaled float format: it has an ONNX type and opset
+        p.need(cast(int, fmt.onnx_opset), f"{name}: {fmt.title} needs opset >= {fmt.onnx_opset} ({fmt.onnx_type})")
+        if getattr(TensorProto, cast(str, fmt.onnx_type)) in NO_ORT_KERNELS:
             p.notes.append(f"{name}: {fmt.onnx_type} Q/DQ (opset {fmt.onnx_opset}): ONNX Runtime's CPU provider has "
                            "no kernels for it; run the model with onnx.reference.ReferenceEvaluator")  # fmt: skip
         return
@@ -176,7 +178,15 @@ def _requirements(p: Plan, name: str, info: dict, target: str, problems: list[st
         )
     if isinstance(bits, int) and bits > 8:
         p.need(21, f"{name}: num_bits={bits} has no ONNX representation below opset 21 (16-bit Q/DQ)")
-    elif weight and isinstance(bits, int) and bits <= 4 and qmin is not None and qmin >= -8 and qmax <= 15:
+    elif (
+        weight
+        and isinstance(bits, int)
+        and bits <= 4
+        and qmin is not None
+        and qmax is not None
+        and qmin >= -8
+        and qmax <= 15
+    ):
         p.preferred_opset = max(p.preferred_opset, 21)
     if not weight and isinstance(bits, int) and bits < 8:
         p.notes.append(

@@ -116,6 +116,7 @@ def _torch_export(model, args, path, *, opset, dynamo, input_names, output_names
                     external_data=False,
                     optimize=True,
                 )
+            assert prog is not None  # dynamo=True returns an ONNXProgram
             return prog.model_proto
         from .symbolic import DOMAIN, registered_symbolics
 

@@ -28,6 +28,9 @@ ONNX Runtime 1.32's CPU provider implements neither FLOAT4E2M1 nor FLOAT8E8M0: t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import onnx
 import torch
@@ -108,7 +111,7 @@ def mx_weight(
     else:  # the same powers of two as float32 (2**-133 .. 2**127 are exact float32 values)
         s = g.add_init(f"{base}.scale", torch.ldexp(torch.ones_like(k, dtype=torch.float32), k).numpy())
         scale_type = "FLOAT"
-    attrs = {"axis": -1, "block_size": block}
+    attrs: dict[str, Any] = {"axis": -1, "block_size": block}
     if opset >= FP4_OPSET:
         attrs["output_dtype"] = TensorProto.FLOAT
     nodes = [helper.make_node("DequantizeLinear", [c, s], [out], name=g.fresh(f"{base}.DQ"), **attrs)]
@@ -128,7 +131,8 @@ class _Builder:
     """Appends nodes with fresh names under one label."""
 
     def __init__(self, g: Graph, label: str):
-        self.g, self.base, self.nodes = g, label.replace("/", "."), []
+        self.g, self.base = g, label.replace("/", ".")
+        self.nodes: list[onnx.NodeProto] = []
 
     def const(self, name: str, value, dtype=np.float32) -> str:
         return self.g.add_init(f"{self.base}.{name}", np.asarray(value, dtype=dtype))
@@ -151,7 +155,7 @@ class _Builder:
         return self.op("DequantizeLinear", [self.op("QuantizeLinear", [v, scale, zp]), scale, zp])
 
 
-def _blocked(b: _Builder, x: str, block: int) -> tuple[str, object]:
+def _blocked(b: _Builder, x: str, block: int) -> tuple[str, Callable[[str, str], None]]:
     """``xb`` of shape ``(-1, block)`` (zero-padded along the last axis) and the function that undoes it."""
     shape = b.op("Shape", [x])
     k = b.op("Shape", [x], start=-1)

@@ -261,8 +261,9 @@ def relu_to_clip(g: Graph) -> tuple[int, int]:
             continue
         if attr(dq, "axis", 1) != attr(q, "axis", 1):
             continue
-        grid = [g.array(n) for n in (dq.input[1], q.input[1], dq.input[2], q.input[2])]
-        if any(a is None for a in grid) or grid[2].dtype != np.uint8 or grid[2].ndim != 0:
+        found = [g.array(n) for n in (dq.input[1], q.input[1], dq.input[2], q.input[2])]
+        grid = [a for a in found if a is not None]
+        if len(grid) < len(found) or grid[2].dtype != np.uint8 or grid[2].ndim != 0:
             continue
         if not (
             np.array_equal(grid[0], grid[1])

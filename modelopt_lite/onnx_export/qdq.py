@@ -20,6 +20,7 @@ Exactness rules (each proven by ``tests/test_onnx_contract.py`` against ONNX Run
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import onnx
@@ -101,10 +102,11 @@ def emit(
     if kind in FLOAT_MARKERS:
         fmt = element_format(FLOAT_MARKERS[kind])
         custom = fp8_custom_ops and fmt.is_e4m3  # TensorRT's custom FP8 ops are E4M3 only: the others stay standard
-        if opset < fmt.onnx_opset and not custom:
+        need = cast(int, fmt.onnx_opset)  # float formats have an ONNX type and opset
+        if opset < need and not custom:
             raise OpsetTooLow(
-                f"{label}: {fmt.title} Q/DQ needs opset >= {fmt.onnx_opset} ({fmt.onnx_type}), got opset {opset}",
-                fmt.onnx_opset,
+                f"{label}: {fmt.title} Q/DQ needs opset >= {need} ({fmt.onnx_type}), got opset {opset}",
+                need,
             )
         if custom:
             if axis is not None:
@@ -129,7 +131,7 @@ def emit(
             ], info
         from .weights import make_tensor
 
-        elem = getattr(TensorProto, fmt.onnx_type)
+        elem = getattr(TensorProto, cast(str, fmt.onnx_type))
         zp_name = g.add_init(f"{base}.zp", make_tensor("zp", np.zeros(s.shape, np.float32), elem))
         info["dtype"] = fmt.onnx_type
         return pre + _pair(g, x, out, base, s_name, zp_name, dict(attrs, saturate=1), attrs), info

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import onnx
@@ -34,7 +35,7 @@ ABSORBABLE = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Identity
 
 _NP = {getattr(TensorProto, c.onnx_type): c.numpy_dtype for c in CODE_TYPES.values() if c.numpy_dtype is not None}
 #: ONNX float element type -> the torch float8 dtype its bytes are (FLOAT4E2M1 is packed by hand)
-_FLOAT8 = {getattr(TensorProto, f.onnx_type): f.code_dtype for f in FLOAT_ELEMENTS.values() if f.code_dtype}
+_FLOAT8 = {getattr(TensorProto, cast(str, f.onnx_type)): f.code_dtype for f in FLOAT_ELEMENTS.values() if f.code_dtype}
 
 
 @dataclass
@@ -208,10 +209,11 @@ def storage_type(kind: str, qmin: int, qmax: int, opset: int, label: str) -> int
     """The ONNX element type that holds codes in ``[qmin, qmax]`` at ``opset``."""
     if kind in FLOAT_MARKERS:
         fmt = element_format(FLOAT_MARKERS[kind])
-        if opset < fmt.onnx_opset:
-            raise OpsetTooLow(f"{label}: {fmt.onnx_type} weights need opset >= {fmt.onnx_opset}, got opset {opset}",
-                              fmt.onnx_opset)  # fmt: skip
-        return getattr(TensorProto, fmt.onnx_type)
+        need = cast(int, fmt.onnx_opset)  # float formats have an ONNX type and opset
+        if opset < need:
+            raise OpsetTooLow(f"{label}: {fmt.onnx_type} weights need opset >= {need}, got opset {opset}",
+                              need)  # fmt: skip
+        return getattr(TensorProto, cast(str, fmt.onnx_type))
     c = smallest_code_type(qmin, qmax, [n for n in ONNX_WEIGHT_TYPES if CODE_TYPES[n].onnx_opset <= opset])
     if c is not None:
         return getattr(TensorProto, c.onnx_type)

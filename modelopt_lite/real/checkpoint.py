@@ -26,7 +26,7 @@ from torch import nn
 from ..conversion.utils import named_quantizers
 from . import fast_gemm
 from .pooling import pool_args
-from .real_types import FLOAT_CLASSES, REAL_CLASSES, WEIGHTED_TYPES, all_real_modules, build_real_module
+from .real_types import FLOAT_CLASSES, POOL_DIMS, WEIGHTED_TYPES, all_real_modules, build_real_module
 from .spec_checks import FORMAT, VERSION, bad, check_config, check_values
 
 WEIGHTS_NAME, CONFIG_NAME = "model_int8.safetensors", "model_int8.json"
@@ -132,10 +132,11 @@ def _check_float_module(path, name: str, spec: dict, float_mod: nn.Module) -> No
             f"from {want.__name__} (a different architecture?)"
         )
     if kind not in WEIGHTED_TYPES:
-        got = pool_args(float_mod, REAL_CLASSES[kind].dims)
+        got = pool_args(float_mod, POOL_DIMS[kind])
         if got != spec["pool"]:
             raise bad(path, f"modules[{name!r}].pool", f"is {spec['pool']}, the model's {want.__name__} has {got}")
         return
+    assert isinstance(float_mod, (nn.Linear, nn.Conv2d))  # its type is FLOAT_CLASSES[kind] (checked above)
     w = float_mod.weight
     if list(w.shape) != list(spec["weight_shape"]):
         raise ValueError(
@@ -143,6 +144,7 @@ def _check_float_module(path, name: str, spec: dict, float_mod: nn.Module) -> No
             f"checkpoint, {list(w.shape)} in the model"
         )
     if kind == "QuantizedConv2d":
+        assert isinstance(float_mod, nn.Conv2d)
         p = float_mod.padding
         got = {
             "stride": list(float_mod.stride),
@@ -156,7 +158,7 @@ def _check_float_module(path, name: str, spec: dict, float_mod: nn.Module) -> No
 
 
 def _module_device(m: nn.Module):
-    t = next(iter(m.parameters()), None)
+    t: torch.Tensor | None = next(iter(m.parameters()), None)
     if t is None:
         t = next(iter(m.buffers()), None)
     return None if t is None else t.device

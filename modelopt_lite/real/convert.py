@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import Any, NoReturn, cast
 
 import torch
 from torch import nn
@@ -39,8 +40,10 @@ from .packing import dequantize_weight, pack_int4
 from .pooling import pool_args
 from .real_types import (
     FLOAT_CLASSES,
+    POOL_DIMS,
     REAL_CLASSES,
     WEIGHTED_TYPES,
+    RealModule,
     all_real_modules,
     build_real_module,
     real_modules,
@@ -83,18 +86,19 @@ def _quantizers(module: nn.Module) -> dict:
     return {n: q for n, q in module.named_children() if is_quantizer(q)}
 
 
-def _fail(name: str, what: str, why: str):
+def _fail(name: str, what: str, why: str) -> NoReturn:
     raise ValueError(f"fake2real: module {name!r}: {what} {why}")
 
 
 def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
+    weight = cast(torch.Tensor, module.weight)  # the Linear / Conv2d weight parameter
     if microscaling.scheme_of(wq) is not None:  # NVFP4 / MX: packed codes and E4M3/E8M0 block scales
         with torch.no_grad():
-            return microscaling.weight_part(name, module.weight, wq, wq(module.weight))
+            return microscaling.weight_part(name, weight, wq, wq(weight))
     info = wq.export_info()
-    w = module.weight.detach()
+    w = weight.detach()
     if info["kind"] == "e4m3":  # FP8 E4M3 codes (see .fp8)
-        return fp8.weight_part(name, module.weight, wq, info)
+        return fp8.weight_part(name, weight, wq, info)
     if info["kind"] not in ("int", "block"):
         _fail(name, "weight_quantizer", f"is {info['kind']}; only integer weights have real integer storage")
     if info["dynamic"]:
@@ -121,7 +125,7 @@ def _weight_part(name: str, module: nn.Module, wq) -> tuple[dict, dict]:
         deq_scale = scale.float().reshape([w.shape[d] if d in axis else 1 for d in range(w.dim())])
         stored_scale = deq_scale.reshape(-1) if axis == [0] else deq_scale
     with torch.no_grad():
-        fake_w = wq(module.weight)
+        fake_w = wq(weight)
     deq = dequantize_weight(codes, deq_scale, {int(k): v for k, v in bs.items()} if bs else None).to(w.dtype)
     if not torch.equal(deq, fake_w):
         raise RuntimeError(
@@ -224,17 +228,19 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
             "is disabled while the input quantizer is enabled; real modules store quantized weights",
         )
     wspec, tensors = _weight_part(name, module, wq)
-    spec = {
+    weight = cast(torch.Tensor, module.weight)  # the Linear / Conv2d parameters
+    bias = cast("torch.Tensor | None", module.bias)
+    spec: dict[str, Any] = {
         "type": kind,
-        "weight_shape": list(module.weight.shape),
+        "weight_shape": list(weight.shape),
         "weight": wspec,
         "input": None,
-        "bias": None if module.bias is None else str(module.bias.dtype).replace("torch.", ""),
+        "bias": None if bias is None else str(bias.dtype).replace("torch.", ""),
     }
-    if module.bias is not None:
-        tensors["bias"] = module.bias.detach().clone()
+    if bias is not None:
+        tensors["bias"] = bias.detach().clone()
     pqs = None if iq is None else iq.pre_quant_scale
-    if pqs is not None and (kind != "QuantizedLinear" or not iq.is_enabled):
+    if iq is not None and pqs is not None and (kind != "QuantizedLinear" or not iq.is_enabled):
         _fail(
             name,
             "input_quantizer",
@@ -242,7 +248,7 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
             "enabled Linear input; keep this model fake-quantized (or export it to ONNX, where it is a Mul)",
         )
     if iq is not None and iq.is_enabled:
-        k = module.weight.shape[1] if kind == "QuantizedLinear" else None
+        k = weight.shape[1] if kind == "QuantizedLinear" else None
         spec["input"], scales = _input_scales(name, iq, k)
         if scales is not None:
             tensors["input_scale"] = scales
@@ -250,13 +256,14 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
         spec["input"]["pre_quant_scale"] = True
         tensors["pre_quant_scale"] = pqs.detach().clone()
     if kind == "QuantizedConv2d":
-        p = module.padding
+        conv = cast(nn.Conv2d, module)  # the class registered for nn.Conv2d: it has Conv2d's arguments
+        p = conv.padding
         spec["conv"] = {
-            "stride": list(module.stride),
+            "stride": list(conv.stride),
             "padding": p if isinstance(p, str) else list(p),
-            "dilation": list(module.dilation),
-            "groups": module.groups,
-            "padding_mode": module.padding_mode,
+            "dilation": list(conv.dilation),
+            "groups": conv.groups,
+            "padding_mode": conv.padding_mode,
         }
     return spec, tensors
 
@@ -273,7 +280,7 @@ def _pool_spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dic
     if iq.pre_quant_scale is not None:
         _fail(name, "input_quantizer", "has a SmoothQuant pre_quant_scale, which real pooling does not support")
     spec_in, scales = _input_scales(name, iq)
-    spec = {"type": kind, "pool": pool_args(module, REAL_CLASSES[kind].dims), "input": spec_in}
+    spec = {"type": kind, "pool": pool_args(module, POOL_DIMS[kind]), "input": spec_in}
     return spec, {"input_scale": scales}
 
 
@@ -282,7 +289,7 @@ def revert_to_float(module: nn.Module) -> nn.Module:
     new = copy.copy(module)
     new._modules = {k: v for k, v in module._modules.items() if k not in _quantizers(module)}
     new._parameters, new._buffers = dict(module._parameters), dict(module._buffers)
-    new.__class__ = module._float_cls
+    new.__class__ = cast("type[nn.Module]", module._float_cls)
     return new
 
 
@@ -332,7 +339,7 @@ def set_validate(model: nn.Module, validate: bool = True) -> None:
     """Turn the NaN/Inf scan of every real module's input on (ValueError naming the module) or off (the default:
     a scan reads a value back to the host, which the inference path avoids, as TensorRT and torchao do)."""
     for _, m in all_real_modules(model):
-        m.validate = bool(validate)
+        cast(RealModule, m).validate = bool(validate)
 
 
 def _check_backend_fits(name: str, spec: dict, backend: str) -> None:
@@ -398,7 +405,7 @@ def fake2real(
         else:
             spec, tensors = _pool_spec_and_tensors(name, m, kind)
             device = _quantizers(m)["input_quantizer"].amax.device
-        real = build_real_module(spec, tensors, backend, device=device)
+        real = cast(RealModule, build_real_module(spec, tensors, backend, device=device))
         real.train(m.training)
         real.label, real.validate = name, bool(validate)
         built.append((name, real))

@@ -198,6 +198,7 @@ def _prepare_int_mm(m, x) -> dict:
 
 def _prepare_int4pack(m, x) -> dict:
     group = _block_group(m.spec)
+    assert group is not None  # why_not(spec, "int4pack") admitted it: blocks along the last dim only
     packed, sz = int4pack.pack(m.weight_codes, m.weight_scale, group, x.dtype)
     p = {"packed": packed, "sz": sz, "group": group}
     _prepare_bias(m, x, p, fuse=False)

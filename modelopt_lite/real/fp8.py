@@ -16,6 +16,8 @@ code, so the float-to-E4M3 cast alone is the saturating cast there.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ..formats import E4M3_DTYPE, E4M3_MAX, e4m3_codes
@@ -161,7 +163,7 @@ def input_codes(x: torch.Tensor, dynamic: str | None, scale: torch.Tensor | None
     """Reference entry (conversion probes, tests): ``(codes, scale broadcastable to x)`` for a static ``scale``
     (float32, one element; 0 = dead) or a dynamic granularity; x of any rank (rows = every dim but the last)."""
     if dynamic is None:
-        s = scale.reshape([1] * x.dim())
+        s = cast(torch.Tensor, scale).reshape([1] * x.dim())  # a static quantizer comes with its scale
         return e4m3_codes(x, s), s
     rows = x.reshape(-1, x.shape[-1])
     codes, s = dynamic_codes(rows, dynamic == "row")
@@ -172,7 +174,7 @@ def input_codes(x: torch.Tensor, dynamic: str | None, scale: torch.Tensor | None
 def fake_quant(x: torch.Tensor, dynamic: str | None, scale: torch.Tensor | None) -> torch.Tensor:
     """The fake-quant model's input quantization (x's dtype): the static op, or the dynamic codes times scale."""
     if dynamic is None:
-        return library.fake_e4m3(x, scale.reshape(()))
+        return library.fake_e4m3(x, cast(torch.Tensor, scale).reshape(()))  # static: the scale is given
     codes, s = input_codes(x, dynamic, None)
     return (codes.float() * s).to(x.dtype)
 

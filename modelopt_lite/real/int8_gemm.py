@@ -323,6 +323,7 @@ class Conv2dKernel:
                 None,
             )
             y = part if y is None else y.add_(part)
+        assert y is not None  # split_codes gives one or two parts
         return y.contiguous()
 
 

@@ -26,6 +26,8 @@ input's dtype.
 
 from __future__ import annotations
 
+from typing import cast, overload
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,6 +62,10 @@ def weight_scale_shape(spec: dict) -> tuple[int, ...]:
     return blocks.blocks_shape(shape, sizes)
 
 
+@overload
+def block_sizes_from_json(bs: dict) -> dict: ...
+@overload
+def block_sizes_from_json(bs: None) -> None: ...
 def block_sizes_from_json(bs: dict | None) -> dict | None:
     """``{"-1": 128}`` (JSON keys) -> ``{-1: 128}``."""
     return None if bs is None else {int(k): (None if v is None else int(v)) for k, v in bs.items()}
@@ -82,6 +88,14 @@ def check_input(module: nn.Module, x: torch.Tensor) -> None:
 
 class _RealQuantModule(nn.Module):
     """Shared state handling of the real modules (built from a JSON-able ``spec`` dict; see :mod:`.convert`)."""
+
+    # buffers registered in __init__ (which of them exist depends on the spec; see the module docstring)
+    weight: torch.Tensor
+    weight_packed: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+    input_scale: torch.Tensor | None
+    pre_quant_scale: torch.Tensor | None
 
     def __init__(self, spec: dict, backend: str = "auto"):
         super().__init__()
@@ -110,8 +124,8 @@ class _RealQuantModule(nn.Module):
         self.register_buffer("pre_quant_scale", torch.ones(shape[-1], dtype=torch.float32) if pqs else None)
         if inp is not None and not microscaling.is_microscaling(inp):
             _, self._qmin, self._qmax = int_range(inp["num_bits"], inp["unsigned"], inp["narrow_range"])
-        self._kernel = None
-        self._kernel_key = None
+        self._kernel: int8_gemm.LinearKernel | int8_gemm.Conv2dKernel | None = None
+        self._kernel_key: tuple | None = None
         self.fast_kind = fast_gemm.kind_of(spec)
         why = fast_gemm.why_not(spec, backend)
         if why is not None:
@@ -165,7 +179,7 @@ class _RealQuantModule(nn.Module):
         """float32 scalar scale of the selected temporal step (``self.step``)."""
         if not 0 <= self.step < self.num_steps:
             raise ValueError(f"{type(self).__name__}: step {self.step} is out of range (num_steps={self.num_steps})")
-        return self.input_scale[self.step]
+        return cast(torch.Tensor, self.input_scale)[self.step]  # a static input always has its scales
 
     # --- helpers ---------------------------------------------------------------------------------------------------
     def _pre_scaled(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,7 +196,7 @@ class _RealQuantModule(nn.Module):
         if inp is None:
             return x
         if microscaling.is_microscaling(inp):
-            return microscaling.fake_quant(inp, self.input_scale, self._pre_scaled(x))
+            return microscaling.fake_quant(inp, cast(torch.Tensor, self.input_scale), self._pre_scaled(x))
         if fp8.is_fp8_input(inp):
             scale = None if inp["dynamic"] else self.current_input_scale()
             return fp8.fake_quant(self._pre_scaled(x), inp["dynamic"], scale)
@@ -211,12 +225,13 @@ class _RealQuantModule(nn.Module):
         return bool(self.spec["input"]["unsigned"])
 
     def _apply(self, fn, recurse=True):
-        keep = {n: self._buffers[n] for n in _FP32_BUFFERS if self._buffers.get(n) is not None}
+        keep = {n: buf for n in _FP32_BUFFERS if (buf := self._buffers.get(n)) is not None}
         w = self._buffers.get("weight")
         if w is not None and w.dtype == torch.float8_e4m3fn:  # E4M3 codes are not a float dtype to convert
             keep["weight"] = w
         out = super()._apply(fn, recurse)
         anchor = self._buffers.get("weight", self._buffers.get("weight_packed", self._buffers.get("weight_codes")))
+        anchor = cast(torch.Tensor, anchor)  # every real module holds its weight codes in one of these
         for n, t in keep.items():
             self._buffers[n] = t.to(anchor.device)
         self.weight_dtype = fn(torch.zeros((), dtype=self.weight_dtype)).dtype
@@ -327,7 +342,7 @@ class QuantizedConv2d(_RealQuantModule):
                 total = d * (k - 1)
                 out += [total // 2, total - total // 2]
             return out
-        ph, pw = self.padding
+        ph, pw = cast("tuple[int, int]", self.padding)  # two ints unless "same" / "valid" (checked above)
         return [pw, pw, ph, ph]
 
     def _float_conv(self, x, w, b):

@@ -9,6 +9,9 @@ the pooling arguments and the input format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,7 +28,7 @@ def _tuple(v, n: int) -> list[int]:
 
 def pool_args(module: nn.Module, dims: int) -> dict:
     """The pooling arguments of a float (or fake-quant) ``nn.MaxPoolNd``, normalized to lists of ``dims`` ints."""
-    out = {
+    out: dict[str, list[int] | bool] = {
         k: _tuple(getattr(module, k) if k != "stride" else (module.stride or module.kernel_size), dims)
         for k in _POOL_KEYS
     }
@@ -38,7 +41,11 @@ class _QuantizedMaxPoolNd(nn.Module):
     """Shared body; ``dims`` and ``_pool`` are set by the subclasses."""
 
     dims = 2
-    _pool = staticmethod(F.max_pool2d)
+    #: ``F.max_poolNd`` (its stub types ``return_indices`` as ``Literal[False]``; the real function takes a bool)
+    _pool: Callable[..., Any] = staticmethod(F.max_pool2d)
+    input_scale: torch.Tensor  # buffer registered in __init__
+    label: str  # set by fake2real / load_real, as on the weighted real modules
+    validate: bool  # set by fake2real / set_validate (pooling has no input scan)
 
     def __init__(self, spec: dict, backend: str = "auto"):
         super().__init__()

@@ -7,16 +7,18 @@ these modules too; :func:`set_real_step` does it directly.
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import nn
 
 from ..conversion.quant_steps import register_temporal_finder, select_step
-from .real_types import REAL_CLASSES
+from .real_types import REAL_CLASSES, RealModule
 
 
 def temporal_real_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of the real modules of ``model`` with ``num_steps > 1``."""
     kinds = tuple(REAL_CLASSES.values())
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds) and m.num_steps > 1]
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds) and cast(RealModule, m).num_steps > 1]
 
 
 register_temporal_finder(temporal_real_modules)  # modelopt_lite.quant_step(model, t) selects their step too

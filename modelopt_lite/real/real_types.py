@@ -6,6 +6,8 @@ neither needs the other. A spec's ``type`` is only ever looked up here; an unkno
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from torch import nn
 
 from .modules import QuantizedConv2d, QuantizedLinear
@@ -20,6 +22,9 @@ REAL_CLASSES: dict[str, type[nn.Module]] = {
     "QuantizedMaxPool3d": QuantizedMaxPool3d,
 }
 
+#: an instance of one of the real module types (what :func:`build_real_module` builds)
+RealModule: TypeAlias = QuantizedLinear | QuantizedConv2d | QuantizedMaxPool1d | QuantizedMaxPool2d | QuantizedMaxPool3d
+
 #: spec "type" -> the float class a checkpoint's module replaces (``load_real`` works on a fresh float model)
 FLOAT_CLASSES: dict[str, type[nn.Module]] = {
     "QuantizedLinear": nn.Linear,
@@ -31,6 +36,13 @@ FLOAT_CLASSES: dict[str, type[nn.Module]] = {
 
 #: the real classes that hold integer weights (the others have only an input scale)
 WEIGHTED_TYPES = ("QuantizedLinear", "QuantizedConv2d")
+
+#: spec "type" -> spatial dims of the real pooling types (the real classes without weights)
+POOL_DIMS: dict[str, int] = {
+    "QuantizedMaxPool1d": QuantizedMaxPool1d.dims,
+    "QuantizedMaxPool2d": QuantizedMaxPool2d.dims,
+    "QuantizedMaxPool3d": QuantizedMaxPool3d.dims,
+}
 
 
 def real_class(kind) -> type[nn.Module]:

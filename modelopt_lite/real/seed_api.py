@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from torch import nn
 from ..conversion.config import CONVTRANSPOSE_WEIGHT_AXIS, INT8_DEFAULT_CFG
 from ..conversion.model_quant import quantize
 from ..conversion.utils import quantizer_sites
+from ..nn.tensor_quantizer import TensorQuantizer
 
 _PARAM_KEYS = {"n_bits", "channel_wise", "scale_method", "percentile"}
 _METHODS = ("max", "mse", "entropy", "percentile")
@@ -100,6 +102,7 @@ def _calibrate_weights(model: nn.Module, method: str, kwargs: dict) -> None:
     """Weights are data independent: collect each weight once and load its amax right away."""
     for site in quantizer_sites(model):
         q = site.quantizer
+        assert isinstance(q, TensorQuantizer)  # quantizer_sites yields TensorQuantizers only
         if site.local != "weight_quantizer" or not q.is_enabled or site.owner is None:
             continue
         w = getattr(site.owner, "weight", None)
@@ -147,6 +150,7 @@ def fake_quant(
     pending = {}
     for site in quantizer_sites(model):
         q = site.quantizer
+        assert isinstance(q, TensorQuantizer)  # quantizer_sites yields TensorQuantizers only
         if site.local == "input_quantizer" and q.is_enabled and not q.quant_desc.dynamic:
             q.disable_quant()
             q.enable_calib()
@@ -175,7 +179,7 @@ def finish_calibration(model: nn.Module, strict: bool = True) -> nn.Module:
     pending = getattr(model, _PENDING, None) or {}
     modules = dict(model.named_modules())
     for name, (method, kwargs) in pending.items():
-        q = modules[name]
+        q = cast(TensorQuantizer, modules[name])  # fake_quant recorded input quantizers only
         q.disable_calib()
         q.enable_quant()
         try:

@@ -17,7 +17,7 @@ from ..functional.checks import check_axes, first_bad
 from . import fp8, microscaling
 from .modules import _DTYPES
 from .packing import unpack_int4
-from .real_types import REAL_CLASSES, WEIGHTED_TYPES
+from .real_types import POOL_DIMS, REAL_CLASSES, WEIGHTED_TYPES
 
 FORMAT, VERSION = "modelopt_lite.real", 1
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
@@ -167,7 +167,7 @@ def check_spec(path, name: str, spec) -> None:
         raise bad(path, f"{entry}.type", f"unknown real module type {kind!r}; expected one of {sorted(REAL_CLASSES)}")
     if kind not in WEIGHTED_TYPES:
         _keys(path, entry, spec, _POOL_SPEC_KEYS, _POOL_SPEC_KEYS)
-        _check_pool(path, f"{entry}.pool", spec["pool"], REAL_CLASSES[kind].dims)
+        _check_pool(path, f"{entry}.pool", spec["pool"], POOL_DIMS[kind])
         _check_input(path, f"{entry}.input", spec["input"])
         return
     _keys(path, entry, spec, _SPEC_KEYS[kind], _SPEC_KEYS[kind] - {"force_dequant"})
