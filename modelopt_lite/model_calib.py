@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -103,6 +104,7 @@ def _algorithm(model: nn.Module, method: str, forward_loop, params: dict) -> nn.
     normalized = normalize_algorithm({"method": method, **params})  # QuantConfigError before anything runs
     assert normalized is not None
     name, checked = normalized
+    assert name is not None  # a method name in: a method name out
     weights = ModuleSnapshot(m for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor))
     quantizers = snapshot_quantizers(q for _, q in named_quantizers(model))
     try:
@@ -245,8 +247,12 @@ def lsq(
         return _algorithm(model, "lsq", forward_loop, params)
     normalize_algorithm({"method": "lsq", **params})  # QuantConfigError before anything runs
     method, opts = weight_scale.weight_algorithm(scale_algorithm or {"method": "mse"}, "scale_algorithm")
-    calib = {"mse": mse_calibrate, "local_hessian": local_hessian_calibrate, "max": max_calibrate}[method]
-    calib(model, None, **opts)
+    calibs: dict[str, Callable[..., nn.Module]] = {
+        "mse": mse_calibrate,
+        "local_hessian": local_hessian_calibrate,
+        "max": max_calibrate,
+    }
+    calibs[method](model, None, **opts)
     warnings.warn(
         "lsq: no static NVFP4 weight quantizer to convert to LSQ mode; only the scales were calibrated", stacklevel=2
     )
@@ -310,6 +316,7 @@ def svd(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 def enable_stats_collection(model: nn.Module) -> None:
     """Switch every enabled, static quantizer to collecting (quantization off), as ModelOpt's helper does."""
     for _, q in named_quantizers(model):
+        assert isinstance(q, TensorQuantizer)
         if q.is_enabled and not q.quant_desc.dynamic and q.quant_desc.amax is None:
             q.disable_quant()
             q.enable_calib()
@@ -319,6 +326,7 @@ def finish_stats_collection(model: nn.Module, method: str | None = None, **kwarg
     """Load every collecting quantizer's amax (``method``/``kwargs`` go to ``load_calib_amax``) and switch it back
     to quantizing; a quantizer that saw no data keeps its amax (a warning names it)."""
     for _, q in named_quantizers(model):
+        assert isinstance(q, TensorQuantizer)
         if q.is_calib_enabled:
             q.load_calib_amax(method, strict=False, **kwargs)
             q.disable_calib()
@@ -365,7 +373,7 @@ def disable_pre_quant_scale_and_resmooth(linear: nn.Module, delete_pre_quant_sca
     with torch.no_grad():
         w.mul_(pqs.to(w.device, w.dtype))
     iq.pre_quant_scale = None
-    linear._disabled_pre_quant_scale = None if delete_pre_quant_scale else pqs
+    cast(Any, linear)._disabled_pre_quant_scale = None if delete_pre_quant_scale else pqs
     _recalibrate(linear, iq, stats)
 
 
@@ -386,5 +394,5 @@ def apply_pre_quant_scale_and_smooth(linear: nn.Module, pre_quant_scale: torch.T
     assert pqs is not None
     with torch.no_grad():
         w.div_(pqs.to(w.device, w.dtype))
-    linear._disabled_pre_quant_scale = None
+    cast(Any, linear)._disabled_pre_quant_scale = None
     _recalibrate(linear, iq, stats * pqs.to(stats.device, stats.dtype))

@@ -34,7 +34,7 @@ from torch import nn
 from ..conversion.algorithm_registry import ALGORITHMS
 from ..conversion.config import QuantConfigError, normalize_config
 from ..conversion.utils import is_quantizer, named_quantizers
-from ..nn import SequentialQuantizer
+from ..nn import SequentialQuantizer, TensorQuantizer
 from ..presets import INT4_BLOCKWISE_WEIGHT_ONLY_CFG, PRESETS
 
 #: ModelOpt's name for "keep the layer float" (always a candidate unless allow_no_quant=False; 16 bits)
@@ -209,7 +209,11 @@ def _bits(num_bits) -> int:
 
 def layer_bits(layer: nn.Module) -> int:
     """The cost-model bits of a quantized layer: the least ``num_bits`` of its enabled quantizers (16 if none)."""
-    bits = [_bits(q.quant_desc.num_bits) for _, q in named_quantizers(layer) if q.is_enabled]
+    bits = []
+    for _, q in named_quantizers(layer):
+        assert isinstance(q, TensorQuantizer)
+        if q.is_enabled:
+            bits.append(_bits(q.quant_desc.num_bits))
     return min(bits, default=FLOAT_BITS)
 
 
@@ -269,6 +273,7 @@ def resolve_groups(ref, cands, fixed_model, opts: Options, disabled_layers):
         numel = {n: ref.get_submodule(n).weight.numel() for n in names}
         total = sum(numel.values())
         hit = match_space(g, names, opts.spaces)
+        space = hit[0] if hit else None
         fmts, allow = (hit[1].formats, hit[1].allow_no_quant) if hit else (opts.global_formats, True)
         if hit is None and fixed_model is not None:
             bits = {n: layer_bits(fixed_model.get_submodule(n)) for n in names}
@@ -277,29 +282,30 @@ def resolve_groups(ref, cands, fixed_model, opts: Options, disabled_layers):
             ):
                 continue  # quantizable by no format at all: not counted
             cost = float(sum(numel[n] * bits[n] for n in names))
+            assert opts.fixed is not None  # fixed_model is built from it
             fname = opts.fixed[0] if cost < FLOAT_BITS * total else NONE
             stats[g] = _stat([fname], [min(bits.values())], [cost], names, total, True, False, None)
             continue
-        bits = {f: {n: layer_bits(cands[f].get_submodule(n)) for n in names} for f in fmts}
-        ok = [f for f in fmts if any(b < FLOAT_BITS for b in bits[f].values())]
+        fbits = {f: {n: layer_bits(cands[f].get_submodule(n)) for n in names} for f in fmts}
+        ok = [f for f in fmts if any(b < FLOAT_BITS for b in fbits[f].values())]
         if not ok:
             if not allow:
                 raise ValueError(
-                    f"auto_quantize: module_search_spaces[{hit[0]}] (allow_no_quant=False) matches {g!r}, but none "
+                    f"auto_quantize: module_search_spaces[{space}] (allow_no_quant=False) matches {g!r}, but none "
                     f"of its formats {fmts} quantizes it"
                 )
             continue  # no format quantizes it (e.g. an Embedding, off in every preset): not searched, not counted
-        cost = {f: float(sum(numel[n] * bits[f][n] for n in names)) for f in ok}
-        ok.sort(key=lambda f: (cost[f], f))
-        b = [min(bits[f].values()) for f in ok]
-        c = [cost[f] for f in ok]
+        fcost = {f: float(sum(numel[n] * fbits[f][n] for n in names)) for f in ok}
+        ok.sort(key=lambda f: (fcost[f], f))
+        b = [min(fbits[f].values()) for f in ok]
+        c = [fcost[f] for f in ok]
         if not allow and len(ok) == 1:
-            stats[g] = _stat(ok, b, c, names, total, True, False, hit[0] if hit else None)
+            stats[g] = _stat(ok, b, c, names, total, True, False, space)
             continue
         gformats[g] = ok
         if allow:
             ok, b, c = [*ok, NONE], [*b, FLOAT_BITS], [*c, float(FLOAT_BITS * total)]
-        stats[g] = _stat(ok, b, c, names, total, False, allow, hit[0] if hit else None)
+        stats[g] = _stat(ok, b, c, names, total, False, allow, space)
     if not stats:
         raise ValueError("auto_quantize: no layer of the model is quantized by any of the formats: nothing to search")
     return {g: groups[g] for g in stats}, gformats, stats

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+from typing import cast
 
 from torch import nn
 
@@ -99,7 +100,7 @@ def check_params(params: dict) -> dict:
 def candidates(model: nn.Module, clip: bool) -> dict[str, nn.Module]:
     """Quantized Linears AWQ can work on: an enabled fake-quant weight quantizer on a 2-D weight (clip: static blocks
     along the input axis). Others are left to the plain max calibration (logged)."""
-    out = {}
+    out: dict[str, nn.Module] = {}
     for name, m in model.named_modules():
         if not isinstance(m, nn.Linear) or not hasattr(m, "weight_quantizer") or not hasattr(m, "input_quantizer"):
             continue
@@ -199,7 +200,7 @@ def _reset(mods, records) -> None:
 
 def _weight_owner(model: nn.Module) -> dict[int, nn.Module]:
     """id(quantizer) -> its Linear for every weight quantizer (members of a SequentialQuantizer included)."""
-    out = {}
+    out: dict[int, nn.Module] = {}
     for m in model.modules():
         wq = getattr(m, "weight_quantizer", None)
         if isinstance(m, nn.Linear) and wq is not None:
@@ -211,17 +212,17 @@ def _weight_owner(model: nn.Module) -> dict[int, nn.Module]:
 def _calibrate_after(model: nn.Module, forward_loop, calibrate) -> None:
     """The max calibration of every quantizer that needs one: without the data when only Linear weights do."""
     owners = _weight_owner(model)
-    todo = [
-        q
-        for _, q in named_quantizers(model)
-        if q.is_enabled and not q.quant_desc.dynamic and q.amax is None and q.quant_desc.amax is None
-    ]
+    todo: list[TensorQuantizer] = []
+    for _, q in named_quantizers(model):
+        assert isinstance(q, TensorQuantizer)
+        if q.is_enabled and not q.quant_desc.dynamic and q.amax is None and q.quant_desc.amax is None:
+            todo.append(q)
     if all(id(q) in owners for q in todo):
         linears = {id(owners[id(q)]): owners[id(q)] for q in todo}
 
         def feed(_m):
             for lin in linears.values():
-                lin.weight_quantizer(lin.weight)
+                cast(nn.Module, lin.weight_quantizer)(lin.weight)
 
         if todo:
             _calibrate(model, None, forward_loop=feed)

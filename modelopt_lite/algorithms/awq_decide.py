@@ -14,6 +14,7 @@ from __future__ import annotations
 import types
 import warnings
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ class _Decision:
 def search_quantizer(m: nn.Module) -> TensorQuantizer:
     """The weight quantizer the searches use (the first member of a SequentialQuantizer)."""
     wq = m.weight_quantizer
-    return wq[0] if isinstance(wq, SequentialQuantizer) else wq
+    return cast(TensorQuantizer, wq[0] if isinstance(wq, SequentialQuantizer) else wq)
 
 
 class Decider:
@@ -145,7 +146,7 @@ class Decider:
 
     def weight(self, n: str, before: int | None = None) -> torch.Tensor:
         """Layer ``n``'s weight after the decisions of the groups before ``before`` (None: all) that change it."""
-        w = self.mods[n].weight
+        w = cast(torch.Tensor, self.mods[n].weight)
         acts = [self.decided[g] for g in self.acting[n] if (before is None or g < before) and g in self.decided]
         acts = [d for d in acts if d.scale is not None]
         if not acts:
@@ -153,10 +154,12 @@ class Decider:
         w = w.detach().clone()
         with torch.no_grad():
             for d in acts:
+                scale = cast(torch.Tensor, d.scale)  # acts keeps the decisions with a scale
                 if n in d.names:  # this layer's own scale: its columns times s
-                    w.mul_(d.scale.to(w.device, w.dtype))
+                    w.mul_(scale.to(w.device, w.dtype))
                 else:  # a later layer's 1 / s folded into this layer's rows, as the fold does to the module
-                    d.producer[2](types.SimpleNamespace(weight=w, bias=None), 1.0 / d.scale)
+                    assert d.producer is not None  # another group acts on this layer only through its fold
+                    d.producer[2](types.SimpleNamespace(weight=w, bias=None), 1.0 / scale)
         return w
 
     def _clip(self, n: str) -> None:
@@ -205,7 +208,7 @@ class Decider:
             return
         with torch.no_grad():
             for n in names:
-                w = self.mods[n].weight
+                w = cast(torch.Tensor, self.mods[n].weight)
                 w.mul_(scale.to(w.device, w.dtype))
             where = awq_fold.fold(producer, scale) if producer is not None else None
         pq = getattr(producer[1], "weight_quantizer", None) if producer is not None else None
@@ -213,9 +216,9 @@ class Decider:
             pq.reset_amax()
         for n in names:
             if where is None:
-                iq = self.mods[n].input_quantizer
+                iq = cast(TensorQuantizer, self.mods[n].input_quantizer)
                 old = iq.pre_quant_scale
-                inv = (1.0 / scale).to(self.mods[n].weight.device)
+                inv = (1.0 / scale).to(cast(torch.Tensor, self.mods[n].weight).device)
                 iq.pre_quant_scale = inv if old is None else old.to(inv.device) * inv
             records.setdefault(n, {})["awq_lite"] = LiteRecord(
                 d.alpha, scale.clone(), d.losses or {}, where or "pre_quant_scale"

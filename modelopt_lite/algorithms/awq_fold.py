@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 def _fold_affine(m: nn.Module, inv: torch.Tensor) -> None:
     """Output channel ``j`` of a norm / Linear times ``inv_j``: weight (rows for a Linear) and bias."""
-    w = m.weight
+    w = cast(torch.Tensor, m.weight)
     if w.dim() == 1:
         w.mul_(inv.to(w.device, w.dtype))
     else:
@@ -32,7 +33,8 @@ def _fold_affine(m: nn.Module, inv: torch.Tensor) -> None:
 
 
 def _has_channel_weight(m: nn.Module) -> bool:
-    return isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1
+    w = getattr(m, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 1
 
 
 def _plain_linear(m: nn.Module) -> bool:
@@ -163,7 +165,8 @@ class Tracer:
     def groups(self) -> list[tuple[list[str], tuple[str, nn.Module, Callable] | None]]:
         """``[(linear names, (producer name, module, fold) or None)]`` in model order: foldable producers with the
         Linears that read them (one shared scale), every other Linear alone."""
-        out, grouped = [], set()
+        out: list[tuple[list[str], tuple[str, nn.Module, Callable] | None]] = []
+        grouped: set[str] = set()
         for n in self.mods:
             if n in grouped:
                 continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ from torch import nn
 from ..calib import distributed
 from ..conversion.state import snapshot_quantizers
 from ..conversion.utils import named_quantizers
+from ..nn import TensorQuantizer
 
 
 @dataclass
@@ -64,12 +66,13 @@ class StatsHolder:
 
     def open(self, mods: dict[str, nn.Module], max_tokens_per_batch: int | None) -> dict[str, LayerStats]:
         """Zeroed statistics for each of ``mods`` (with a ``clip_gram`` when ``max_tokens_per_batch`` is set)."""
-        out = {}
+        out: dict[str, LayerStats] = {}
         for name, m in mods.items():
-            n_in = m.weight.shape[1]
+            w = cast(torch.Tensor, m.weight)
+            n_in = w.shape[1]
             st = LayerStats(
-                torch.zeros(n_in, dtype=torch.float64, device=m.weight.device),
-                torch.zeros(n_in, n_in, dtype=torch.float64, device=m.weight.device),
+                torch.zeros(n_in, dtype=torch.float64, device=w.device),
+                torch.zeros(n_in, n_in, dtype=torch.float64, device=w.device),
             )
             if max_tokens_per_batch is not None:
                 st.clip_gram = torch.zeros_like(st.gram)
@@ -111,7 +114,8 @@ def _hook(name: str, st: LayerStats, max_tokens_per_batch: int | None):
         st.count += x.shape[0]
         if max_tokens_per_batch is not None:
             xs = x[:: max(1, x.shape[0] // max_tokens_per_batch)]
-            st.clip_gram += (xs.T @ xs).to(st.gram.device, torch.float64)
+            clip_gram = cast(torch.Tensor, st.clip_gram)  # open() made one: max_tokens_per_batch is set
+            clip_gram += (xs.T @ xs).to(st.gram.device, torch.float64)
             st.clip_count += xs.shape[0]
 
     return pre
@@ -126,6 +130,7 @@ def gathering(model: nn.Module, mods: dict[str, nn.Module], stats: dict[str, Lay
     handles = [mods[n].register_forward_pre_hook(_hook(n, st, max_tokens_per_batch)) for n, st in stats.items()]
     try:
         for _, q in named_quantizers(model):
+            assert isinstance(q, TensorQuantizer)
             q.disable()
         with torch.no_grad():
             yield stats

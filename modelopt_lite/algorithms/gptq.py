@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 import logging
 import numbers
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -49,6 +50,7 @@ from torch import nn
 
 from ..calib.distributed import is_active
 from ..conversion.algorithm_registry import register_algorithm
+from ..nn import TensorQuantizer
 from .block_replay import blocks_of
 from .gptq_passes import Feed, passes
 from .gptq_refit import float_target, refine
@@ -71,7 +73,7 @@ def check_params(params: dict) -> None:
             raise ValueError(f"gptq block_size must be a positive int, got {b!r}")
     if "scale_refit" in params:
         r = params["scale_refit"]
-        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r <= 100:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= int(r) <= 100:
             raise ValueError(f"gptq scale_refit must be an int in [0, 100], got {r!r}")
     for flag in ("desc_act", "clip_search", "float_target"):
         if flag in params and not isinstance(params[flag], bool):
@@ -81,7 +83,7 @@ def check_params(params: dict) -> None:
 def candidates(model: nn.Module) -> dict[nn.Module, str]:
     """The quantized Linears GPTQ handles: an enabled weight quantizer and a 2-D weight (a grid GPTQ cannot honour,
     such as a dynamic one, is refused by :func:`~.gptq_solver.grid_for` before any pass)."""
-    out = {}
+    out: dict[nn.Module, str] = {}
     for name, m in model.named_modules():
         wq, w = getattr(m, "weight_quantizer", None), getattr(m, "weight", None)
         if not isinstance(m, nn.Linear) or wq is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
@@ -194,8 +196,9 @@ def collect_hessian(
 
     ``cross``: ``{"inputs": [X_f per pass]}`` (the float model's inputs of the group, :func:`collect_inputs`); its
     ``"m"`` is set to ``(X_f - X) ^T X`` summed over the tokens (float64, summed over the ranks)."""
-    n_in = group[0].weight.shape[1]
-    acc = {"h": torch.zeros(n_in, n_in, dtype=torch.float64), "n": 0, "pass": 0}
+    n_in = cast(torch.Tensor, group[0].weight).shape[1]
+    h_sum = torch.zeros(n_in, n_in, dtype=torch.float64)
+    acc = {"n": 0, "pass": 0}
     if cross is not None:
         cross["m"] = torch.zeros(n_in, n_in, dtype=torch.float64)
     first = group[0]
@@ -208,7 +211,7 @@ def collect_hessian(
         x = x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float64)
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"gptq: the input of {label} contains NaN or Inf")
-        acc["h"].addmm_(x.t(), x)
+        h_sum.addmm_(x.t(), x)
         acc["n"] += x.shape[0]
         if cross is not None:
             xf = cross["inputs"][acc["pass"]] if acc["pass"] < len(cross["inputs"]) else None
@@ -221,7 +224,7 @@ def collect_hessian(
         acc["pass"] += 1
 
     passes(model, first, hook, forward_loop, block, cache)
-    h = _sum_over_ranks(acc["h"])
+    h = _sum_over_ranks(h_sum)
     n = int(_sum_over_ranks(torch.tensor([acc["n"]], dtype=torch.float64)).item())
     if cross is not None:
         cross["m"] = _sum_over_ranks(cross["m"])
@@ -334,7 +337,7 @@ def run_gptq(
     )
     mods = candidates(model)
     for m, name in mods.items():  # fail before any pass for a grid GPTQ cannot honour
-        grid_for(m.weight_quantizer.quant_desc, tuple(m.weight.shape), name)
+        grid_for(cast(TensorQuantizer, m.weight_quantizer).quant_desc, tuple(cast(torch.Tensor, m.weight).shape), name)
     groups = _record_groups(model, mods, calibrate)
     block_of = blocks_of(model, mods)
     cache = Feed()

@@ -261,8 +261,8 @@ def gptq_quantize(
             j = i1 + i
             g = group_l[j]
             if not known_l[g]:
-                pos = torch.tensor(members[g])
-                inside, later = pos[pos < i2], pos[pos >= i2]
+                cols = torch.tensor(members[g])
+                inside, later = cols[cols < i2], cols[cols >= i2]
                 vals = [w1[inside - i1]]
                 if len(later):
                     vals.append(wt[later] - u[i1:j, later].t() @ err1[:i])
@@ -289,7 +289,7 @@ def gptq_quantize(
 
 def hessian_factor(
     hessian: torch.Tensor, perc_damp: float, desc_act: bool, label: str = "weight"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(U, perm, dead, diag)`` for :func:`gptq_quantize`: the upper Cholesky factor of the damped inverse Hessian
     in processing order, the processing order (decreasing ``H_jj`` with ``desc_act``, else the identity; a stable
     sort), the dead-column mask and the Hessian diagonal (original order, dead columns 1)."""

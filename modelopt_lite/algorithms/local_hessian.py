@@ -19,6 +19,7 @@ every weight keeps its max amax and a warning says so; pass ``fp8_scale_sweep=Fa
 from __future__ import annotations
 
 import warnings
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -145,7 +146,7 @@ def refine(model: nn.Module, forward_loop, **params) -> dict[int, LocalHessian]:
         error_fn_for=lambda q: fns.get(id(q)),
     )
     if params.get("debug", False):
-        model._local_hessian_accumulators = {acc.name: acc for acc in accs.values()}
+        cast(Any, model)._local_hessian_accumulators = {acc.name: acc for acc in accs.values()}
     return accs
 
 

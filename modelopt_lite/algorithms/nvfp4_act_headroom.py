@@ -12,6 +12,7 @@ an error. A ``SequentialQuantizer`` input wrapping an NVFP4 quantizer is refused
 from __future__ import annotations
 
 import warnings
+from typing import TypeGuard
 
 from torch import nn
 
@@ -36,7 +37,7 @@ def check_params(params: dict) -> None:
     weight_algorithm(params.get("weight_scale_algorithm"))
 
 
-def is_nvfp4_activation(q) -> bool:
+def is_nvfp4_activation(q) -> TypeGuard[TensorQuantizer]:
     """An enabled, static NVFP4 quantizer whose global amax is calibrated (not fixed)."""
     if not isinstance(q, TensorQuantizer) or not q.is_enabled or q.dynamic or q.quant_desc.amax is not None:
         return False

@@ -100,6 +100,8 @@ def share_relu_grids(model: nn.Module, forward_loop) -> list[tuple[str, str]]:
             log.info("share_relu_grids: %s -> ReLU -> %s left alone (not two matching per-tensor quantizers)", src, dst)
             continue
         with torch.no_grad():
-            b.amax = a.amax.detach().clone().reshape(b.amax.shape)
+            src_amax, dst_amax = a.amax, b.amax
+            assert isinstance(src_amax, torch.Tensor) and isinstance(dst_amax, torch.Tensor)  # both per-tensor static
+            b.amax = src_amax.detach().clone().reshape(dst_amax.shape)
         changed.append((src, dst))
     return changed

@@ -22,6 +22,7 @@ implementation; :func:`modelopt_lite.save` with ``include_weights=True`` keeps t
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from torch import nn
 from ..conversion.algorithm_registry import register_algorithm
 from ..conversion.state import snapshot_quantizers
 from ..conversion.utils import named_quantizers
+from ..nn import TensorQuantizer
 
 log = logging.getLogger(__name__)
 _S_MIN, _S_MAX = 1e-5, 1e5
@@ -43,7 +45,7 @@ def check_alpha(alpha) -> float:
 
 def _candidates(model: nn.Module) -> dict[str, nn.Module]:
     """Quantized Linear-like modules that SmoothQuant can rescale, by module path."""
-    out = {}
+    out: dict[str, nn.Module] = {}
     for name, m in model.named_modules():
         iq, wq = getattr(m, "input_quantizer", None), getattr(m, "weight_quantizer", None)
         w = getattr(m, "weight", None)
@@ -90,6 +92,7 @@ def _measure(model: nn.Module, mods: dict[str, nn.Module], forward_loop):
     handles += [m.register_forward_pre_hook(hook(name)) for name, m in mods.items()]
     try:
         for _, q in named_quantizers(model):
+            assert isinstance(q, TensorQuantizer)
             q.disable()  # measure the float model
         with torch.no_grad():
             forward_loop(model)
@@ -118,16 +121,19 @@ def smooth_quant(model: nn.Module, forward_loop, alpha: float = 0.5) -> list[lis
         if not group:
             continue
         a = amax[group[0]]
-        w = torch.stack([mods[n].weight.detach().abs().amax(0).float().to(a.device) for n in group]).amax(0)
+        w = torch.stack(
+            [cast(torch.Tensor, mods[n].weight).detach().abs().amax(0).float().to(a.device) for n in group]
+        ).amax(0)
         live = (a > 0) & (w > 0)
         s = torch.ones_like(a)
         s[live] = (a[live].pow(alpha) / w[live].pow(1.0 - alpha)).clamp(_S_MIN, _S_MAX)
         with torch.no_grad():
             for n in group:
-                m = mods[n]
-                m.weight.mul_(s.to(m.weight.device, m.weight.dtype))
-                m.input_quantizer.pre_quant_scale = (1.0 / s).to(m.weight.device)
-                m.input_quantizer._smoothing_channel_amax = a.to(m.weight.device)  # model_calib's resmooth reads it
+                weight = cast(torch.Tensor, mods[n].weight)
+                iq = cast(TensorQuantizer, mods[n].input_quantizer)
+                weight.mul_(s.to(weight.device, weight.dtype))
+                iq.pre_quant_scale = (1.0 / s).to(weight.device)
+                iq._smoothing_channel_amax = a.to(weight.device)  # model_calib's resmooth reads it
         done.append(group)
     log.info("smoothquant: %d layer(s) in %d group(s) smoothed (alpha=%g)", sum(map(len, done)), len(done), alpha)
     return done

@@ -29,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import numbers
+from typing import cast
 
 import torch
 from torch import nn
@@ -119,10 +120,12 @@ def add_lowrank(module: nn.Module, rank: int = DEFAULT_RANK, name: str | None = 
     """
     label = name or type(module).__name__
     wq = _check_linear(module, label)
-    w = module.weight
+    w = cast(torch.Tensor, module.weight)
     full = w.detach().to(torch.float64)
     if wq.has_lowrank:
-        full = full + wq.svdquant_lora_b.double() @ wq.svdquant_lora_a.double()
+        lora_b, lora_a = wq.svdquant_lora_b, wq.svdquant_lora_a
+        assert lora_b is not None and lora_a is not None  # has_lowrank
+        full = full + lora_b.double() @ lora_a.double()
     a, b = svd_factors(full, rank, f"{label}.weight")
     residual = full - b.double() @ a.double()
     wq.svdquant_lora_a, wq.svdquant_lora_b = a.to(w.device), b.to(w.device)
@@ -132,11 +135,13 @@ def add_lowrank(module: nn.Module, rank: int = DEFAULT_RANK, name: str | None = 
 
 def _targets(model: nn.Module, skip: list[str]) -> tuple[dict[str, nn.Module], list[str]]:
     """``(layers that get the branch, skipped layer names)``."""
-    out, skipped = {}, []
+    out: dict[str, nn.Module] = {}
+    skipped: list[str] = []
     for name, m in model.named_modules():
-        if not isinstance(m, nn.Linear) or not isinstance(getattr(m, "weight_quantizer", None), TensorQuantizer):
+        wq = getattr(m, "weight_quantizer", None)
+        if not isinstance(m, nn.Linear) or not isinstance(wq, TensorQuantizer):
             continue
-        if not m.weight_quantizer.is_enabled or m.weight.dim() != 2:
+        if not wq.is_enabled or m.weight.dim() != 2:
             continue
         if any(fnmatch.fnmatch(name, p) for p in skip):
             skipped.append(name)
@@ -168,10 +173,11 @@ def svdquant(
     skip = _check_skip(skip_layers)
     layers, skipped = _targets(model, skip)
     for name, m in layers.items():
-        if rank > min(m.weight.shape):
+        shape = cast(torch.Tensor, m.weight).shape
+        if rank > min(shape):
             raise ValueError(
-                f"svdquant: {name}: lowrank={rank} exceeds min(out_features, in_features) = {min(m.weight.shape)} "
-                f"of its weight {tuple(m.weight.shape)}; choose lowrank <= {min(m.weight.shape)} or skip the layer "
+                f"svdquant: {name}: lowrank={rank} exceeds min(out_features, in_features) = {min(shape)} "
+                f"of its weight {tuple(shape)}; choose lowrank <= {min(shape)} or skip the layer "
                 "(skip_layers)"
             )
     off = []
