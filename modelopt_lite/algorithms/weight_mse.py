@@ -97,15 +97,7 @@ def _reduce(err: torch.Tensor, q: TensorQuantizer, amax: torch.Tensor) -> torch.
     if bs and q.quant_desc.block_scheme is None:  # static blocks: one amax per block
         sizes = blocks.normalize(bs, err.shape)
         eb, _ = blocks.to_blocks(err, sizes)
-        inner = []
-        i = 0
-        for d in range(err.dim()):
-            if d in sizes:
-                inner.append(i + 1)
-                i += 2
-            else:
-                i += 1
-        return eb.sum(dim=inner).reshape(amax.shape)
+        return eb.sum(dim=blocks.inner_dims(err.dim(), sizes)).reshape(amax.shape)
     if amax.numel() == 1:
         return err.sum().reshape(amax.shape)
     fitted = q._fit_static(amax, err)

@@ -91,6 +91,18 @@ def to_blocks(x: torch.Tensor, sizes: dict[int, int]):
     return x.reshape(view_shape), pad
 
 
+def inner_dims(ndim: int, sizes: dict[int, int]) -> list[int]:
+    """The dims of :func:`to_blocks`'s output that run within one block (reduce over them for one value per block)."""
+    out, i = [], 0
+    for d in range(ndim):
+        if d in sizes:
+            out.append(i + 1)
+            i += 2
+        else:
+            i += 1
+    return out
+
+
 def from_blocks(y: torch.Tensor, orig_shape, pad) -> torch.Tensor:
     padded = [n + p for n, p in zip(orig_shape, pad)]
     y = y.reshape(padded)
@@ -121,14 +133,7 @@ def block_amax(x: torch.Tensor, block_sizes: dict, what: str = "the input") -> t
     if not xd.is_floating_point():
         xd = xd.to(torch.float64)  # integer data: exact, and -min cannot overflow
     xb, _ = to_blocks(xd, sizes)
-    red = []
-    i = 0
-    for d in range(x.dim()):
-        if d in sizes:
-            red.append(i + 1)
-            i += 2
-        else:
-            i += 1
+    red = inner_dims(x.dim(), sizes)
     hi = torch.amax(xb, dim=red)
     a = torch.maximum(hi, torch.amin(xb, dim=red).neg_()).float()
     if not _compiling():
