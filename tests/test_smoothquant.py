@@ -218,6 +218,6 @@ def test_fake2real_refuses_a_pre_quant_scale_on_a_conv():
     with pytest.raises(
         ValueError,
         match=r"fake2real: module '0': input_quantizer has a SmoothQuant pre_quant_scale, "
-        r"which real modules support only on an enabled Linear input",
+        r"which real modules support only on a Linear input",
     ):
         mtq.fake2real(conv)

@@ -240,20 +240,20 @@ def _spec_and_tensors(name: str, module: nn.Module, kind: str) -> tuple[dict, di
     if bias is not None:
         tensors["bias"] = bias.detach().clone()
     pqs = None if iq is None else iq.pre_quant_scale
-    if iq is not None and pqs is not None and (kind != "QuantizedLinear" or not iq.is_enabled):
+    if iq is not None and pqs is not None and kind != "QuantizedLinear":
         _fail(
             name,
             "input_quantizer",
-            "has a SmoothQuant pre_quant_scale, which real modules support only on an "
-            "enabled Linear input; keep this model fake-quantized (or export it to ONNX, where it is a Mul)",
+            "has a SmoothQuant pre_quant_scale, which real modules support only on a Linear input; keep this model "
+            "fake-quantized (or export it to ONNX, where it is a Mul)",
         )
     if iq is not None and iq.is_enabled:
         k = weight.shape[1] if kind == "QuantizedLinear" else None
         spec["input"], scales = _input_scales(name, iq, k)
         if scales is not None:
             tensors["input_scale"] = scales
-    if pqs is not None:
-        spec["input"]["pre_quant_scale"] = True
+    if pqs is not None:  # SmoothQuant's in the input entry; weight-only (AWQ's unfolded scale) at the top
+        (spec if spec["input"] is None else spec["input"])["pre_quant_scale"] = True
         tensors["pre_quant_scale"] = pqs.detach().clone()
     if kind == "QuantizedConv2d":
         conv = cast(nn.Conv2d, module)  # the class registered for nn.Conv2d: it has Conv2d's arguments

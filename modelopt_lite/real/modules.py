@@ -120,7 +120,8 @@ class _RealQuantModule(nn.Module):
         self.num_steps = 1 if inp is None else int(inp["num_steps"])
         static = inp is not None and inp.get("dynamic") is None
         self.register_buffer("input_scale", torch.ones(self.num_steps, dtype=torch.float32) if static else None)
-        pqs = inp is not None and inp.get("pre_quant_scale", False)
+        # SmoothQuant's scale sits in the input entry; a weight-only Linear (AWQ's unfolded scale) has it at the top
+        pqs = (inp is not None and inp.get("pre_quant_scale", False)) or bool(spec.get("pre_quant_scale", False))
         self.register_buffer("pre_quant_scale", torch.ones(shape[-1], dtype=torch.float32) if pqs else None)
         if inp is not None and not microscaling.is_microscaling(inp):
             _, self._qmin, self._qmax = int_range(inp["num_bits"], inp["unsigned"], inp["narrow_range"])
@@ -194,7 +195,7 @@ class _RealQuantModule(nn.Module):
         """``codes * scale`` in x's dtype, as the fake-quant input quantizer returns it."""
         inp = self.spec.get("input")
         if inp is None:
-            return x
+            return self._pre_scaled(x)  # weight-only: AWQ's scale, if any
         if microscaling.is_microscaling(inp):
             return microscaling.fake_quant(inp, cast(torch.Tensor, self.input_scale), self._pre_scaled(x))
         if fp8.is_fp8_input(inp):

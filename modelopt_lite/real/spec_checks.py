@@ -24,7 +24,7 @@ _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 _WEIGHT_KEYS = {"num_bits", "unsigned", "narrow_range", "layout", "axis", "block_sizes", "storage", "dtype"}
 _INPUT_KEYS = {"num_bits", "unsigned", "narrow_range", "num_steps", "pre_quant_scale", "elem", "dynamic"}
 _SPEC_KEYS = {
-    "QuantizedLinear": {"type", "weight_shape", "weight", "input", "bias", "force_dequant"},
+    "QuantizedLinear": {"type", "weight_shape", "weight", "input", "bias", "force_dequant", "pre_quant_scale"},
     "QuantizedConv2d": {"type", "weight_shape", "weight", "input", "bias", "conv", "force_dequant"},
 }
 _POOL_SPEC_KEYS = {"type", "pool", "input"}
@@ -170,7 +170,7 @@ def check_spec(path, name: str, spec) -> None:
         _check_pool(path, f"{entry}.pool", spec["pool"], POOL_DIMS[kind])
         _check_input(path, f"{entry}.input", spec["input"])
         return
-    _keys(path, entry, spec, _SPEC_KEYS[kind], _SPEC_KEYS[kind] - {"force_dequant"})
+    _keys(path, entry, spec, _SPEC_KEYS[kind], _SPEC_KEYS[kind] - {"force_dequant", "pre_quant_scale"})
     shape = spec["weight_shape"]
     rank = 2 if kind == "QuantizedLinear" else 4
     if not _ints(shape, rank, 1):
@@ -182,7 +182,11 @@ def check_spec(path, name: str, spec) -> None:
             raise bad(path, f"{entry}.input.pre_quant_scale", "only QuantizedLinear has a pre_quant_scale")
     if spec["bias"] is not None and spec["bias"] not in _DTYPES:
         raise bad(path, f"{entry}.bias", f"must be null or one of {sorted(_DTYPES)}, got {spec['bias']!r}")
-    _bools(path, entry, spec, ("force_dequant",))
+    _bools(path, entry, spec, ("force_dequant", "pre_quant_scale"))
+    if spec.get("pre_quant_scale") and spec["input"] is not None:
+        raise bad(
+            path, f"{entry}.pre_quant_scale", "is for weight-only modules; a quantized input has input.pre_quant_scale"
+        )
     if kind == "QuantizedConv2d":
         _check_conv(path, f"{entry}.conv", spec["conv"], shape)
 
@@ -213,7 +217,7 @@ def check_values(path, name: str, spec: dict, tensors: dict) -> None:
         key = f"{name}.input_scale"
         t = tensors[key]
         _fail_values(path, key, t, torch.isfinite(t) & (t >= 0), "input scales must be finite and >= 0")
-    if inp is not None:
+    if inp is not None or spec.get("pre_quant_scale"):
         key = f"{name}.pre_quant_scale"
         if key in tensors:
             t = tensors[key]
