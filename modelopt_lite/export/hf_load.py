@@ -167,6 +167,19 @@ def _want(path, key: str, t: torch.Tensor | None, dtype: torch.dtype, shape: tup
     return t
 
 
+_FP8_INT_KEYS = {"num_bits": 8, "unsigned": False, "narrow_range": False}
+
+
+def _fp8_weight_spec(dt: str) -> dict:
+    """The real spec of a per-tensor E4M3 weight (FP8, and W4A8 re-quantized to E4M3)."""
+    return dict(_FP8_INT_KEYS, layout="tensor", axis=None, block_sizes=None, storage="e4m3", dtype=dt)
+
+
+def _fp8_input_spec() -> dict:
+    """The real spec of a static per-tensor E4M3 input."""
+    return dict(_FP8_INT_KEYS, num_steps=1, elem="e4m3", dynamic=None)
+
+
 def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group: int | None) -> tuple[dict, dict]:
     """``(real spec, real tensors)`` of one module, its HF tensors checked (keys, dtypes, shapes)."""
     need, may = _KEYS[algo]
@@ -190,11 +203,10 @@ def _module_spec(path, name: str, algo: str, lin: nn.Linear, local: dict, group:
     if algo == FP8:
         out["weight"] = _want(path, f"{name}.weight", local["weight"], e4m3, (n, k))
         out["weight_scale"] = _want(path, f"{name}.weight_scale", local["weight_scale"], f32, ())
-        int_keys = {"num_bits": 8, "unsigned": False, "narrow_range": False}
-        spec["weight"] = dict(int_keys, layout="tensor", axis=None, block_sizes=None, storage="e4m3", dtype=dt)
+        spec["weight"] = _fp8_weight_spec(dt)
         if "input_scale" in local:
             out["input_scale"] = _want(path, f"{name}.input_scale", local["input_scale"], f32, ()).reshape(1)
-            spec["input"] = dict(int_keys, num_steps=1, elem="e4m3", dynamic=None)
+            spec["input"] = _fp8_input_spec()
     elif algo in (NVFP4, NVFP4_SVD):
         if k % 16:
             raise _bad(path, f"module {name!r}", f"in_features={k} is not a multiple of the NVFP4 block 16")
@@ -249,9 +261,7 @@ def _w4a8_as_fp8(path, name: str, lin: nn.Linear, local: dict, codes, out: dict,
     out["weight"] = static_codes(int4, ws2.reshape(1)).to(e4m3)
     out["weight_scale"] = ws2
     out["input_scale"] = _want(path, f"{name}.input_scale", local["input_scale"], f32, ()).reshape(1)
-    int_keys = {"num_bits": 8, "unsigned": False, "narrow_range": False}
-    spec["weight"] = dict(int_keys, layout="tensor", axis=None, block_sizes=None, storage="e4m3", dtype=dt)
-    spec["input"] = dict(int_keys, num_steps=1, elem="e4m3", dynamic=None)
+    spec["weight"], spec["input"] = _fp8_weight_spec(dt), _fp8_input_spec()
     if "pre_quant_scale" in local:
         out["pre_quant_scale"] = _pqs(path, name, lin, local)
 
