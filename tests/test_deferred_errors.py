@@ -104,6 +104,27 @@ def test_error_is_raised_by_a_later_check_once_its_copy_completed(fake):
     assert de.pending() == 0
 
 
+class InstantEvent(FakeEvent):
+    """A copy that lands before the call returns (a fast GPU and a tiny tensor: the first H200 run)."""
+
+    def record(self):
+        super().record()
+        self.done = True
+
+
+def test_own_check_is_never_raised_by_its_own_call_even_when_its_copy_landed(fake):
+    fake.new_event = lambda device: InstantEvent(fake.log)
+    with de.use_event_backend(fake, "cpu"):
+        with de.label("TensorQuantizer 'bad'"):
+            de.defer(_flag(1), "fake_mx", MSG, X)  # deferred mode: this call returns although its flag is known
+        assert de.pending() == 1
+        with pytest.raises(de.DeferredValueError, match=r"^TensorQuantizer 'bad': NVFP4 input .*\(check #1 on"):
+            de.defer(_flag(0), "fake_mx", MSG, X)  # the next call raises the earlier one's error
+        assert de.pending() == 1  # its own check stays queued
+        de.check_errors()
+        assert de.pending() == 0
+
+
 def test_condition_bits_name_their_messages(fake):
     de.defer(_flag(3), "fake_nvfp4", MSG, X)
     with pytest.raises(de.DeferredValueError, match=r"^NVFP4 input contains NaN or Inf; NVFP4 global amax must be"):

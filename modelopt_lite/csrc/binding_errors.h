@@ -16,6 +16,8 @@
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 
+#include "check_msg.h"
+
 #include <utility>
 
 namespace mol {

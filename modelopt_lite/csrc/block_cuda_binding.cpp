@@ -30,17 +30,17 @@ mlq_dtype dtype_code(const Tensor& t) {
 
 void check_tensor(const Tensor& t, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+  MOL_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
                     " must be a CPU tensor in the host-emulated build, got ", t.device());
 #else
-  TORCH_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+  MOL_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
                     " must be a CUDA tensor, got ", t.device());
 #endif
   const auto dt = t.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+  MOL_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
                    "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
                    " must be float32, float16 or bfloat16, got ", dt);
-  TORCH_CHECK_VALUE(t.dim() > 0, "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+  MOL_CHECK_VALUE(t.dim() > 0, "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
                     " must have at least one dimension");
 }
 
@@ -54,19 +54,19 @@ struct ScaleQuant {
 std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_t block, double bound, int64_t qmin,
                                int64_t qmax, bool e4m3, const ScaleQuant& sq) {
   check_tensor(x_in, "x");
-  TORCH_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
+  MOL_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
                     "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
                     x_in.scalar_type(), " (see block_dynamic_supported)");
-  TORCH_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
+  MOL_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
                     bound, " qmin=", qmin, " qmax=", qmax);
-  TORCH_CHECK_VALUE(sq.kind >= 0 && sq.kind <= 2 && (sq.kind == 0 || sq.bound > 0.0),
+  MOL_CHECK_VALUE(sq.kind >= 0 && sq.kind <= 2 && (sq.kind == 0 || sq.bound > 0.0),
                     "modelopt_lite CUDA kernels, fake_block_dynamic: bad scale quantization kind=", sq.kind,
                     " bound=", sq.bound);
   const Tensor x = x_in.contiguous();
   Tensor grad;
   if (grad_in != nullptr) {
     check_tensor(*grad_in, "grad");
-    TORCH_CHECK_VALUE(grad_in->sizes() == x.sizes() && grad_in->scalar_type() == x.scalar_type() &&
+    MOL_CHECK_VALUE(grad_in->sizes() == x.sizes() && grad_in->scalar_type() == x.scalar_type() &&
                           grad_in->device() == x.device(),
                       "modelopt_lite CUDA kernels, block_dynamic_backward: grad must match x in dtype, shape and "
                       "device");
@@ -91,7 +91,7 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
                                            static_cast<float>(sq.bound), static_cast<float>(sq.qmax),
                                            sq.kind != 0 ? gmax.data_ptr<float>() : nullptr, flag.data_ptr<int>(),
                                            stream);
-  TORCH_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, fake_block_dynamic: launch failed with status ",
+  MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, fake_block_dynamic: launch failed with status ",
               static_cast<int>(st));
   return {y, flag};
 }

@@ -12,6 +12,8 @@
 #include <initializer_list>
 #include <string>
 
+#include "check_msg.h"
+
 namespace mol {
 namespace mxchk {
 
@@ -43,7 +45,7 @@ inline void check_block(int64_t block, std::initializer_list<int64_t> allowed, c
     ok |= a == block;
     list += std::to_string(a) + (allowed.size() == 1 ? ",)" : (a == *(allowed.end() - 1) ? ")" : ", "));
   }
-  TORCH_CHECK_VALUE(ok, fmt, " block size must be one of ", list, " along the last axis, got ", block);
+  MOL_CHECK_VALUE(ok, fmt, " block size must be one of ", list, " along the last axis, got ", block);
 }
 
 inline std::string float_repr(float v) {
@@ -56,7 +58,7 @@ inline std::string float_repr(float v) {
   const at::Tensor xf = x.contiguous().reshape({-1});
   const at::Tensor idx = at::logical_not(at::isfinite(xf)).nonzero();
   const float v = idx.numel() ? xf[idx[0][0].item<int64_t>()].item<float>() : NAN;
-  TORCH_CHECK_VALUE(false, what, " contains NaN or Inf (", float_repr(v),
+  MOL_CHECK_VALUE(false, what, " contains NaN or Inf (", float_repr(v),
                     "); NVFP4/MX formats cannot represent it: clean the input");
   abort();  // unreachable
 }
@@ -67,29 +69,29 @@ inline int elem_index(const std::string& elem) {
   for (int i = 0; i < 4; ++i) {
     if (elem == kElemNames[i]) return i;
   }
-  TORCH_CHECK_VALUE(false, "MX element format must be one of ('e4m3', 'e5m2', 'e2m1', 'int8'), got '", elem, "'");
+  MOL_CHECK_VALUE(false, "MX element format must be one of ('e4m3', 'e5m2', 'e2m1', 'int8'), got '", elem, "'");
   return -1;
 }
 
 inline bool rounding_rceil(const std::string& rounding) {
-  TORCH_CHECK_VALUE(rounding == "floor" || rounding == "rceil",
+  MOL_CHECK_VALUE(rounding == "floor" || rounding == "rceil",
                     "MX scale rounding must be one of ('floor', 'rceil'), got '", rounding, "'");
   return rounding == "rceil";
 }
 
 inline float global_scale_value(const at::Tensor& gs) {
-  TORCH_CHECK_VALUE(gs.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ", gs.sizes());
+  MOL_CHECK_VALUE(gs.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ", gs.sizes());
   const float v = gs.to(at::kCPU).to(at::kFloat).item<float>();
-  TORCH_CHECK_VALUE(v >= 0.0f && !std::isinf(v), "NVFP4 global_scale must be finite and >= 0, got ", float_repr(v));
+  MOL_CHECK_VALUE(v >= 0.0f && !std::isinf(v), "NVFP4 global_scale must be finite and >= 0, got ", float_repr(v));
   return v;
 }
 
 // x's dtype and rank (the device is checked by each binding).
 inline void check_x(const at::Tensor& x, const std::string& what) {
   const auto dt = x.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, what,
+  MOL_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, what,
                    " must be float32, float16 or bfloat16, got ", torch_dtype_name(dt));
-  TORCH_CHECK_VALUE(x.dim() > 0, what, " must have at least one dimension (blocks run along the last axis), got a ",
+  MOL_CHECK_VALUE(x.dim() > 0, what, " must have at least one dimension (blocks run along the last axis), got a ",
                     "scalar");
 }
 

@@ -42,10 +42,10 @@ std::string where(const char* fn) { return std::string("modelopt_lite CUDA kerne
 
 void check_device(const Tensor& t, const char* fn, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  TORCH_CHECK_VALUE(t.device().is_cpu(), where(fn), what, " must be a CPU tensor in the host-emulated build, got ",
+  MOL_CHECK_VALUE(t.device().is_cpu(), where(fn), what, " must be a CPU tensor in the host-emulated build, got ",
                     t.device());
 #else
-  TORCH_CHECK_VALUE(t.is_cuda(), where(fn), what, " must be a CUDA tensor, got device ", t.device());
+  MOL_CHECK_VALUE(t.is_cuda(), where(fn), what, " must be a CUDA tensor, got device ", t.device());
 #endif
 }
 
@@ -58,22 +58,22 @@ mlq_dtype dtype_code(const Tensor& t, const char* fn, const char* what) {
     case at::kBFloat16:
       return MLQ_BFLOAT16;
     default:
-      TORCH_CHECK_TYPE(false, where(fn), what, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+      MOL_CHECK_TYPE(false, where(fn), what, " must be float32, float16 or bfloat16, got ", t.scalar_type());
   }
   return MLQ_FLOAT32;
 }
 
 void check_range(int64_t qmin, int64_t qmax, const char* fn) {
-  TORCH_CHECK_VALUE(qmin <= qmax, where(fn), "qmin must be <= qmax, got qmin=", qmin, ", qmax=", qmax);
-  TORCH_CHECK_VALUE(-kMaxExactInt <= qmin && qmax <= kMaxExactInt, where(fn), "qmin/qmax must be in [-2**24, 2**24], got ",
+  MOL_CHECK_VALUE(qmin <= qmax, where(fn), "qmin must be <= qmax, got qmin=", qmin, ", qmax=", qmax);
+  MOL_CHECK_VALUE(-kMaxExactInt <= qmin && qmax <= kMaxExactInt, where(fn), "qmin/qmax must be in [-2**24, 2**24], got ",
                     qmin, ", ", qmax);
 }
 
 void check_status(cudaError_t st, const char* fn) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  TORCH_CHECK(st == cudaSuccess, where(fn), "launcher failed with status ", static_cast<int>(st));
+  MOL_CHECK(st == cudaSuccess, where(fn), "launcher failed with status ", static_cast<int>(st));
 #else
-  TORCH_CHECK(st == cudaSuccess, where(fn), "kernel launch failed: ", cudaGetErrorString(st));
+  MOL_CHECK(st == cudaSuccess, where(fn), "kernel launch failed: ", cudaGetErrorString(st));
 #endif
 }
 
@@ -95,12 +95,12 @@ std::vector<int64_t> aligned_shape(const Tensor& t, const Tensor& x, const char*
   const int64_t nd = x.dim();
   std::vector<int64_t> shape(static_cast<size_t>(nd), 1);
   if (t.numel() == 1) return shape;
-  TORCH_CHECK_VALUE(t.numel() > 0, where(fn), what, " is empty");
-  TORCH_CHECK_VALUE(t.dim() <= nd, where(fn), what, " of shape ", t.sizes(), " does not broadcast to x of shape ",
+  MOL_CHECK_VALUE(t.numel() > 0, where(fn), what, " is empty");
+  MOL_CHECK_VALUE(t.dim() <= nd, where(fn), what, " of shape ", t.sizes(), " does not broadcast to x of shape ",
                     x.sizes());
   for (int64_t d = 0; d < t.dim(); ++d) {
     const int64_t n = t.size(d), xd = nd - t.dim() + d;
-    TORCH_CHECK_VALUE(n == 1 || n == x.size(xd), where(fn), what, " of shape ", t.sizes(),
+    MOL_CHECK_VALUE(n == 1 || n == x.size(xd), where(fn), what, " of shape ", t.sizes(),
                       " does not broadcast to x of shape ", x.sizes(), " (dim ", d, ")");
     shape[static_cast<size_t>(xd)] = n;
   }
@@ -108,7 +108,7 @@ std::vector<int64_t> aligned_shape(const Tensor& t, const Tensor& x, const char*
 }
 
 Tensor float_param(const Tensor& t, const Tensor& x, const char* fn, const char* what) {
-  TORCH_CHECK_TYPE(t.is_floating_point(), where(fn), what, " must be a floating-point tensor, got ", t.scalar_type());
+  MOL_CHECK_TYPE(t.is_floating_point(), where(fn), what, " must be a floating-point tensor, got ", t.scalar_type());
   return t.to(x.device(), at::kFloat);
 }
 
@@ -119,7 +119,7 @@ struct Params {
 };
 
 Params prepare(const Tensor& x, const Tensor& scale, const OptTensor& zero_point, const char* fn) {
-  TORCH_CHECK_VALUE(x.dim() <= MLQ_MAX_RANK, where(fn), "x has ", x.dim(), " dims, at most ", MLQ_MAX_RANK,
+  MOL_CHECK_VALUE(x.dim() <= MLQ_MAX_RANK, where(fn), "x has ", x.dim(), " dims, at most ", MLQ_MAX_RANK,
                     " are supported");
   const std::vector<int64_t> sshape = aligned_shape(scale, x, fn, "scale");
   std::vector<int64_t> shape = sshape;
@@ -179,9 +179,9 @@ std::tuple<Tensor, OptTensor> backward(mlq_backward_op op, const Tensor& grad_in
   dtype_code(x_in, fn, "x");
   dtype_code(grad_in, fn, "grad");
   check_range(qmin, qmax, fn);
-  TORCH_CHECK_VALUE(grad_in.sizes() == x_in.sizes(), where(fn), "grad of shape ", grad_in.sizes(),
+  MOL_CHECK_VALUE(grad_in.sizes() == x_in.sizes(), where(fn), "grad of shape ", grad_in.sizes(),
                     " does not match x of shape ", x_in.sizes());
-  TORCH_CHECK_VALUE(grad_in.device() == x_in.device(), where(fn), "grad is on ", grad_in.device(), " but x is on ",
+  MOL_CHECK_VALUE(grad_in.device() == x_in.device(), where(fn), "grad is on ", grad_in.device(), " but x is on ",
                     x_in.device());
   // Mixed dtypes: widen both to float32 (exact), then narrow grad_x back (exact: its values come from grad).
   const bool same = grad_in.scalar_type() == x_in.scalar_type();
@@ -237,14 +237,14 @@ Tensor affine_backward(const Tensor& grad, const Tensor& x, const Tensor& scale,
 Tensor histogram_rows(const Tensor& a_in, const Tensor& exp, int64_t cap) {
   const char* fn = "histogram_rows";
   check_device(a_in, fn, "a");
-  TORCH_CHECK_VALUE(a_in.dim() == 2, where(fn), "a must be 2-D (rows, values), got shape ", a_in.sizes());
-  TORCH_CHECK_VALUE(cap >= 1, where(fn), "cap must be >= 1, got ", cap);
+  MOL_CHECK_VALUE(a_in.dim() == 2, where(fn), "a must be 2-D (rows, values), got shape ", a_in.sizes());
+  MOL_CHECK_VALUE(cap >= 1, where(fn), "cap must be >= 1, got ", cap);
   mlq_dtype dt = MLQ_FLOAT64;
   if (a_in.scalar_type() != at::kDouble) dt = dtype_code(a_in, fn, "a");
-  TORCH_CHECK_TYPE(!exp.is_floating_point() && !exp.is_complex() && exp.scalar_type() != at::kBool, where(fn),
+  MOL_CHECK_TYPE(!exp.is_floating_point() && !exp.is_complex() && exp.scalar_type() != at::kBool, where(fn),
                    "exp must be an integer tensor, got ", exp.scalar_type());
   const int64_t rows = a_in.size(0), cols = a_in.size(1);
-  TORCH_CHECK_VALUE(exp.numel() == rows || exp.numel() == 1, where(fn), "exp has ", exp.numel(),
+  MOL_CHECK_VALUE(exp.numel() == rows || exp.numel() == 1, where(fn), "exp has ", exp.numel(),
                     " elements, expected 1 or one per row (", rows, ")");
   const Tensor a = a_in.contiguous();
   const Tensor e = exp.to(a.device(), at::kLong).reshape({-1}).expand({rows}).contiguous();
@@ -270,8 +270,8 @@ int64_t needed_exp(double m, int64_t cap) {  // smallest e >= E_MIN with cap * 2
 
 Tensor histogram(const Tensor& x_abs, int64_t num_bins, double max) {
   const char* fn = "histogram";
-  TORCH_CHECK_VALUE(num_bins >= 1, where(fn), "num_bins must be >= 1, got ", num_bins);
-  TORCH_CHECK_VALUE(std::isfinite(max) && max >= 0.0, where(fn), "max must be finite and >= 0, got ", max);
+  MOL_CHECK_VALUE(num_bins >= 1, where(fn), "num_bins must be >= 1, got ", num_bins);
+  MOL_CHECK_VALUE(std::isfinite(max) && max >= 0.0, where(fn), "max must be finite and >= 0, got ", max);
   check_device(x_abs, fn, "x_abs");
   const Tensor e = at::full({1}, needed_exp(max, num_bins), x_abs.options().dtype(at::kLong));
   return histogram_rows(x_abs.reshape({1, -1}), e, num_bins).reshape({num_bins});

@@ -221,14 +221,18 @@ class _Ring:
         self.pending.append((slot, ctx(self.calls)))
         return found
 
-    def collect(self, block: bool) -> tuple[Context, int, int] | None:
+    def collect(self, block: bool, before: int | None = None) -> tuple[Context, int, int] | None:
         """Retire the completed slots (all of them with ``block``) in order: ``(context, flag, later)`` of the
         first error found (``later``: how many of the slots retired after it failed too, usually the same bad
-        input seen by the next check), or None. Slots still in flight stay pending."""
+        input seen by the next check), or None. Slots still in flight stay pending, and so do the checks numbered
+        ``before`` and later (a call's own check: on a fast GPU its copy may land before the call returns, and
+        the deferred mode must still return from that call)."""
         found = None
         later = 0
         while self.pending:
             slot, ctx = self.pending[0]
+            if before is not None and ctx.call >= before:
+                break
             if block:
                 self.events[slot].synchronize()
             elif not self.events[slot].query():
@@ -281,7 +285,7 @@ def defer(flag: torch.Tensor, op: str, messages: Mapping[int, str], x: torch.Ten
         r = _ring(flag.device)
         who = _label.get()
         found = r.push(flag, lambda call: Context(op, messages, tuple(x.shape), x.dtype, who, call))
-        _raise(found or r.collect(block=False))
+        _raise(found or r.collect(block=False, before=r.calls))
 
 
 def poll(device: torch.device | None = None) -> None:

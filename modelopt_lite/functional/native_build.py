@@ -55,7 +55,15 @@ SOURCES = {
 }
 # Headers the sources include: part of the digest (a header change must rebuild), not compiled on their own.
 HEADERS = {
-    "cpu": ["quant_kernels.h", "quant_elem.h", "mx_kernels.h", "mx_elem.h", "mx_checks.h", "output_pool.h"],
+    "cpu": [
+        "quant_kernels.h",
+        "quant_elem.h",
+        "mx_kernels.h",
+        "mx_elem.h",
+        "mx_checks.h",
+        "check_msg.h",
+        "output_pool.h",
+    ],
     "cuda": [
         "quant_kernels.cuh",
         "quant_index.cuh",
@@ -66,6 +74,7 @@ HEADERS = {
         "mx_elem.h",
         "mx_checks.h",
         "binding_errors.h",
+        "check_msg.h",
         "real_kernels_api.h",
     ],
 }

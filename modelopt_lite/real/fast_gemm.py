@@ -42,10 +42,11 @@ from . import fp8, int4pack
 
 FAST_BACKENDS = ("scaled_mm", "int4pack", "int8pack")
 LOWP = (torch.bfloat16, torch.float16)
-#: ``"auto"`` on CUDA uses the int4 GEMM up to this many rows and dequantizes into a bf16 GEMM above: torch's tinygemm
-#: ran 2.2x bf16 at M = 1 but 0.87x at M = 16 and <= 0.10x from M = 128 (H200 sweep, K = N = 4096);
-#: ``bench/bench_real_gpu.py`` measures the crossover on the machine at hand.
-INT4PACK_MAX_M = 1
+#: ``"auto"`` on CUDA uses the int4 GEMM up to this many rows and dequantizes into a bf16 GEMM above. Measured with
+#: ``bench/bench_real_gpu.py`` on an H200 (2026-11-26, K = N = 4096 / 8192): the int4 GEMM took 0.019 / 0.021 ms at
+#: M = 1, 0.064 / 0.088 at M = 16, 0.197 / 0.640 at M = 128 and 0.642 / 2.401 at M = 512, dequantize-then-bf16
+#: 0.37-0.38 / 1.33-1.38 ms at every M up to 512: the int4 GEMM wins up to M = 128 and loses from M = 512.
+INT4PACK_MAX_M = 128
 _CACHE_MAX = 8
 
 
@@ -136,8 +137,9 @@ def route(module, x: torch.Tensor) -> str | None:
         return None
     if kind == "fp8" and why_not(module.spec, "scaled_mm") is None:
         return "scaled_mm"
-    if kind == "w4" and why_not(module.spec, "int4pack") is None and x.numel() <= INT4PACK_MAX_M * x.shape[-1]:
-        return "int4pack"
+    if kind == "w4" and x.dtype in int4pack.CUDA_DTYPES and why_not(module.spec, "int4pack") is None:
+        if x.numel() <= INT4PACK_MAX_M * x.shape[-1]:
+            return "int4pack"
     return None
 
 
@@ -220,9 +222,15 @@ _PREPARE = {
 }
 
 
+def own_buffers(module: torch.nn.Module):
+    """The module's buffers; a real module has no children, so its own ``_buffers`` dict is all of them (walking
+    ``buffers()`` cost ~10 us per forward, as much as a small GEMM on a GPU)."""
+    return module._buffers.values() if not module._modules else module.buffers()
+
+
 def prepared(m, path: str, x: torch.Tensor) -> dict:
     """The cached weight-side tensors of ``path`` for x's device and dtype (rebuilt when a buffer changes)."""
-    bufs = [t for t in m.buffers() if t is not None]
+    bufs = [t for t in own_buffers(m) if t is not None]
     key = (path, x.device, x.dtype, m.step, tuple((t.data_ptr(), t._version) for t in bufs))
     cache = m.__dict__.setdefault("_fast_cache", {})
     if key not in cache:

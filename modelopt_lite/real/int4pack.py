@@ -23,6 +23,11 @@ import torch
 GROUPS = (32, 64, 128, 256)
 
 
+#: activation dtypes torch's CUDA int4 GEMM takes (float16 raises there: "Expected A.dtype() == at::kBFloat16",
+#: H200, torch 2.11+cu130); on the CPU, _weight_int4pack_mm_for_cpu takes float32, float16 and bfloat16
+CUDA_DTYPES = (torch.bfloat16,)
+
+
 def why_not(shape: tuple, group: int | None) -> str | None:
     """Why an ``(N, K)`` weight in blocks of ``group`` along K cannot use the int4 GEMM, or None."""
     n, k = shape
@@ -60,4 +65,9 @@ def mm(x2d: torch.Tensor, packed: torch.Tensor, group: int, sz: torch.Tensor) ->
     """``x2d @ dequant(w).T`` through torch's int4 GEMM (one op)."""
     if x2d.device.type == "cpu":
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, packed, group, sz)
+    if x2d.dtype not in CUDA_DTYPES:
+        raise ValueError(
+            f"backend 'int4pack' on CUDA takes bfloat16 activations only (torch._weight_int4pack_mm), got {x2d.dtype}; "
+            "use backend='auto' (float16 CUDA modules dequantize instead) or a bfloat16 model"
+        )
     return torch.ops.aten._weight_int4pack_mm(x2d, packed, group, sz)

@@ -76,7 +76,7 @@ def check_input(module: nn.Module, x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         got = type(x).__name__ if not isinstance(x, torch.Tensor) else str(x.dtype)
         raise TypeError(f"{type(module).__name__} {module.label!r}: expected a floating-point tensor, got {got}")
-    anchor = next((t for t in module.buffers() if t is not None), None)
+    anchor = next((t for t in fast_gemm.own_buffers(module) if t is not None), None)
     if anchor is not None and x.device != anchor.device:
         raise ValueError(f"{type(module).__name__} {module.label!r}: input on {x.device}, weights on {anchor.device}")
     k = getattr(module, "in_features", None)

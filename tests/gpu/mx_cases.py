@@ -279,8 +279,10 @@ GROUPS: dict[str, Callable[[], list]] = {
 # --- backward through the public autograd ops -----------------------------------------------------------------------
 def _grad_run(x0: torch.Tensor, op: Callable, scale0: torch.Tensor | None = None):
     def run(device):
-        x = x0.to(device).requires_grad_()
-        s = scale0.to(device).requires_grad_() if scale0 is not None else None
+        # fresh leaves each run: x0.to("cpu") is x0 itself, whose .grad a second run would accumulate into (and
+        # share with the first run's result), and once x0 requires grad, x0.to("cuda") is no leaf at all
+        x = x0.detach().clone().to(device).requires_grad_()
+        s = scale0.detach().clone().to(device).requires_grad_() if scale0 is not None else None
         y = op(x, s) if s is not None else op(x)
         g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y.dtype)
         y.backward(g.to(device))
