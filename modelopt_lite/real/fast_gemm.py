@@ -43,8 +43,8 @@ from . import fp8, int4pack
 FAST_BACKENDS = ("scaled_mm", "int4pack", "int8pack")
 LOWP = (torch.bfloat16, torch.float16)
 #: ``"auto"`` on CUDA uses the int4 GEMM up to this many rows and dequantizes into a bf16 GEMM above. Measured with
-#: ``bench/bench_real_gpu.py`` on an H200 (2026-11-26, K = N = 4096 / 8192): the int4 GEMM took 0.019 / 0.021 ms at
-#: M = 1, 0.064 / 0.088 at M = 16, 0.197 / 0.640 at M = 128 and 0.642 / 2.401 at M = 512, dequantize-then-bf16
+#: ``bench/bench_real_gpu.py`` on an H200 (2026-11-26, K = N = 4096 / 8192): the int4pack layer took 0.062 / 0.056 ms
+#: at M = 1, 0.055 / 0.112 at M = 16, 0.197 / 0.640 at M = 128 and 0.642 / 2.401 at M = 512, dequantize-then-bf16
 #: 0.37-0.38 / 1.33-1.38 ms at every M up to 512: the int4 GEMM wins up to M = 128 and loses from M = 512.
 INT4PACK_MAX_M = 128
 _CACHE_MAX = 8
