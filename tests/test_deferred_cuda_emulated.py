@@ -90,20 +90,14 @@ def _mxfp8():
     return QuantDescriptor(num_bits=(4, 3), block_sizes={-1: 32, "type": "dynamic", "scale_bits": (8, 0)})
 
 
-_SCALE = {  # scale_from_amax: amax / bound with the tiny-amax and overflow guards (functional/scales.py)
+_SCALE = {  # scale_from_amax: amax / bound, dead slices (amax <= 2**-24) to +0 (functional/scales.py)
     "aten::full": 1,
     "aten::div": 1,
-    "aten::mul": 3,
-    "aten::isinf": 1,
-    "aten::abs": 1,
-    "aten::ne": 1,
-    "aten::eq": 1,
-    "aten::bitwise_and": 1,
-    "aten::where": 2,
     "aten::le": 1,
-    "aten::zeros_like": 1,
+    "aten::masked_fill": 1,
 }
-_AMAX_CHECK = {"aten::nan_to_num": 1, "aten::lt": 1, "aten::any": 1}  # checks.check_amax_values on the device
+_OVERFLOW_GUARD = {"aten::ge": 1, "aten::mul": 1, "aten::where": 1}  # bounds with an overflowing amax (127: 3.4e38)
+_AMAX_CHECK = {"aten::clamp": 1, "aten::ne": 1, "aten::any": 1}  # checks.check_amax_values on the device
 _RING = {"aten::copy_": 1}  # the flag's non_blocking copy into the host ring (deferred_errors.defer)
 _QUANT_BINDING = {"aten::to": 1, "aten::reshape": 1, "aten::expand": 1, "aten::empty": 1}  # quant_cuda_binding
 _FLAGGED_BINDING = {"aten::empty": 1, "aten::zeros": 1}  # output and flag (mx / block bindings)
@@ -122,11 +116,13 @@ def _ops(*parts: dict, **extra: int) -> dict[str, int]:
 FORMATS = {
     "int8_per_tensor": (
         lambda: QuantDescriptor(num_bits=8, amax=2.0),
-        _ops(_AMAX_CHECK, _RING, _SCALE, _QUANT_BINDING, modelopt_lite__fake_quant_int=1),
+        _ops(_AMAX_CHECK, _RING, _SCALE, _OVERFLOW_GUARD, _QUANT_BINDING, modelopt_lite__fake_quant_int=1),
     ),
     "int8_per_channel": (
         lambda: QuantDescriptor(num_bits=8, axis=0, amax=[0.5 + 0.1 * i for i in range(16)]),
-        _ops(_AMAX_CHECK, _RING, _SCALE, _QUANT_BINDING, aten__view=1, modelopt_lite__fake_quant_int=1),
+        _ops(
+            _AMAX_CHECK, _RING, _SCALE, _OVERFLOW_GUARD, _QUANT_BINDING, aten__view=1, modelopt_lite__fake_quant_int=1
+        ),
     ),
     "e4m3": (
         lambda: QuantDescriptor(num_bits=(4, 3), amax=2.0),

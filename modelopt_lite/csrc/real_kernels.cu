@@ -123,26 +123,25 @@ MLQ_HD void load_tile(const void* x, int64_t base, int64_t end, int tid, float (
   }
 }
 
-template <class T>
-MLQ_HD void fp8_static_thread(const void* x, uint8_t* codes, int64_t n, float d, int64_t tile, int tid) {
-  float v[kUnroll];
-  const int64_t base = tile * kTile;
-  load_tile<T>(x, base, n, tid, v);
-#pragma unroll
-  for (int j = 0; j < kUnroll; ++j) {
-    const int64_t i = base + int64_t{j} * kThreads + tid;
-    if (i < n) codes[i] = static_code(v[j], d);
-  }
-}
+// The E4M3 codes of the thread's elements of the tile at `base` (elements < end); code: StaticCode or DynamicCode.
+struct StaticCode {
+  float d;
+  MLQ_HD uint8_t operator()(float v) const { return static_code(v, d); }
+};
 
-template <class T>
-MLQ_HD void dynamic_thread(const void* x, uint8_t* codes, int64_t base, int64_t end, float s, int tid) {
+struct DynamicCode {
+  float s;
+  MLQ_HD uint8_t operator()(float v) const { return dynamic_code(v, s); }
+};
+
+template <class T, class Code>
+MLQ_HD void codes_thread(const void* x, uint8_t* codes, int64_t base, int64_t end, int tid, Code code) {
   float v[kUnroll];
   load_tile<T>(x, base, end, tid, v);
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) {
     const int64_t i = base + int64_t{j} * kThreads + tid;
-    if (i < end) codes[i] = dynamic_code(v[j], s);
+    if (i < end) codes[i] = code(v[j]);
   }
 }
 
@@ -203,7 +202,8 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) fp8_static_kernel(const void* x, uint8_t* codes, int64_t n,
                                                               const float* divisor) {
   const float d = __ldg(divisor);
-  for (int64_t t = blockIdx.x; t < tiles_for(n); t += gridDim.x) fp8_static_thread<T>(x, codes, n, d, t, threadIdx.x);
+  for (int64_t t = blockIdx.x; t < tiles_for(n); t += gridDim.x)
+    codes_thread<T>(x, codes, t * kTile, n, threadIdx.x, StaticCode{d});
 }
 
 template <class T>
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) fp8_row_kernel(const void* x, uint8_
     for (int64_t b = base; b < end; b += kTile) a = amax_thread<T>(x, b, end, threadIdx.x, a);
     const float s = dynamic_scale(block_amax(a));
     if (threadIdx.x == 0) scales[r] = s;
-    for (int64_t b = base; b < end; b += kTile) dynamic_thread<T>(x, codes, b, end, s, threadIdx.x);
+    for (int64_t b = base; b < end; b += kTile) codes_thread<T>(x, codes, b, end, threadIdx.x, DynamicCode{s});
   }
 }
 
@@ -234,7 +234,8 @@ __global__ void __launch_bounds__(kThreads) fp8_tensor_kernel(const void* x, uin
   for (int64_t p = threadIdx.x; p < nparts; p += kThreads) a = amax_join(a, partials[p]);
   const float s = dynamic_scale(block_amax(a));
   if (blockIdx.x == 0 && threadIdx.x == 0) scale[0] = s;
-  for (int64_t t = blockIdx.x; t < tiles_for(n); t += gridDim.x) dynamic_thread<T>(x, codes, t * kTile, n, s, threadIdx.x);
+  for (int64_t t = blockIdx.x; t < tiles_for(n); t += gridDim.x)
+    codes_thread<T>(x, codes, t * kTile, n, threadIdx.x, DynamicCode{s});
 }
 
 template <class T>
@@ -262,7 +263,7 @@ cudaError_t fp8_static(const void* x, uint8_t* codes, int64_t n, const float* di
   (void)stream;
   const float d = *divisor;
   for (int64_t t = 0; t < tiles_for(n); ++t)
-    for (int tid = 0; tid < kThreads; ++tid) fp8_static_thread<T>(x, codes, n, d, t, tid);
+    for (int tid = 0; tid < kThreads; ++tid) codes_thread<T>(x, codes, t * kTile, n, tid, StaticCode{d});
   return cudaSuccess;
 #else
   fp8_static_kernel<T><<<static_cast<unsigned>(grid_for(tiles_for(n))), kThreads, 0, stream>>>(x, codes, n, divisor);
@@ -286,7 +287,7 @@ cudaError_t fp8_dynamic(bool per_row, const void* x, uint8_t* codes, float* scal
     const float s = dynamic_scale(a);
     scales[g] = s;
     for (int64_t b = base; b < end; b += kTile)
-      for (int tid = 0; tid < kThreads; ++tid) dynamic_thread<T>(x, codes, b, end, s, tid);
+      for (int tid = 0; tid < kThreads; ++tid) codes_thread<T>(x, codes, b, end, tid, DynamicCode{s});
   }
   return cudaSuccess;
 #else

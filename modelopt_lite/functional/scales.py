@@ -16,17 +16,53 @@ from .division import scalar_tensor, true_div
 _ONE_ULP_DOWN = 1.0 - 2.0**-24  # s * this == the float32 just below s (for any normal s > 0)
 
 
+_THRESHOLDS: dict[float, float | None] = {}
+
+
+@torch.compiler.assume_constant_result  # torch.compile calls it eagerly: a constant per bound
+def _overflow_threshold(bound: float) -> float | None:
+    """The smallest float32 ``a`` whose grid end ``float32(float32(a / bound) * bound)`` overflows to Inf, or None
+    when no finite ``a`` does (most bounds: 448, 255, 6, ...; 127 only at float32's largest value). Both roundings
+    are monotone in ``a``, so the overflowing amaxes are exactly ``a >= threshold``: a bisection over the bit
+    patterns of the non-negative finite float32 values, in float32 torch arithmetic on the CPU, once per bound."""
+    if bound in _THRESHOLDS:
+        return _THRESHOLDS[bound]
+    b = torch.tensor(bound, dtype=torch.float32)
+
+    def overflows(bits: int) -> bool:
+        a = torch.tensor([bits], dtype=torch.int32).view(torch.float32)[0]
+        return bool(torch.isinf((a / b) * b))
+
+    lo, hi = 0, 0x7F7FFFFF  # +0.0 .. float32's largest finite value
+    found = None
+    if overflows(hi):
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if overflows(mid) else (mid + 1, hi)
+        found = float(torch.tensor([lo], dtype=torch.int32).view(torch.float32)[0])
+    if len(_THRESHOLDS) >= 256:  # bounds come from bit widths and formats: a handful in practice
+        _THRESHOLDS.clear()
+    _THRESHOLDS[bound] = found
+    return found
+
+
 def scale_from_amax(amax: torch.Tensor, bound: float) -> torch.Tensor:
     """float32 scale, 0 where amax <= 2**-24.
 
     Where ``float32(amax / bound)`` rounds up far enough that the grid's end ``bound * scale`` overflows float32
     (an amax within a rounding step of float32's largest value, ~3.4e38), the scale is the float32 just below it,
-    so that every finite input quantizes to a finite value (the stored and exported scale is that value too)."""
+    so that every finite input quantizes to a finite value (the stored and exported scale is that value too).
+
+    Few ops (each is a kernel launch on a GPU, paid on every quantizer call): the overflowing amaxes are found by
+    one comparison with a threshold computed once per bound (``a = Inf`` takes that branch too, and stays Inf;
+    NaN never does), and the dead slices by one ``masked_fill`` (+0.0, also for a negative amax)."""
     a = amax.float()
     b = scalar_tensor(float(bound), torch.float32, a.device)  # no host sync on CUDA
     s = a / b
-    s = torch.where(torch.isinf(s * b) & torch.isfinite(a), s * _ONE_ULP_DOWN, s)
-    return torch.where(a <= AMAX_EPS, torch.zeros_like(a), s)
+    threshold = _overflow_threshold(float(bound))
+    if threshold is not None:
+        s = torch.where(a >= threshold, s * _ONE_ULP_DOWN, s)
+    return s.masked_fill(a <= AMAX_EPS, 0.0)
 
 
 def bound_of(num_bits, unsigned: bool = False, narrow_range: bool = False) -> float:
