@@ -67,4 +67,4 @@ def test_readme_states_the_version_floors_of_pyproject():
     section = README[README.index("## Supported versions") :].split("\n## ", 1)[0]
     for name, version in floors.items():
         assert f"`{name}>={version}`" in section, (name, version)
-    assert "pytest -q -m onnx tests" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "pytest -q -n auto -m onnx tests" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
