@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 MAIN_COMMAND = 'python3 -m pip install torch==2.13.0 -e ".[dev,demo]" && modelopt-lite demo'
-TEST_COMMAND = "python3 -m pytest -q -x -n auto tests"
+TEST_COMMAND = "python3 -m pytest -q -x tests"
 
 
 def python_blocks(text: str) -> list[str]:
