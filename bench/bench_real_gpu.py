@@ -198,6 +198,31 @@ def end_to_end(dev, quick: bool, timer) -> None:
         print(f"{name:<10} {batch * seq / (t_pre / 1e3):14.0f} {decode:13.0f} {err:14.4f} {agree:12.3f}")
 
 
+def profile_layers(dev, m: int, kn: int, rows: int = 8) -> None:
+    """Where a real layer's time goes: torch.profiler over 10 forwards of each path at M x K = N, the ops with the most
+    device time (CPU time on the CPU), beside the raw kernel's. The gap between ours and raw in the table above is
+    in these rows: the activation codes, the epilogue, copies, or host time between launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    x = torch.randn(m, kn, device=dev, dtype=torch.bfloat16)
+    for name, (cfg, be) in _cfgs().items():
+        real, _ = _real_layer(cfg, be, kn, kn, dev)
+        with torch.no_grad():
+            for _ in range(3):
+                real(x)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            with profile(activities=acts) as prof:
+                for _ in range(10):
+                    real(x)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+        print(f"\nprofile: {name}, M={m}, K=N={kn}, 10 forwards")
+        print(prof.key_averages().table(sort_by=key, row_limit=rows))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -206,6 +231,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-e2e", action="store_true")
     ap.add_argument("--m", default=None, help="comma-separated M values (default: the full or quick list)")
     ap.add_argument("--kn", default=None, help="comma-separated K = N values (default: the full or quick list)")
+    ap.add_argument("--profile", action="store_true", help="also profile each path at the largest M and K = N")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     timer = Timer(dev, args.repeats or (2 if args.quick else 30))
@@ -217,6 +243,8 @@ def main(argv=None) -> None:
     ms = tuple(int(v) for v in args.m.split(",")) if args.m else ms
     kns = tuple(int(v) for v in args.kn.split(",")) if args.kn else kns
     print_layers(layer_table(dev, ms, kns, timer))
+    if args.profile:
+        profile_layers(dev, max(ms), max(kns))
     if not args.no_e2e:
         end_to_end(dev, args.quick, timer)
 

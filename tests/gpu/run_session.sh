@@ -12,6 +12,7 @@
 #   LIMIT_tests=150 GPU_PYTEST_ARGS="" bash ...          # a step's limit; pytest's extra arguments (default -n 4)
 #   STEPS="build bench_cuda_int" bash tests/gpu/run_session.sh       # the integer/E4M3 rows of bench_cuda (issue 8)
 #   STEPS="build bench_real_int8" bash tests/gpu/run_session.sh      # the older real INT8 benchmark
+#   STEPS="build profile_real" bash tests/gpu/run_session.sh         # torch.profiler of the real layers (issue 25)
 #   STEPS="build bench_real_gpu_full" bash tests/gpu/run_session.sh  # issue 25's whole real-GEMM sweep and the
 #                                                                     # end-to-end decoder (the default
 #                                                                     # bench_real_gpu runs M = 1, 16, 2048 at 4096)
@@ -74,6 +75,8 @@ step bench_qat 40 python3 bench/bench_qat_cuda.py --repeats 10
 step cpu_suite 180 python3 -m pytest -q -p no:cacheprovider -n 12 -rfE tests --ignore=tests/gpu
 step bench_cuda_int 70 python3 bench/bench_cuda.py --no-peers --cases int
 step bench_real_gpu_full 300 python3 bench/bench_real_gpu.py --device cuda
+# where the real layers' time goes at M = 4096, K = N = 8192 (torch.profiler, per op): the ours/raw gap of issue 25
+step profile_real 90 python3 bench/bench_real_gpu.py --device cuda --m 4096 --kn 8192 --no-e2e --repeats 5 --profile
 echo "=== summary"
 cat "$summary"
 exit "$failed"
