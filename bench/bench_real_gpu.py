@@ -200,8 +200,8 @@ def end_to_end(dev, quick: bool, timer) -> None:
 
 def profile_layers(dev, m: int, kn: int, rows: int = 8) -> None:
     """Where a real layer's time goes: torch.profiler over 10 forwards of each path at M x K = N, the ops with the most
-    device time (CPU time on the CPU), beside the raw kernel's. The gap between ours and raw in the table above is
-    in these rows: the activation codes, the epilogue, copies, or host time between launches."""
+    device time (CPU time on the CPU). The raw kernel's row (_scaled_mm, _int_mm, ...) is among them, so the other
+    rows are the gap between ours and raw in the table above: the activation codes, the epilogue, copies."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])

@@ -1,12 +1,16 @@
 // Python exceptions raised by the CUDA bindings themselves (quant_cuda_binding.cpp, mx_cuda_binding.cpp).
 //
-// The bindings validate with TORCH_CHECK_VALUE / TORCH_CHECK_TYPE, which throw c10::ValueError / c10::TypeError.
+// The bindings validate with MOL_CHECK_VALUE / MOL_CHECK_TYPE (check_msg.h), which throw c10::ValueError /
+// c10::TypeError.
 // Left alone, such an exception is turned into a Python exception by a translator that torch._C registers with
 // pybind11: that works only when the extension and torch share pybind11's internals and the exception crosses the
 // library boundary intact. On the first GPU run (H100, torch 2.11+cu130) the ValueError cases killed the process
-// with SIGSEGV instead. Every bound function is therefore wrapped by python_errors(): it catches the c10 errors in
-// this module and sets the Python exception itself (PyErr_SetString + pybind11::error_already_set, which pybind11's
-// dispatcher restores before consulting any translator), with the same message (what_without_backtrace):
+// with SIGSEGV, and this wrapper was added against a broken translation; the H200 runs showed the crash persisted
+// with it, in building the messages that stream numbers (check_msg.h's MOL_CHECK_* fixed that). The wrapper stays:
+// it does not depend on sharing pybind11's internals with torch. Every bound function is wrapped by python_errors():
+// it catches the c10 errors in this module and sets the Python exception itself (PyErr_SetString +
+// pybind11::error_already_set, which pybind11's dispatcher restores before consulting any translator), with the same
+// message (what_without_backtrace):
 //   c10::ValueError -> ValueError, c10::TypeError -> TypeError, c10::IndexError -> IndexError,
 //   c10::NotImplementedError -> NotImplementedError, c10::OutOfMemoryError -> torch.OutOfMemoryError,
 //   any other c10::Error -> RuntimeError.

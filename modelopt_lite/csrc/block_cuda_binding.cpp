@@ -31,17 +31,17 @@ mlq_dtype dtype_code(const Tensor& t) {
 void check_tensor(const Tensor& t, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   MOL_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
-                    " must be a CPU tensor in the host-emulated build, got ", t.device());
+                  " must be a CPU tensor in the host-emulated build, got ", t.device());
 #else
   MOL_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
-                    " must be a CUDA tensor, got ", t.device());
+                  " must be a CUDA tensor, got ", t.device());
 #endif
   const auto dt = t.scalar_type();
   MOL_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
-                   "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
-                   " must be float32, float16 or bfloat16, got ", dt);
+                 "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
+                 " must be float32, float16 or bfloat16, got ", dt);
   MOL_CHECK_VALUE(t.dim() > 0, "modelopt_lite CUDA kernels, fake_block_dynamic: ", what,
-                    " must have at least one dimension");
+                  " must have at least one dimension");
 }
 
 // Double quantization of the block scales (scale_kind 1: unsigned integer codes 0..scale_qmax, 2: E4M3; 0: none).
@@ -55,21 +55,21 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
                                int64_t qmax, bool e4m3, const ScaleQuant& sq) {
   check_tensor(x_in, "x");
   MOL_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
-                    "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
-                    x_in.scalar_type(), " (see block_dynamic_supported)");
+                  "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
+                  x_in.scalar_type(), " (see block_dynamic_supported)");
   MOL_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
-                    bound, " qmin=", qmin, " qmax=", qmax);
+                  bound, " qmin=", qmin, " qmax=", qmax);
   MOL_CHECK_VALUE(sq.kind >= 0 && sq.kind <= 2 && (sq.kind == 0 || sq.bound > 0.0),
-                    "modelopt_lite CUDA kernels, fake_block_dynamic: bad scale quantization kind=", sq.kind,
-                    " bound=", sq.bound);
+                  "modelopt_lite CUDA kernels, fake_block_dynamic: bad scale quantization kind=", sq.kind,
+                  " bound=", sq.bound);
   const Tensor x = x_in.contiguous();
   Tensor grad;
   if (grad_in != nullptr) {
     check_tensor(*grad_in, "grad");
     MOL_CHECK_VALUE(grad_in->sizes() == x.sizes() && grad_in->scalar_type() == x.scalar_type() &&
-                          grad_in->device() == x.device(),
-                      "modelopt_lite CUDA kernels, block_dynamic_backward: grad must match x in dtype, shape and "
-                      "device");
+                        grad_in->device() == x.device(),
+                    "modelopt_lite CUDA kernels, block_dynamic_backward: grad must match x in dtype, shape and "
+                    "device");
     grad = grad_in->contiguous();
   }
   Tensor y = at::empty(x.sizes(), x.options());
@@ -92,7 +92,7 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
                                            sq.kind != 0 ? gmax.data_ptr<float>() : nullptr, flag.data_ptr<int>(),
                                            stream);
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, fake_block_dynamic: launch failed with status ",
-              static_cast<int>(st));
+            static_cast<int>(st));
   return {y, flag};
 }
 

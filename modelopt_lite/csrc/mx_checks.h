@@ -59,7 +59,7 @@ inline std::string float_repr(float v) {
   const at::Tensor idx = at::logical_not(at::isfinite(xf)).nonzero();
   const float v = idx.numel() ? xf[idx[0][0].item<int64_t>()].item<float>() : NAN;
   MOL_CHECK_VALUE(false, what, " contains NaN or Inf (", float_repr(v),
-                    "); NVFP4/MX formats cannot represent it: clean the input");
+                  "); NVFP4/MX formats cannot represent it: clean the input");
   abort();  // unreachable
 }
 
@@ -75,7 +75,7 @@ inline int elem_index(const std::string& elem) {
 
 inline bool rounding_rceil(const std::string& rounding) {
   MOL_CHECK_VALUE(rounding == "floor" || rounding == "rceil",
-                    "MX scale rounding must be one of ('floor', 'rceil'), got '", rounding, "'");
+                  "MX scale rounding must be one of ('floor', 'rceil'), got '", rounding, "'");
   return rounding == "rceil";
 }
 
@@ -90,9 +90,9 @@ inline float global_scale_value(const at::Tensor& gs) {
 inline void check_x(const at::Tensor& x, const std::string& what) {
   const auto dt = x.scalar_type();
   MOL_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, what,
-                   " must be float32, float16 or bfloat16, got ", torch_dtype_name(dt));
+                 " must be float32, float16 or bfloat16, got ", torch_dtype_name(dt));
   MOL_CHECK_VALUE(x.dim() > 0, what, " must have at least one dimension (blocks run along the last axis), got a ",
-                    "scalar");
+                  "scalar");
 }
 
 }  // namespace mxchk

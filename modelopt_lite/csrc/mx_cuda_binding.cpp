@@ -33,7 +33,7 @@ using at::Tensor;
 void check_device(const Tensor& t, const std::string& what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   MOL_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels: ", what,
-                    " must be a CPU tensor in the host-emulated build, got ", t.device());
+                  " must be a CPU tensor in the host-emulated build, got ", t.device());
 #else
   MOL_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels: ", what, " must be a CUDA tensor, got ", t.device());
 #endif
@@ -46,7 +46,7 @@ mlq_dtype code(const Tensor& t) {
 void check_status(cudaError_t st, const char* fn) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", fn, ": launcher failed with status ",
-              static_cast<int>(st));
+            static_cast<int>(st));
 #else
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", fn, ": kernel launch failed: ", cudaGetErrorString(st));
 #endif
@@ -80,9 +80,9 @@ Blocked prepare(const Tensor& x_in, const std::string& what, const Tensor* grad 
   if (grad != nullptr) {
     check_device(*grad, "grad");
     MOL_CHECK_VALUE(grad->sizes() == x_in.sizes() && grad->scalar_type() == x_in.scalar_type() &&
-                          grad->device() == x_in.device(),
-                      "modelopt_lite CUDA kernels: grad (", grad->scalar_type(), " ", grad->sizes(),
-                      ") must match x (", x_in.scalar_type(), " ", x_in.sizes(), ") in dtype, shape and device");
+                        grad->device() == x_in.device(),
+                    "modelopt_lite CUDA kernels: grad (", grad->scalar_type(), " ", grad->sizes(),
+                    ") must match x (", x_in.scalar_type(), " ", x_in.sizes(), ") in dtype, shape and device");
     b.grad = grad->contiguous();
   }
   b.y = at::empty(b.x.sizes(), b.x.options());
@@ -104,7 +104,7 @@ void finish(const Blocked& b, const std::string& what, const Tensor* gs = nullpt
 // The NVFP4 global scale as one float32 in x's device memory (read by the kernel).
 Tensor device_global_scale(const Tensor& global_scale, const Tensor& x) {
   MOL_CHECK_VALUE(global_scale.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ",
-                    global_scale.sizes());
+                  global_scale.sizes());
   return global_scale.to(x.device(), at::kFloat).reshape({1}).contiguous();
 }
 
@@ -196,10 +196,10 @@ Tensor fake_minifloat(const Tensor& x_in, const Tensor& scale, int elem, const c
   check_device(x_in, "x");
   const auto dt = x_in.scalar_type();
   MOL_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, "modelopt_lite CUDA kernels, ", fn,
-                   ": x must be float32, float16 or bfloat16, got ", dt);
+                 ": x must be float32, float16 or bfloat16, got ", dt);
   const Tensor x = x_in.contiguous();
   MOL_CHECK_VALUE(scale.dim() <= x.dim(), "modelopt_lite CUDA kernels, ", fn, ": scale of shape ", scale.sizes(),
-                    " does not broadcast to x of shape ", x.sizes());
+                  " does not broadcast to x of shape ", x.sizes());
   Tensor s = scale.to(x.device(), at::kFloat);
   std::vector<int64_t> shape(static_cast<size_t>(x.dim() - s.dim()), 1);
   shape.insert(shape.end(), s.sizes().begin(), s.sizes().end());
@@ -207,7 +207,7 @@ Tensor fake_minifloat(const Tensor& x_in, const Tensor& scale, int elem, const c
   for (int64_t d = 0; d < x.dim(); ++d) {
     const int64_t n = shape[static_cast<size_t>(d)];
     MOL_CHECK_VALUE(n == 1 || n == x.size(d), "modelopt_lite CUDA kernels, ", fn, ": scale of shape ",
-                      scale.sizes(), " does not broadcast to x of shape ", x.sizes());
+                    scale.sizes(), " does not broadcast to x of shape ", x.sizes());
     if (n != 1) {
       ++live;
       dim = d;

@@ -43,7 +43,7 @@ std::string where(const char* fn) { return std::string("modelopt_lite CUDA kerne
 void check_device(const Tensor& t, const char* fn, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   MOL_CHECK_VALUE(t.device().is_cpu(), where(fn), what, " must be a CPU tensor in the host-emulated build, got ",
-                    t.device());
+                  t.device());
 #else
   MOL_CHECK_VALUE(t.is_cuda(), where(fn), what, " must be a CUDA tensor, got device ", t.device());
 #endif
@@ -66,7 +66,7 @@ mlq_dtype dtype_code(const Tensor& t, const char* fn, const char* what) {
 void check_range(int64_t qmin, int64_t qmax, const char* fn) {
   MOL_CHECK_VALUE(qmin <= qmax, where(fn), "qmin must be <= qmax, got qmin=", qmin, ", qmax=", qmax);
   MOL_CHECK_VALUE(-kMaxExactInt <= qmin && qmax <= kMaxExactInt, where(fn), "qmin/qmax must be in [-2**24, 2**24], got ",
-                    qmin, ", ", qmax);
+                  qmin, ", ", qmax);
 }
 
 void check_status(cudaError_t st, const char* fn) {
@@ -97,11 +97,11 @@ std::vector<int64_t> aligned_shape(const Tensor& t, const Tensor& x, const char*
   if (t.numel() == 1) return shape;
   MOL_CHECK_VALUE(t.numel() > 0, where(fn), what, " is empty");
   MOL_CHECK_VALUE(t.dim() <= nd, where(fn), what, " of shape ", t.sizes(), " does not broadcast to x of shape ",
-                    x.sizes());
+                  x.sizes());
   for (int64_t d = 0; d < t.dim(); ++d) {
     const int64_t n = t.size(d), xd = nd - t.dim() + d;
     MOL_CHECK_VALUE(n == 1 || n == x.size(xd), where(fn), what, " of shape ", t.sizes(),
-                      " does not broadcast to x of shape ", x.sizes(), " (dim ", d, ")");
+                    " does not broadcast to x of shape ", x.sizes(), " (dim ", d, ")");
     shape[static_cast<size_t>(xd)] = n;
   }
   return shape;
@@ -120,7 +120,7 @@ struct Params {
 
 Params prepare(const Tensor& x, const Tensor& scale, const OptTensor& zero_point, const char* fn) {
   MOL_CHECK_VALUE(x.dim() <= MLQ_MAX_RANK, where(fn), "x has ", x.dim(), " dims, at most ", MLQ_MAX_RANK,
-                    " are supported");
+                  " are supported");
   const std::vector<int64_t> sshape = aligned_shape(scale, x, fn, "scale");
   std::vector<int64_t> shape = sshape;
   Tensor s = float_param(scale, x, fn, "scale");
@@ -180,9 +180,9 @@ std::tuple<Tensor, OptTensor> backward(mlq_backward_op op, const Tensor& grad_in
   dtype_code(grad_in, fn, "grad");
   check_range(qmin, qmax, fn);
   MOL_CHECK_VALUE(grad_in.sizes() == x_in.sizes(), where(fn), "grad of shape ", grad_in.sizes(),
-                    " does not match x of shape ", x_in.sizes());
+                  " does not match x of shape ", x_in.sizes());
   MOL_CHECK_VALUE(grad_in.device() == x_in.device(), where(fn), "grad is on ", grad_in.device(), " but x is on ",
-                    x_in.device());
+                  x_in.device());
   // Mixed dtypes: widen both to float32 (exact), then narrow grad_x back (exact: its values come from grad).
   const bool same = grad_in.scalar_type() == x_in.scalar_type();
   const Tensor x = same ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
@@ -242,10 +242,10 @@ Tensor histogram_rows(const Tensor& a_in, const Tensor& exp, int64_t cap) {
   mlq_dtype dt = MLQ_FLOAT64;
   if (a_in.scalar_type() != at::kDouble) dt = dtype_code(a_in, fn, "a");
   MOL_CHECK_TYPE(!exp.is_floating_point() && !exp.is_complex() && exp.scalar_type() != at::kBool, where(fn),
-                   "exp must be an integer tensor, got ", exp.scalar_type());
+                 "exp must be an integer tensor, got ", exp.scalar_type());
   const int64_t rows = a_in.size(0), cols = a_in.size(1);
   MOL_CHECK_VALUE(exp.numel() == rows || exp.numel() == 1, where(fn), "exp has ", exp.numel(),
-                    " elements, expected 1 or one per row (", rows, ")");
+                  " elements, expected 1 or one per row (", rows, ")");
   const Tensor a = a_in.contiguous();
   const Tensor e = exp.to(a.device(), at::kLong).reshape({-1}).expand({rows}).contiguous();
   Tensor counts = at::zeros({rows, cap}, a.options().dtype(at::kLong));

@@ -34,10 +34,10 @@ mlq_dtype dtype_code(const Tensor& t) {
 void check_device(const Tensor& t, const char* op, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   MOL_CHECK_VALUE(t.device().is_cpu(), "modelopt_lite CUDA kernels, ", op, ": ", what,
-                    " must be a CPU tensor in the host-emulated build, got ", t.device());
+                  " must be a CPU tensor in the host-emulated build, got ", t.device());
 #else
   MOL_CHECK_VALUE(t.is_cuda(), "modelopt_lite CUDA kernels, ", op, ": ", what, " must be a CUDA tensor, got ",
-                    t.device());
+                  t.device());
 #endif
 }
 
@@ -45,17 +45,17 @@ void check_x(const Tensor& x, const char* op) {
   check_device(x, op, "x");
   const auto dt = x.scalar_type();
   MOL_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, "modelopt_lite CUDA kernels, ", op,
-                   ": x must be float32, float16 or bfloat16, got ", dt);
+                 ": x must be float32, float16 or bfloat16, got ", dt);
   MOL_CHECK_VALUE(x.dim() == 2, "modelopt_lite CUDA kernels, ", op, ": x must be 2-D (rows, cols), got ", x.dim(),
-                    "-D");
+                  "-D");
 }
 
 void check_f32(const Tensor& t, const Tensor& x, int64_t numel, const char* op, const char* what) {
   check_device(t, op, what);
   MOL_CHECK_TYPE(t.scalar_type() == at::kFloat, "modelopt_lite CUDA kernels, ", op, ": ", what,
-                   " must be float32, got ", t.scalar_type());
+                 " must be float32, got ", t.scalar_type());
   MOL_CHECK_VALUE(t.numel() == numel && t.device() == x.device(), "modelopt_lite CUDA kernels, ", op, ": ", what,
-                    " must have ", numel, " element(s) on ", x.device(), ", got ", t.numel(), " on ", t.device());
+                  " must have ", numel, " element(s) on ", x.device(), ", got ", t.numel(), " on ", t.device());
 }
 
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
@@ -68,7 +68,7 @@ void check_f32(const Tensor& t, const Tensor& x, int64_t numel, const char* op, 
 
 void check_status(cudaError_t st, const char* op) {
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", op, ": launch failed with status ",
-              static_cast<int>(st));
+            static_cast<int>(st));
 }
 
 Tensor fp8_static(const Tensor& x_in, const Tensor& divisor_in) {
@@ -105,8 +105,8 @@ Tensor int8_codes(const Tensor& x_in, const Tensor& divisor_in, int64_t qmin, in
   check_x(x_in, "real_int8_codes");
   check_f32(divisor_in, x_in, 1, "real_int8_codes", "divisor");
   MOL_CHECK_VALUE(qmin <= qmax && qmin - shift >= -128 && qmax - shift <= 127 && rows_out >= x_in.size(0),
-                    "modelopt_lite CUDA kernels, real_int8_codes: bad range qmin=", qmin, " qmax=", qmax,
-                    " shift=", shift, " rows_out=", rows_out, " for ", x_in.size(0), " rows");
+                  "modelopt_lite CUDA kernels, real_int8_codes: bad range qmin=", qmin, " qmax=", qmax,
+                  " shift=", shift, " rows_out=", rows_out, " for ", x_in.size(0), " rows");
   const Tensor x = x_in.contiguous(), divisor = divisor_in.contiguous();
   Tensor codes = at::empty({rows_out, x.size(1)}, x.options().dtype(at::kChar));
   MLR_STREAM(x);
@@ -122,13 +122,13 @@ Tensor int_mm_epilogue(const Tensor& acc_in, const Tensor& scale_row_in, const s
   const char* op = "real_int_mm_epilogue";
   check_device(acc_in, op, "acc");
   MOL_CHECK_TYPE(acc_in.scalar_type() == at::kInt && acc_in.dim() == 2, "modelopt_lite CUDA kernels, ", op,
-                   ": acc must be a 2-D int32 tensor, got ", acc_in.scalar_type(), " ", acc_in.dim(), "-D");
+                 ": acc must be a 2-D int32 tensor, got ", acc_in.scalar_type(), " ", acc_in.dim(), "-D");
   MOL_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                   "modelopt_lite CUDA kernels, ", op, ": the output dtype must be float32, float16 or bfloat16, got ",
-                   dtype);
+                 "modelopt_lite CUDA kernels, ", op, ": the output dtype must be float32, float16 or bfloat16, got ",
+                 dtype);
   const int64_t cols = acc_in.size(1);
   MOL_CHECK_VALUE(rows >= 0 && rows <= acc_in.size(0), "modelopt_lite CUDA kernels, ", op, ": rows=", rows,
-                    " outside acc's ", acc_in.size(0));
+                  " outside acc's ", acc_in.size(0));
   check_f32(scale_row_in, acc_in, cols, op, "scale_row");
   if (bias_in.has_value()) check_f32(*bias_in, acc_in, cols, op, "bias");
   const Tensor acc = acc_in.contiguous(), scale_row = scale_row_in.contiguous();

@@ -123,7 +123,8 @@ MLQ_HD void load_tile(const void* x, int64_t base, int64_t end, int tid, float (
   }
 }
 
-// The E4M3 codes of the thread's elements of the tile at `base` (elements < end); code: StaticCode or DynamicCode.
+// The codes of the thread's elements of the tile at `base`: code(x[i]) for i < end, 0 for end <= i < end_out (the
+// padding rows of _int_mm's operand). Code: StaticCode / DynamicCode (E4M3, end_out = end) or Int8Code.
 struct StaticCode {
   float d;
   MLQ_HD uint8_t operator()(float v) const { return static_code(v, d); }
@@ -134,14 +135,19 @@ struct DynamicCode {
   MLQ_HD uint8_t operator()(float v) const { return dynamic_code(v, s); }
 };
 
-template <class T, class Code>
-MLQ_HD void codes_thread(const void* x, uint8_t* codes, int64_t base, int64_t end, int tid, Code code) {
+struct Int8Code {
+  float d, qmin, qmax, shift;
+  MLQ_HD int8_t operator()(float v) const { return int8_code(v, d, qmin, qmax, shift); }
+};
+
+template <class T, class Out, class Code>
+MLQ_HD void codes_thread(const void* x, Out* codes, int64_t base, int64_t end, int64_t end_out, int tid, Code code) {
   float v[kUnroll];
   load_tile<T>(x, base, end, tid, v);
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) {
     const int64_t i = base + int64_t{j} * kThreads + tid;
-    if (i < end) codes[i] = code(v[j]);
+    if (i < end_out) codes[i] = i < end ? code(v[j]) : Out{0};
   }
 }
 
@@ -153,19 +159,6 @@ MLQ_HD float amax_thread(const void* x, int64_t base, int64_t end, int tid, floa
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) a = amax_join(a, fabsf(v[j]));  // padding 0s never win
   return a;
-}
-
-template <class T>
-MLQ_HD void int8_thread(const void* x, int8_t* codes, int64_t n, int64_t n_out, float d, float qmin, float qmax,
-                        float shift, int64_t tile, int tid) {
-  float v[kUnroll];
-  const int64_t base = tile * kTile;
-  load_tile<T>(x, base, n, tid, v);
-#pragma unroll
-  for (int j = 0; j < kUnroll; ++j) {
-    const int64_t i = base + int64_t{j} * kThreads + tid;
-    if (i < n_out) codes[i] = i < n ? int8_code(v[j], d, qmin, qmax, shift) : int8_t{0};
-  }
 }
 
 // Row r's columns [ct * kTile, (ct + 1) * kTile): int32 loads first, then the epilogue of each.
@@ -203,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) fp8_static_kernel(const void* x, uin
                                                               const float* divisor) {
   const float d = __ldg(divisor);
   for (int64_t t = blockIdx.x; t < tiles_for(n); t += gridDim.x)
-    codes_thread<T>(x, codes, t * kTile, n, threadIdx.x, StaticCode{d});
+    codes_thread<T>(x, codes, t * kTile, n, n, threadIdx.x, StaticCode{d});
 }
 
 template <class T>
@@ -215,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) fp8_row_kernel(const void* x, uint8_
     for (int64_t b = base; b < end; b += kTile) a = amax_thread<T>(x, b, end, threadIdx.x, a);
     const float s = dynamic_scale(block_amax(a));
     if (threadIdx.x == 0) scales[r] = s;
-    for (int64_t b = base; b < end; b += kTile) codes_thread<T>(x, codes, b, end, threadIdx.x, DynamicCode{s});
+    for (int64_t b = base; b < end; b += kTile) codes_thread<T>(x, codes, b, end, end, threadIdx.x, DynamicCode{s});
   }
 }
 
@@ -235,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) fp8_tensor_kernel(const void* x, uin
   const float s = dynamic_scale(block_amax(a));
   if (blockIdx.x == 0 && threadIdx.x == 0) scale[0] = s;
   for (int64_t t = blockIdx.x; t < tiles_for(n); t += gridDim.x)
-    codes_thread<T>(x, codes, t * kTile, n, threadIdx.x, DynamicCode{s});
+    codes_thread<T>(x, codes, t * kTile, n, n, threadIdx.x, DynamicCode{s});
 }
 
 template <class T>
@@ -243,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(const void* x, int8_t* c
                                                         const float* divisor, float qmin, float qmax, float shift) {
   const float d = __ldg(divisor);
   for (int64_t t = blockIdx.x; t < tiles_for(n_out); t += gridDim.x)
-    int8_thread<T>(x, codes, n, n_out, d, qmin, qmax, shift, t, threadIdx.x);
+    codes_thread<T>(x, codes, t * kTile, n, n_out, threadIdx.x, Int8Code{d, qmin, qmax, shift});
 }
 
 template <class T>
@@ -263,7 +256,7 @@ cudaError_t fp8_static(const void* x, uint8_t* codes, int64_t n, const float* di
   (void)stream;
   const float d = *divisor;
   for (int64_t t = 0; t < tiles_for(n); ++t)
-    for (int tid = 0; tid < kThreads; ++tid) codes_thread<T>(x, codes, t * kTile, n, tid, StaticCode{d});
+    for (int tid = 0; tid < kThreads; ++tid) codes_thread<T>(x, codes, t * kTile, n, n, tid, StaticCode{d});
   return cudaSuccess;
 #else
   fp8_static_kernel<T><<<static_cast<unsigned>(grid_for(tiles_for(n))), kThreads, 0, stream>>>(x, codes, n, divisor);
@@ -287,7 +280,7 @@ cudaError_t fp8_dynamic(bool per_row, const void* x, uint8_t* codes, float* scal
     const float s = dynamic_scale(a);
     scales[g] = s;
     for (int64_t b = base; b < end; b += kTile)
-      for (int tid = 0; tid < kThreads; ++tid) codes_thread<T>(x, codes, b, end, tid, DynamicCode{s});
+      for (int tid = 0; tid < kThreads; ++tid) codes_thread<T>(x, codes, b, end, end, tid, DynamicCode{s});
   }
   return cudaSuccess;
 #else
@@ -314,11 +307,12 @@ cudaError_t int8_codes(const void* x, int8_t* codes, int64_t n, int64_t n_out, c
   (void)stream;
   const float d = *divisor;
   for (int64_t t = 0; t < tiles_for(n_out); ++t)
-    for (int tid = 0; tid < kThreads; ++tid) int8_thread<T>(x, codes, n, n_out, d, qmin, qmax, shift, t, tid);
+    for (int tid = 0; tid < kThreads; ++tid)
+      codes_thread<T>(x, codes, t * kTile, n, n_out, tid, Int8Code{d, qmin, qmax, shift});
   return cudaSuccess;
 #else
-  int8_kernel<T><<<static_cast<unsigned>(grid_for(tiles_for(n_out))), kThreads, 0, stream>>>(x, codes, n, n_out,
-                                                                                             divisor, qmin, qmax, shift);
+  const unsigned grid = static_cast<unsigned>(grid_for(tiles_for(n_out)));
+  int8_kernel<T><<<grid, kThreads, 0, stream>>>(x, codes, n, n_out, divisor, qmin, qmax, shift);
   return cudaGetLastError();
 #endif
 }
