@@ -277,7 +277,10 @@ def test_loader_rejects_corrupt_files_and_configs(fp8_dir, tmp_path):
     for i, (text, match) in enumerate(
         [
             ("{not json", "not valid UTF-8 JSON"),
-            ('{"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}', "do not quantize the KV cache"),
+            (
+                '{"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "INT8"}}',
+                r"kv_cache_quant_algo: must be one of \['FP8', 'NVFP4'\]",
+            ),
             ('{"quantization": {"quant_algo": "INT2"}}', r"quant_algo: must be one of"),
             ('{"quantization": {"quant_algo": "FP8", "exclude_modules": [1]}}', "exclude_modules: must be a list"),
             ('{"quantization": {"quant_algo": "FP8", "group_size": NaN}}', "JSON literal NaN"),

@@ -13,8 +13,11 @@ INT4 weight (codes x block ``weight_scale``, in the weight dtype), exactly what 
 computes, so the weight is bit for bit the fake-quant one; it is stored as E4M3 codes (one byte per weight, not the
 checkpoint's half byte: ``modelopt_lite.real`` has no INT4-codes-with-an-FP8-GEMM kernel).
 
-Not loadable (ValueError naming the reason): KV-cache scales (real modules do not quantize attention), sharded
-checkpoints.
+KV-cache scales (``<attention>.k_proj.k_scale`` / ``v_proj.v_scale``, FP8 or NVFP4) make each such attention module
+its quantized twin (:mod:`modelopt_lite.nn.modules.quant_attention`) with only ``k_bmm_quantizer`` /
+``v_bmm_quantizer`` enabled, as the fake-quant model computes the KV cache (see :mod:`.hf_kv_load`).
+
+Not loadable (ValueError naming the reason): sharded checkpoints.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from ..real.fp8 import static_codes
 from ..real.packing import dequantize_weight, pack_int4
 from ..real.real_types import build_real_module
 from ..real.spec_checks import check_spec, check_values
-from .hf_formats import FP8, NVFP4, NVFP4_SVD, W4A8_AWQ, W4A16_AWQ
+from .hf_checks import bad as _bad
+from .hf_checks import want as _want
+from .hf_formats import FP8, KV_FORMATS, NVFP4, NVFP4_SVD, W4A8_AWQ, W4A16_AWQ
+from .hf_kv_load import install_kv, kv_plans
 from .hf_weights import LORA_KEYS, unpack_int4_rows
 
 WEIGHTS_NAME, QUANT_CONFIG_NAME, CONFIG_NAME = "model.safetensors", "hf_quant_config.json", "config.json"
@@ -80,10 +86,6 @@ class LowRankLinear(PreScaledLinear):
         return self.inner(xs) + low
 
 
-def _bad(path, entry: str, why: str) -> ValueError:
-    return ValueError(f"load_hf_checkpoint: {path}: {entry}: {why}")
-
-
 def _no_constants(name: str):
     raise ValueError(f"the JSON literal {name} is not allowed")
 
@@ -117,8 +119,8 @@ def _quant_section(folder: Path) -> tuple[Path, dict]:
 
 def _check_quant(path, q: dict) -> str | None:
     algo, kv = q.get("quant_algo"), q.get("kv_cache_quant_algo")
-    if kv is not None:
-        raise _bad(path, "kv_cache_quant_algo", f"is {kv!r}; real modules do not quantize the KV cache")
+    if kv is not None and kv not in KV_FORMATS:
+        raise _bad(path, "kv_cache_quant_algo", f"must be one of {list(KV_FORMATS)} or null, got {kv!r}")
     if algo is not None and algo not in _LOADABLE:
         raise _bad(path, "quant_algo", f"must be one of {list(_LOADABLE)} or null, got {algo!r}")
     if "group_size" in q:
@@ -157,14 +159,6 @@ def read_hf_checkpoint(path) -> tuple[str | None, dict[str, torch.Tensor], Path]
             f"load_hf_checkpoint: {st} is not a readable safetensors file ({type(e).__name__}: {e})"
         ) from e
     return algo, tensors, st
-
-
-def _want(path, key: str, t: torch.Tensor | None, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    if t is None:
-        raise _bad(path, key, "is missing")
-    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
-        raise _bad(path, key, f"is {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}")
-    return t
 
 
 _FP8_INT_KEYS = {"num_bits": 8, "unsigned": False, "narrow_range": False}
@@ -320,7 +314,7 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
 
     Raises:
         ValueError: a malformed or corrupt checkpoint, a tensor with the wrong key, dtype, shape or value, a format
-            real modules cannot compute (KV cache), or a different architecture; nothing is modified then.
+            real modules cannot compute, or a different architecture; nothing is modified then.
         FileNotFoundError: no checkpoint directory, weights file or quantization config.
     """
     if not isinstance(model, nn.Module):
@@ -329,10 +323,10 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
     names = sorted({k.rpartition(".")[0] for k in tensors if k.endswith(".weight_scale")})
     if names and algo is None:
         raise _bad(st, names[0], "has quantized weights but the quantization config has no quant_algo")
-    group = None
-    if algo in (W4A16_AWQ, W4A8_AWQ):
-        q = _quant_section(Path(path))[1]
-        group = q.get("group_size", 128)
+    q = _quant_section(Path(path))[1]
+    group = q.get("group_size", 128) if algo in (W4A16_AWQ, W4A8_AWQ) else None
+    kv = kv_plans(st, model, q.get("kv_cache_quant_algo"), tensors)
+    kv_keys = {k for keys in kv.values() for k in keys}
     plans = {}
     for name in names:
         try:
@@ -341,7 +335,7 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
             raise _bad(st, f"module {name!r}", "is not in the model (a different architecture?)") from None
         if type(lin) is not nn.Linear:
             raise _bad(st, f"module {name!r}", f"is a {type(lin).__name__} in the model; expected nn.Linear")
-        local = {k[len(name) + 1 :]: t for k, t in tensors.items() if _owner(k) == name}
+        local = {k[len(name) + 1 :]: t for k, t in tensors.items() if _owner(k) == name and k not in kv_keys}
         assert algo is not None  # quantized weights without a quant_algo were refused above
         spec, real = _module_spec(st, name, algo, lin, local, group)
         check_spec(st, name, spec)
@@ -351,7 +345,7 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
             raise ValueError(f"load_hf_checkpoint: module {name!r} ({describe(spec)}): backend {backend!r}: {why}")
         plans[name] = (spec, real, lin)
     expected = _float_tensors(st, model, set(plans), tensors)
-    used = set(expected) | {k for k in tensors if _owner(k) in plans}
+    used = set(expected) | {k for k in tensors if _owner(k) in plans} | kv_keys
     extra = sorted(set(tensors) - used)
     if extra:
         raise _bad(st, extra[0], f"has no place in the model ({len(extra)} unexpected tensor(s))")
@@ -379,4 +373,5 @@ def load_hf_checkpoint(model: nn.Module, path, backend: str = "auto") -> nn.Modu
     with torch.no_grad():
         for key, t in expected.items():
             t.copy_(tensors[key])
+    install_kv(model, kv, q.get("kv_cache_quant_algo"))
     return model

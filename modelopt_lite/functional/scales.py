@@ -112,3 +112,27 @@ def affine_params(min_range: torch.Tensor, max_range: torch.Tensor, num_bits: in
                 f"for {num_bits}-bit quantization in float32: its grid ends dequantize to Inf; narrow the range"
             )
     return scale, zp.detach(), qmin, qmax
+
+
+def amax_for_scale(scale: torch.Tensor, bound: float) -> tuple[torch.Tensor, bool]:
+    """A float32 amax whose :func:`scale_from_amax` is ``scale`` (a positive finite float32 scalar), and whether it is
+    exact: the inverse used where only the scale was stored (an HF checkpoint's ``k_scale = amax / 448``).
+
+    Starts at ``float32(scale * bound)`` and walks a few float32 steps either way; every scale that a true division
+    ``float32(amax) / bound`` produced has such an amax. A scale no amax maps to (written by other arithmetic, e.g.
+    a multiplication by ``1 / bound``) gets the amax whose scale is nearest, and ``False``."""
+    s = scale.detach().to("cpu", torch.float32).reshape(())
+    start = (s.double() * float(bound)).float()
+    up, down = start.clone(), start.clone()
+    inf = torch.tensor(float("inf"))
+    best, best_err = start, float("inf")
+    for _ in range(16):
+        for a in (up, down):
+            got = scale_from_amax(a, bound)
+            if torch.equal(got, s):
+                return a, True
+            err = abs(float(got) - float(s))
+            if err < best_err:
+                best, best_err = a, err
+        up, down = torch.nextafter(up, inf), torch.nextafter(down, -inf)
+    return best, False
