@@ -23,7 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 import modelopt_lite as ours
-from modelopt_lite.export import export_hf_checkpoint
+from modelopt_lite.export import export_hf_checkpoint, load_hf_checkpoint
+from modelopt_lite.functional.scales import scale_from_amax
 
 mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed (the pinned peer)")
 peer_export = pytest.importorskip("modelopt.torch.export").export_hf_checkpoint
@@ -126,3 +127,23 @@ def test_svdquant_every_tensor_equals_modelopts_export(dtype, tmp_path):
     ca, cb = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("ours", "peer"))
     assert H.without_producer(ca.pop("quantization_config")) == H.without_producer(cb.pop("quantization_config"))
     assert ca == cb
+
+
+def test_modelopts_fp8_kv_checkpoint_reloads_with_its_kv_quantizers(tmp_path):
+    """ModelOpt's own FP8 + FP8-KV checkpoint loads here: every k_scale / v_scale comes back exactly as the scale of
+    the reloaded key / value quantizer, which then quantizes as ModelOpt's calibrated KV quantizer (same scale)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peer = H.tiny_llama()
+        mtq.quantize(peer, _peer_cfg("FP8_DEFAULT_CFG+KV"), H.forward_loop)
+        peer_export(peer, export_dir=str(tmp_path / "peer"))
+    t = load_file(str(tmp_path / "peer" / "model.safetensors"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every stored scale has an exact amax
+        real = load_hf_checkpoint(H.tiny_llama(), tmp_path / "peer")
+    for i in range(2):
+        att = real.get_submodule(f"model.layers.{i}.self_attn")
+        for kv in "kv":
+            q = getattr(att, f"{kv}_bmm_quantizer")
+            want = t[f"model.layers.{i}.self_attn.{kv}_proj.{kv}_scale"]
+            assert q.is_enabled and torch.equal(scale_from_amax(q.amax.float(), 448.0).reshape(()), want)
