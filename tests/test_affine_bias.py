@@ -84,6 +84,18 @@ def test_static_max_min_bias():
     assert torch.equal(q(x), reference.fake_e4m3(x - b, q.amax / 448.0) + b)
 
 
+def test_modelopt_names_of_the_bias_calibrator():
+    """ModelOpt's ``quantizer._bias_calibrator._calib_bias`` (its users and tests read it): the collected bias."""
+    q = _fp8({-2: None, -4: None, "type": "static", "method": "max_min"})
+    assert q._bias_calibrator is not None and q._bias_calibrator._calib_bias is None  # nothing collected yet
+    _calibrate(q, [_kv(4), _kv(5, 3)])
+    assert isinstance(q._bias_calibrator, BiasCalibrator)
+    assert q._bias_calibrator._calib_bias.shape == (1, 3, 1, 4)
+    assert torch.equal(q._bias_calibrator._calib_bias, q.bias_value)
+    assert _fp8({-2: None, -4: None, "type": "dynamic"})._bias_calibrator is None
+    assert TensorQuantizer(name="plain")._bias_calibrator is None
+
+
 @pytest.mark.parametrize("method", ["mean", "max_min"])
 def test_dynamic_bias_is_computed_per_call_and_never_stored(method):
     q = _fp8({-2: None, -4: None, "type": "dynamic", "method": method})

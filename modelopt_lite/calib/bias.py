@@ -138,5 +138,10 @@ class BiasCalibrator:
         """The calibrated bias (a float32 copy), or None before any data."""
         return None if self._bias is None else self._bias.clone()
 
+    @property
+    def _calib_bias(self) -> torch.Tensor | None:
+        """ModelOpt's name for the bias collected so far (float32, not a copy), or None before any data."""
+        return self._bias
+
     def __repr__(self) -> str:
         return f"BiasCalibrator(method={self._method!r}, axes={self._axes})"

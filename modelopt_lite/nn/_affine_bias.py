@@ -232,6 +232,12 @@ class AffineBiasState(nn.Module):
                 cal.bias_calibrator.reset()
 
     # --- calibration --------------------------------------------------------------------------------------------------
+    @property
+    def _bias_calibrator(self) -> BiasCalibrator | None:
+        """ModelOpt's name for the static bias calibrator of the current calibrator (None without a static bias)."""
+        cal = self.calibrator
+        return cal.bias_calibrator if isinstance(cal, AffineCalibrator) else None
+
     def _wrap_calibrator(self, cal):
         """``cal`` fed ``x - b`` when a static bias is configured (called where the calibrators are made)."""
         cfg = self._bias_cfg
