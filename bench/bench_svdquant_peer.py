@@ -22,6 +22,11 @@ embeddings of the demo's held-out retrieval set (48 query/passage pairs). Second
 one per Linear) 5-50x slower (measured: a 1536x384 SVD 0.3-0.4 s with one thread, 1.7-14 s with two at load ~9);
 the 1458 s below was measured that way.
 
+Latest (2026-11-27, AMD EPYC AVX2, 2 logical CPUs at load 2.5-3, one torch thread, both sides in one process; the
+README has the table): INT4 at 32 sentences svdquant 0.97813 in 18.6 s (ours) and 18.8 s (ModelOpt); at 128, 0.97828
+in 31.4 s against 0.97823 in 62.2 s; NVFP4 at 256, ours 0.98265 in 24.2 s, ModelOpt's CPU stand-in 0.95759 in
+184.4 s.
+
 INT4, measured 2026-11-26 on an AMD EPYC (``run_all.cpu_model()``), 2 logical CPUs shared with ~6 other jobs (load
 average 9-10), one torch thread, both sides in one process:
 
