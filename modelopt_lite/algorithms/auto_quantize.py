@@ -3,7 +3,9 @@
 Phases, as ModelOpt's:
 
 1. Candidates: for every format, a copy of the model quantized with it everywhere and calibrated with its own
-   algorithm (calibration sees float activations, as in :func:`modelopt_lite.quantize`). "Keep float" (ModelOpt's
+   algorithm (calibration sees float activations, as in :func:`modelopt_lite.quantize`); algorithms that change the
+   weights (SmoothQuant, AWQ, SVDQuant, GPTQ) included: a layer takes its weight, buffers and quantizers from its
+   format's copy (:mod:`.auto_quantize_recipes`). "Keep float" (ModelOpt's
    ``"NONE"`` recipe) is always a candidate; a ``None`` entry of ``quantization_formats`` is ignored, as there.
    Which groups may use which formats, and a fixed PTQ baseline for the others: :mod:`.auto_quantize_spaces`
    (``module_search_spaces``, ``fixed_quantization_config``).

@@ -14,9 +14,9 @@ An algorithm may change modules that are not searched layers only in one way: AW
 norm (or unsearched Linear) that produces the scaled layers' input (:mod:`.awq_fold`; found from AWQ's records,
 ``debug=True`` is added to its parameters). When every layer that format scaled through that producer uses the
 format, the producer takes the format's folded state too (bit for bit the standalone model); otherwise (some of
-them use another format or float) the producer stays as the other formats need it and the format's layers keep the
-``1 / s`` as their input quantizer's ``pre_quant_scale`` instead (the same function; the product rounds
-differently). Scores are measured that way too (a layer alone in a format). Anything else (a fold into a searched
+them use another format or float, or the producer is itself a layer left out of the search) the producer stays
+float and the format's layers keep the ``1 / s`` as their input quantizer's ``pre_quant_scale`` instead (the same
+function; the product rounds differently). Scores are measured that way too (a layer alone in a format). Anything else (a fold into a searched
 layer, any other change outside the searched layers) raises ValueError naming the format, the module and why.
 """
 
@@ -182,8 +182,9 @@ def place(
     layer_src: dict[str, Key],
 ) -> None:
     """Install every layer of ``layer_src`` (layer -> the model whose state it takes) into ``dst``, then settle the
-    producers of the folds of the formats in use: exact where one format's consumers all use it, else float (as
-    ``ref``) with the ``1 / s`` kept by those consumers (see the module doc)."""
+    producers of the folds of the formats in use: exact where one format's consumers all use it (and the producer
+    is no layer), else float (as ``ref``) with the ``1 / s`` kept by those consumers (see the module doc)."""
+    layers = set(searchable_layers(ref))  # an unsearched layer's own state in a format's copy is not wanted
     for name, key in layer_src.items():
         install(dst, srcs[key], name)
     active: dict[str, list[tuple[Key, str]]] = {}  # producer -> (format, consumer) folds whose consumer uses it
@@ -196,7 +197,7 @@ def place(
     for p, used in active.items():
         keys = list(dict.fromkeys(k for k, _ in used))
         everyone = {c for c, f in folds[keys[0]].items() if f.producer == p}
-        exact = len(keys) == 1 and {c for _, c in used} == everyone
+        exact = len(keys) == 1 and {c for _, c in used} == everyone and p not in layers
         _copy_state(dst.get_submodule(p), (srcs[keys[0]] if exact else ref).get_submodule(p))
         if not exact:
             for k, c in used:
