@@ -228,3 +228,16 @@ def test_an_algorithm_changing_other_modules_is_refused_naming_it():
             _search(_Net(), _data(), [cfg], 8.0)
     finally:
         del ALGORITHMS[name]
+
+
+def test_fixed_config_with_a_weight_algorithm():
+    """INT4 AWQ as the fixed baseline (fc1, fc2, with the LayerNorm fold), fc3 searched in INT8 or float."""
+    net, data = _Net(), _data()
+    spaces = [{"module_name_patterns": "fc3", "quantization_formats": [INT8]}]
+    q, st = _search(net, data, None, 5.0, module_search_spaces=spaces, fixed_quantization_config=AWQ)
+    chosen = st["best"]["layer_recipe"]
+    assert chosen["fc1"] == chosen["fc2"] == "INT4_AWQ_CFG" and chosen["fc3"] in ("INT8_DEFAULT_CFG", "NONE")
+    standalone = {"INT4_AWQ_CFG": _standalone(_Net(), AWQ, data), "INT8_DEFAULT_CFG": _standalone(_Net(), INT8, data)}
+    standalone["NONE"] = mtq.quantize(_Net(), {"quant_cfg": {"*": {"enable": False}}, "algorithm": None})
+    _layers_match(q, st, standalone, data[2])
+    assert torch.equal(q.ln.weight, standalone["INT4_AWQ_CFG"].ln.weight)
