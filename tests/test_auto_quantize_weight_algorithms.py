@@ -202,13 +202,20 @@ class _Chain(nn.Module):
         return self.fc2(self.fc1(x))
 
 
-def test_fold_into_a_searched_layer_is_refused_naming_both():
-    with pytest.raises(
-        ValueError, match=r"format 'INT4_AWQ_CFG': AWQ folded the input scale of 'fc2' into the searched layer 'fc1'"
-    ):
-        _search(_Chain(), _data(), [AWQ, INT8], 6.0)
+def test_fold_into_a_searched_layer_is_recalibrated_without_linear_folds():
+    """AWQ folds fc2's scale into fc1's rows when fc1 is a plain Linear; in a search fc1's weight must not hold fc2's
+    scale, so the format is calibrated as with fold_linear=False (fc2 keeps a pre_quant_scale)."""
+    data = _data()
+    unfolded = {**AWQ, "algorithm": {**AWQ["algorithm"], "fold_linear": False}}
+    folded, expect = _standalone(_Chain(), AWQ, data), _standalone(_Chain(), unfolded, data)
+    assert not torch.equal(folded.fc1.weight, expect.fc1.weight)  # the standalone folds into fc1
+    assert folded.fc2.input_quantizer.pre_quant_scale is None and expect.fc2.input_quantizer.pre_quant_scale is not None
+    q, st = _search(_Chain(), data, [AWQ, INT8], 4.0)
+    assert set(st["best"]["layer_recipe"].values()) == {"INT4_AWQ_CFG"}
+    with torch.no_grad():
+        assert torch.equal(q(data[0]), expect(data[0]))
     # left out of the search, the producer is float in the result and fc2 keeps the scale as pre_quant_scale
-    q, st = _search(_Chain(), _data(), [AWQ, INT8], 4.0, disabled_layers="fc1")
+    q, st = _search(_Chain(), data, [AWQ, INT8], 4.0, disabled_layers="fc1")
     assert st["best"]["layer_recipe"] == {"fc2": "INT4_AWQ_CFG"}
     assert torch.equal(q.fc1.weight, _Chain().fc1.weight) and q.fc2.input_quantizer.pre_quant_scale is not None
 

@@ -41,7 +41,16 @@ from torch import nn
 
 from ..conversion.model_quant import quantize
 from .auto_quantize_checkpoint import load_checkpoint, save_checkpoint
-from .auto_quantize_recipes import Fold, Key, calibrate_candidate, check_changes, install, place, scoring_views
+from .auto_quantize_recipes import (
+    Fold,
+    Key,
+    calibrate_candidate,
+    check_changes,
+    folds_into_layers,
+    install,
+    place,
+    scoring_views,
+)
 from .auto_quantize_scores import METHODS, ScoreContext
 from .auto_quantize_search import solve
 from .auto_quantize_spaces import (
@@ -224,22 +233,37 @@ def _fixed_formats(stats) -> set[str]:
 
 class _Calibrator:
     """Calibrates each candidate (and the fixed baseline, first) once, when first needed, with its own algorithm
-    (:mod:`.auto_quantize_recipes`); keeps the AWQ folds of each and the models as ``srcs`` (None: the baseline)."""
+    (:mod:`.auto_quantize_recipes`); keeps the AWQ folds of each and the models as ``srcs`` (None: the baseline).
+
+    A format whose AWQ folded a scale into a searched Linear is calibrated again on a fresh copy with
+    ``fold_linear=False`` (that scale kept as the consumer's ``pre_quant_scale``): a layer's state must not hold
+    another layer's scale."""
 
     def __init__(self, ref, cands, opts, fixed_model, grouped: set[str]):
-        self.ref, self.opts, self.grouped = ref, opts, grouped
-        self.srcs: dict[Key, nn.Module] = {**cands, **({None: fixed_model} if fixed_model is not None else {})}
+        self.ref, self.cands, self.opts, self.grouped, self.fixed_model = ref, cands, opts, grouped, fixed_model
         self.folds: dict[Key, dict[str, Fold]] = {}
         self.data: tuple[Callable, list] = (lambda m, b: None, [])  # (forward_step, calibration batches)
 
+    @property
+    def srcs(self) -> dict[Key, nn.Module]:
+        return {**self.cands, **({None: self.fixed_model} if self.fixed_model is not None else {})}
+
     def run(self, formats: set[str]) -> None:
-        todo: list[Key] = [None] if None in self.srcs and None not in self.folds else []
+        todo: list[Key] = [None] if self.fixed_model is not None and None not in self.folds else []
         for key in [*todo, *sorted(formats - set(self.folds))]:
             name, cfg = self.opts.fixed if key is None else (key, self.opts.candidates[key])
             what = f"fixed_quantization_config {name!r}" if key is None else f"format {name!r}"
             q = self.srcs[key]
-            self.folds[key] = calibrate_candidate(q, cfg, *self.data)
-            check_changes(self.ref, q, self.folds[key], self.grouped, what)
+            folds = calibrate_candidate(q, cfg, *self.data)
+            if folds_into_layers(folds, self.grouped):
+                q = quantize(copy.deepcopy(self.ref), {**cfg, "algorithm": None})
+                folds = calibrate_candidate(q, cfg, *self.data, fold_linear=False)
+                if key is None:
+                    self.fixed_model = q
+                else:
+                    self.cands[key] = q
+            check_changes(self.ref, q, folds, self.grouped, what)
+            self.folds[key] = folds
 
 
 def _base(ref, calib: _Calibrator, groups, stats) -> nn.Module:

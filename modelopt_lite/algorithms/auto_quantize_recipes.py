@@ -56,11 +56,14 @@ def weight_algorithm(cfg: dict) -> str | None:
     return alg[0] if alg is not None and alg[0] in ALGORITHMS else None
 
 
-def _debug(method: str, params: dict) -> dict:
+def _traced(method: str, params: dict, fold_linear: bool) -> dict:
+    """The algorithm with AWQ's records kept (``debug``) and, with ``fold_linear=False``, no fold into a Linear."""
     if method == "sequence":
-        steps = [None if s is None else _debug(*s) for s in params["steps"]]
+        steps = [None if s is None else _traced(s[0], s[1], fold_linear) for s in params["steps"]]
         return {"method": "sequence", "steps": steps}
-    return {"method": method, **params, **({"debug": True} if method in _FOLDING else {})}
+    if method not in _FOLDING:
+        return {"method": method, **params}
+    return {"method": method, **params, "debug": True, **({} if fold_linear else {"fold_linear": False})}
 
 
 def _batches_loop(forward_step: Callable, batches: list) -> Callable:
@@ -78,7 +81,9 @@ def _batches_loop(forward_step: Callable, batches: list) -> Callable:
     return loop
 
 
-def calibrate_candidate(q: nn.Module, cfg: dict, forward_step: Callable, batches: list) -> dict[str, Fold]:
+def calibrate_candidate(
+    q: nn.Module, cfg: dict, forward_step: Callable, batches: list, fold_linear: bool = True
+) -> dict[str, Fold]:
     """Calibrate a candidate copy (converted with ``cfg``) as ``quantize(model, cfg, loop)`` would; its folds."""
     alg = normalize_config(cfg, enable_by_default=True).algorithm
     if alg is None:
@@ -88,7 +93,7 @@ def calibrate_candidate(q: nn.Module, cfg: dict, forward_step: Callable, batches
     if method not in ALGORITHMS:
         calibrate(q, None if method == "max" else method, loop, **params)
         return {}
-    quantize(q, {**cfg, "algorithm": _debug(method, params)}, loop)
+    quantize(q, {**cfg, "algorithm": _traced(method, params, fold_linear)}, loop)
     folds = {}
     for name, m in q.named_modules():
         rec = getattr(m, "awq_lite", None)
@@ -109,16 +114,21 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
     )
 
 
+def folds_into_layers(folds: dict[str, Fold], grouped: set[str]) -> list[tuple[str, str]]:
+    """``(consumer, producer)`` of the folds into searched layers (their weight would hold another layer's scale)."""
+    return [(c, f.producer) for c, f in folds.items() if f.producer in grouped]
+
+
 def check_changes(ref: nn.Module, cand: nn.Module, folds: dict[str, Fold], grouped: set[str], what: str) -> None:
     """ValueError if the algorithm changed a module other than the layers and the producers of their folds."""
     layers = set(searchable_layers(ref))
-    for c, f in folds.items():
-        if f.producer in grouped:
-            raise ValueError(
-                f"auto_quantize: {what}: AWQ folded the input scale of {c!r} into the searched layer {f.producer!r}; "
-                "that layer's weight would then depend on its consumers' formats, which auto_quantize cannot switch "
-                "independently (keep one of them out of the search with disabled_layers)"
-            )
+    for c, p in folds_into_layers(folds, grouped):
+        raise ValueError(
+            f"auto_quantize: {what}: AWQ folded the input scale of {c!r} into the searched layer {p!r} (its "
+            "fold_linear=False form is not available for this algorithm); that layer's weight would then depend on "
+            "its consumers' formats, which auto_quantize cannot switch independently (keep one of them out of the "
+            "search with disabled_layers)"
+        )
     producers = {f.producer for f in folds.values()}
     quantizers = [n for n, m in cand.named_modules() if is_quantizer_child(m)]
     for name, m in cand.named_modules():
