@@ -86,8 +86,15 @@ def _standalone(model, cfg, data):
 
 @pytest.mark.parametrize(
     ("cfg", "other", "bits"),
-    [(SQ, None, 8), (AWQ, INT8, 4), (W4A8, INT8, 4), (NVFP4_AWQ, FP8, 4)],
-    ids=["smoothquant", "int4_awq", "w4a8_awq", "nvfp4_awq"],
+    [
+        (SQ, None, 8),
+        (AWQ, INT8, 4),
+        (W4A8, INT8, 4),
+        (NVFP4_AWQ, FP8, 4),
+        ({**mtq.INT4_SVDQUANT_CFG, "algorithm": {"method": "svdquant", "lowrank": 8}}, INT8, 4),
+        ({**mtq.INT4_BLOCKWISE_WEIGHT_ONLY_CFG, "algorithm": [{"method": "awq_lite"}, {"method": "gptq"}]}, INT8, 4),
+    ],
+    ids=["smoothquant", "int4_awq", "w4a8_awq", "nvfp4_awq", "int4_svdquant", "awq_then_gptq"],
 )
 def test_one_format_everywhere_equals_its_standalone_quantize(cfg, other, bits):
     net, data = _Net(), _data()
