@@ -124,15 +124,19 @@ def check_changes(ref: nn.Module, cand: nn.Module, folds: dict[str, Fold], group
     layers = set(searchable_layers(ref))
     for c, p in folds_into_layers(folds, grouped):
         raise ValueError(
-            f"auto_quantize: {what}: AWQ folded the input scale of {c!r} into the searched layer {p!r} (its "
-            "fold_linear=False form is not available for this algorithm); that layer's weight would then depend on "
-            "its consumers' formats, which auto_quantize cannot switch independently (keep one of them out of the "
-            "search with disabled_layers)"
+            f"auto_quantize: {what}: AWQ folded the input scale of {c!r} into the searched layer {p!r} (even with "
+            "fold_linear=False); that layer's weight would then depend on its consumers' formats, which "
+            "auto_quantize cannot switch independently (keep one of them out of the search with disabled_layers)"
         )
     producers = {f.producer for f in folds.values()}
-    quantizers = [n for n, m in cand.named_modules() if is_quantizer_child(m)]
+    quantizers = {n for n, m in cand.named_modules() if is_quantizer_child(m)}
     for name, m in cand.named_modules():
-        if name in layers or name in producers or any(name == q or name.startswith(q + ".") for q in quantizers):
+        parts = name.split(".")
+        if (
+            name in layers
+            or name in producers
+            or any(".".join(parts[:i]) in quantizers for i in range(1, len(parts) + 1))
+        ):
             continue
         try:
             other = ref.get_submodule(name)
