@@ -227,18 +227,30 @@ def test_fold_into_a_searched_layer_is_recalibrated_without_linear_folds():
     assert torch.equal(q.fc1.weight, _Chain().fc1.weight) and q.fc2.input_quantizer.pre_quant_scale is not None
 
 
-def test_an_algorithm_changing_other_modules_is_refused_naming_it():
-    name = "test_aq_touches_the_norm"
+def _touch_norm(model, forward_loop, calibrate):
+    with torch.no_grad():
+        model.ln.bias.add_(1.0)
+    calibrate()
 
-    def run(model, forward_loop, calibrate):
-        with torch.no_grad():
-            model.ln.bias.add_(1.0)
-        calibrate()
 
+def _add_buffer(model, forward_loop, calibrate):
+    model.fc1.register_buffer("extra", torch.zeros(1))
+    calibrate()
+
+
+@pytest.mark.parametrize(
+    ("run", "match"),
+    [
+        (_touch_norm, r"format 'CUSTOM_0': its algorithm changed 'ln' \(LayerNorm\), which is not a searched layer"),
+        (_add_buffer, r"format 'CUSTOM_0': its algorithm changed the tensors of the layer 'fc1'"),
+    ],
+)
+def test_an_algorithm_changing_what_cannot_be_switched_is_refused(run, match):
+    name = "test_aq_" + run.__name__
     register_algorithm(name)(run)
     try:
         cfg = {**INT8, "algorithm": {"method": name}}
-        with pytest.raises(ValueError, match=r"format 'CUSTOM_0': its algorithm changed 'ln' \(LayerNorm\)"):
+        with pytest.raises(ValueError, match=match):
             _search(_Net(), _data(), [cfg], 8.0)
     finally:
         del ALGORITHMS[name]

@@ -128,6 +128,14 @@ def check_changes(ref: nn.Module, cand: nn.Module, folds: dict[str, Fold], group
             "fold_linear=False); that layer's weight would then depend on its consumers' formats, which "
             "auto_quantize cannot switch independently (keep one of them out of the search with disabled_layers)"
         )
+    for name in sorted(grouped):
+        mine, theirs = _state(cand.get_submodule(name)), _state(ref.get_submodule(name))
+        layout = {k: (tuple(t.shape), t.dtype) for k, t in mine.items()}
+        if layout != {k: (tuple(t.shape), t.dtype) for k, t in theirs.items()}:
+            raise ValueError(
+                f"auto_quantize: {what}: its algorithm changed the tensors of the layer {name!r} (now {layout}); "
+                "auto_quantize switches a layer's tensor values between formats, not its parameters"
+            )
     producers = {f.producer for f in folds.values()}
     quantizers = {n for n, m in cand.named_modules() if is_quantizer_child(m)}
     for name, m in cand.named_modules():
