@@ -217,6 +217,8 @@ def test_fold_into_a_searched_layer_is_recalibrated_without_linear_folds():
     folded, expect = _standalone(_Chain(), AWQ, data), _standalone(_Chain(), unfolded, data)
     assert not torch.equal(folded.fc1.weight, expect.fc1.weight)  # the standalone folds into fc1
     assert folded.fc2.input_quantizer.pre_quant_scale is None and expect.fc2.input_quantizer.pre_quant_scale is not None
+    with pytest.raises(ValueError, match="awq: fold_linear must be True or False, got 'no'"):
+        mtq.quantize(_Chain(), {**AWQ, "algorithm": {"method": "awq_lite", "fold_linear": "no"}}, lambda m: None)
     q, st = _search(_Chain(), data, [AWQ, INT8], 4.0)
     assert set(st["best"]["layer_recipe"].values()) == {"INT4_AWQ_CFG"}
     with torch.no_grad():
