@@ -279,6 +279,7 @@ def test_disabled_layers_stay_float_and_out_of_the_cost():
         ({"data_loader": []}, "yielded no batch"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:auto_quantize. received a custom quantization format")
 def test_bad_arguments(kwargs, match):
     m = _mlp()
     data, fs, lf = _problem(m)

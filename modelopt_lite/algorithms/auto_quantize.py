@@ -142,7 +142,8 @@ def auto_quantize(
 
     Raises:
         ValueError: bad constraints, formats, arguments, a corrupted checkpoint or one of another search, or an
-            unreachable budget (before any calibration or scoring).
+            unreachable budget (before any calibration or scoring); a format whose algorithm changes a module
+            other than the searched layers (AWQ's folds excepted) or a layer's tensor layout (at its calibration).
     """
     eff_bits = _check_constraints(constraints)
     opts = check_options(quantization_formats, module_search_spaces, fixed_quantization_config)
