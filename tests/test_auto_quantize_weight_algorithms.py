@@ -269,3 +269,37 @@ def test_fixed_config_with_a_weight_algorithm():
     standalone["NONE"] = mtq.quantize(_Net(), {"quant_cfg": {"*": {"enable": False}}, "algorithm": None})
     _layers_match(q, st, standalone, data[2])
     assert torch.equal(q.ln.weight, standalone["INT4_AWQ_CFG"].ln.weight)
+
+
+class _QKV(nn.Module):
+    """A LayerNorm read by q/k/v (one group under QUANT_GROUPING_RULES: AWQ folds one scale for all three)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.ln = nn.LayerNorm(128)
+        self.attn = nn.Module()
+        self.attn.q_proj, self.attn.k_proj, self.attn.v_proj = (nn.Linear(128, 32) for _ in range(3))
+        self.out = nn.Linear(96, 16)
+        with torch.no_grad():
+            self.ln.weight[::9] = 15.0
+
+    def forward(self, x):
+        h = self.ln(x)
+        a = self.attn
+        return self.out(torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], -1))
+
+
+def test_a_group_sharing_one_fold_keeps_it_exact():
+    data = _data()
+    spaces = [
+        {"module_name_patterns": "*_proj", "quantization_formats": [AWQ, INT8], "allow_no_quant": False},
+        {"module_name_patterns": "out", "quantization_formats": [INT8], "allow_no_quant": False},
+    ]
+    q, st = _search(_QKV(), data, [FP8], 5.0, module_search_spaces=spaces)
+    assert list(st["candidate_stats"]) == ["attn.*", "out"] and st["best"]["recipe"]["attn.*"] == "INT4_AWQ_CFG"
+    awq = _standalone(_QKV(), AWQ, data)
+    assert not torch.equal(awq.ln.weight, _QKV().ln.weight)  # folded once for q, k and v
+    assert torch.equal(q.ln.weight, awq.ln.weight) and torch.equal(q.ln.bias, awq.ln.bias)
+    standalone = {"INT4_AWQ_CFG": awq, "INT8_DEFAULT_CFG": _standalone(_QKV(), INT8, data)}
+    _layers_match(q, st, standalone, data[0])
