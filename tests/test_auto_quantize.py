@@ -272,13 +272,14 @@ def test_disabled_layers_stay_float_and_out_of_the_cost():
         ({"quantization_formats": [None]}, "at least one non-None format"),
         ({"quantization_formats": ["INT3_CFG"]}, r"quantization_formats\[0\] 'INT3_CFG' is not a preset name"),
         ({"quantization_formats": [42]}, r"quantization_formats\[0\] must be a config dict"),
-        ({"quantization_formats": [mtq.INT8_SMOOTHQUANT_CFG]}, "algorithm 'smoothquant'"),
+        ({"quantization_formats": [{**INT8, "algorithm": {"method": "smoothquant", "alpha": 2}}]}, "alpha must be"),
         ({"method": "kl"}, "invalid method 'kl'"),
         ({"loss_func": None}, "method 'gradient' needs loss_func or forward_backward_step"),
         ({"num_score_steps": 0}, "num_score_steps must be an int >= 1, got 0"),
         ({"data_loader": []}, "yielded no batch"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:auto_quantize. received a custom quantization format")
 def test_bad_arguments(kwargs, match):
     m = _mlp()
     data, fs, lf = _problem(m)

@@ -3,7 +3,9 @@
 Phases, as ModelOpt's:
 
 1. Candidates: for every format, a copy of the model quantized with it everywhere and calibrated with its own
-   algorithm (calibration sees float activations, as in :func:`modelopt_lite.quantize`). "Keep float" (ModelOpt's
+   algorithm (calibration sees float activations, as in :func:`modelopt_lite.quantize`); algorithms that change the
+   weights (SmoothQuant, AWQ, SVDQuant, GPTQ) included: a layer takes its weight, buffers and quantizers from its
+   format's copy (:mod:`.auto_quantize_recipes`). "Keep float" (ModelOpt's
    ``"NONE"`` recipe) is always a candidate; a ``None`` entry of ``quantization_formats`` is ignored, as there.
    Which groups may use which formats, and a fixed PTQ baseline for the others: :mod:`.auto_quantize_spaces`
    (``module_search_spaces``, ``fixed_quantization_config``).
@@ -35,12 +37,20 @@ import os
 from collections.abc import Callable, Iterable
 from itertools import islice
 
-import torch
 from torch import nn
 
-from ..conversion.config import normalize_config
-from ..conversion.model_quant import calibrate, quantize
+from ..conversion.model_quant import quantize
 from .auto_quantize_checkpoint import load_checkpoint, save_checkpoint
+from .auto_quantize_recipes import (
+    Fold,
+    Key,
+    calibrate_candidate,
+    check_changes,
+    folds_into_layers,
+    install,
+    place,
+    scoring_views,
+)
 from .auto_quantize_scores import METHODS, ScoreContext
 from .auto_quantize_search import solve
 from .auto_quantize_spaces import (
@@ -48,7 +58,6 @@ from .auto_quantize_spaces import (
     NONE,
     QUANT_GROUPING_RULES,
     check_options,
-    is_quantizer_child,
     layer_bits,
     resolve_groups,
     searchable_layers,
@@ -108,7 +117,8 @@ def auto_quantize(
         quantization_formats: configs (e.g. ``INT4_BLOCKWISE_WEIGHT_ONLY_CFG``, ``INT8_DEFAULT_CFG``,
             ``FP8_DEFAULT_CFG``) or preset names; None entries are ignored and "keep float" is always added.
             Default: INT4 blocks of 128 (weight only) and FP8 (none with ``fixed_quantization_config``).
-            Algorithms that change weights (smoothquant, ...) are refused, as ModelOpt refuses all but max/mse.
+            A format's algorithm may change weights (SmoothQuant, AWQ, SVDQuant, GPTQ): each format is calibrated
+            on its own copy and a layer takes all its state from its format's (:mod:`.auto_quantize_recipes`).
         data_loader: batches; the first ``num_calib_steps`` calibrate, the first ``num_score_steps`` score.
         forward_step: ``forward_step(model, batch) -> output`` (the logits for ``method="kl_div"``).
         loss_func: ``loss_func(output, batch) -> scalar tensor`` (gradient and sensitivity methods).
@@ -132,7 +142,8 @@ def auto_quantize(
 
     Raises:
         ValueError: bad constraints, formats, arguments, a corrupted checkpoint or one of another search, or an
-            unreachable budget (before any calibration or scoring).
+            unreachable budget (before any calibration or scoring); a format whose algorithm changes a module
+            other than the searched layers (AWQ's folds excepted) or a layer's tensor layout (at its calibration).
     """
     eff_bits = _check_constraints(constraints)
     opts = check_options(quantization_formats, module_search_spaces, fixed_quantization_config)
@@ -167,7 +178,8 @@ def auto_quantize(
             f"auto_quantize: effective_bits {eff_bits} is below the least reachable, {min_bits:.4f} "
             f"(every layer in its cheapest allowed format)"
         )
-    calib = _Calibrator(cands, opts, fixed_model, forward_step, batches[:num_calib_steps])
+    calib = _Calibrator(ref, cands, opts, fixed_model, {n for g in stats for n in groups[g]})
+    calib.data = (forward_step, batches[:num_calib_steps])
     sigs = {f: signature(cfg) for f, cfg in opts.candidates.items()}
     fixed_sig = (opts.fixed[0], signature(opts.fixed[1])) if opts.fixed else None
     restored = checkpoint is not None and os.path.exists(checkpoint)
@@ -176,7 +188,7 @@ def auto_quantize(
         log.info("auto_quantize: scores restored from %s", checkpoint)
     else:
         calib.run({f for fs in gformats.values() for f in fs} | _fixed_formats(stats))
-        base = _base(ref, fixed_model, cands, groups, stats)
+        base = _base(ref, calib, groups, stats)
         ctx = ScoreContext(
             base,
             cands,
@@ -186,6 +198,7 @@ def auto_quantize(
             forward_step,
             loss_func,
             forward_backward_step,
+            scoring_views(cands, calib.folds),
         )
         scores = score_fn(ctx)
         raw = {g: [scores.get(g, {}).get(f, 0.0) for f in s["formats"]] for g, s in stats.items()}
@@ -200,7 +213,7 @@ def auto_quantize(
     sol = solve([s["scores"] for s in stats.values()], [s["costs"] for s in stats.values()], eff_bits * total)
     recipe = {g: stats[g]["formats"][k] for g, k in zip(stats, sol.choice)}
     calib.run({f for g, f in recipe.items() if f in cands and not _by_config(stats[g])})
-    model = _apply(model, opts, _base(ref, fixed_model, cands, groups, stats), cands, groups, stats, recipe)
+    model = _apply(model, opts, ref, calib, groups, stats, recipe)
     state = _search_state(method, eff_bits, opts, stats, recipe, sol, total)
     state["restored"] = restored
     level = logging.INFO if verbose else logging.DEBUG
@@ -220,89 +233,69 @@ def _fixed_formats(stats) -> set[str]:
 
 
 class _Calibrator:
-    """Calibrates each candidate (and the fixed baseline, first) once, when first needed."""
+    """Calibrates each candidate (and the fixed baseline, first) once, when first needed, with its own algorithm
+    (:mod:`.auto_quantize_recipes`); keeps the AWQ folds of each and the models as ``srcs`` (None: the baseline).
 
-    def __init__(self, cands, opts, fixed_model, forward_step, batches):
-        self.cands, self.opts, self.fixed_model = cands, opts, fixed_model
-        self.forward_step, self.batches, self.done = forward_step, batches, set()
+    A format whose AWQ folded a scale into a searched Linear is calibrated again on a fresh copy with
+    ``fold_linear=False`` (that scale kept as the consumer's ``pre_quant_scale``): a layer's state must not hold
+    another layer's scale."""
+
+    def __init__(self, ref, cands, opts, fixed_model, grouped: set[str]):
+        self.ref, self.cands, self.opts, self.grouped, self.fixed_model = ref, cands, opts, grouped, fixed_model
+        self.folds: dict[Key, dict[str, Fold]] = {}
+        self.data: tuple[Callable, list] = (lambda m, b: None, [])  # (forward_step, calibration batches)
+
+    @property
+    def srcs(self) -> dict[Key, nn.Module]:
+        return {**self.cands, **({None: self.fixed_model} if self.fixed_model is not None else {})}
 
     def run(self, formats: set[str]) -> None:
-        if self.fixed_model is not None and None not in self.done:
-            _calibrate(self.fixed_model, self.opts.fixed[1], self.forward_step, self.batches)
-            self.done.add(None)
-        for f in sorted(formats - self.done):
-            _calibrate(self.cands[f], self.opts.candidates[f], self.forward_step, self.batches)
-            self.done.add(f)
+        todo: list[Key] = [None] if self.fixed_model is not None and None not in self.folds else []
+        for key in [*todo, *sorted(formats - set(self.folds))]:
+            name, cfg = self.opts.fixed if key is None else (key, self.opts.candidates[key])
+            what = f"fixed_quantization_config {name!r}" if key is None else f"format {name!r}"
+            q = self.srcs[key]
+            folds = calibrate_candidate(q, cfg, *self.data)
+            if folds_into_layers(folds, self.grouped):
+                q = quantize(copy.deepcopy(self.ref), {**cfg, "algorithm": None})
+                folds = calibrate_candidate(q, cfg, *self.data, fold_linear=False)
+                if key is None:
+                    self.fixed_model = q
+                else:
+                    self.cands[key] = q
+            check_changes(self.ref, q, folds, self.grouped, what)
+            self.folds[key] = folds
 
 
-def _calibrate(q: nn.Module, cfg: dict, forward_step: Callable, batches: list) -> None:
-    """Calibrate a candidate with its format's algorithm, exactly as quantize() would (calibration-only ones)."""
-    alg = normalize_config(cfg, enable_by_default=True).algorithm
-    if alg is None:
-        return
-
-    def loop(m):
-        was = [(x, x.training) for x in m.modules()]
-        m.eval()
-        try:
-            with torch.no_grad():
-                for b in batches:
-                    forward_step(m, b)
-        finally:
-            for x, t in was:
-                x.train(t)
-
-    method, params = alg
-    calibrate(q, None if method == "max" else method, loop, **params)
-
-
-def _install(dst: nn.Module, src: nn.Module, prefix: str = "") -> None:
-    """Give ``dst`` a copy of every quantizer of ``src`` (both converted the same way), under ``prefix``."""
-    root = src.get_submodule(prefix) if prefix else src
-    done: list[str] = []
-    for name, m in root.named_modules():
-        path = f"{prefix}.{name}" if prefix and name else (prefix or name)
-        if any(path == d or path.startswith(d + ".") for d in done):
-            continue
-        for child, q in m.named_children():
-            if is_quantizer_child(q):
-                owner = dst.get_submodule(path) if path else dst
-                setattr(owner, child, copy.deepcopy(q).train(owner.training))  # the owner's train/eval flag
-                done.append(f"{path}.{child}" if path else child)
-
-
-def _base(ref, fixed_model, cands, groups, stats) -> nn.Module:
+def _base(ref, calib: _Calibrator, groups, stats) -> nn.Module:
     """The model scores are measured on: float layers, except the fixed groups in their fixed format."""
-    base = copy.deepcopy(fixed_model if fixed_model is not None else ref)
-    for name in (n for g, s in stats.items() if not _by_config(s) for n in groups[g]):
-        _install(base, ref, name)  # searched (and space-fixed) layers start float
-    if fixed_model is not None:
-        for name in _ungrouped(ref, stats, groups):
-            _install(base, ref, name)  # disabled layers stay float under the fixed config too
-    for g, s in stats.items():
-        if s["fixed"] and not _by_config(s):
-            for n in groups[g]:
-                _install(base, cands[s["formats"][0]], n)
+    base = copy.deepcopy(calib.srcs.get(None, ref))
+    by_config = {n for g, s in stats.items() if _by_config(s) for n in groups[g]}
+    for name in searchable_layers(ref):
+        if name not in by_config:
+            install(base, ref, name)  # searched, space-fixed and disabled layers start float
+    place(base, ref, calib.srcs, calib.folds, _layer_src(groups, stats, None))
     return base
 
 
-def _ungrouped(ref, stats, groups) -> list[str]:
-    """The searchable layers of ``ref`` that belong to no group (disabled, or quantized by no format)."""
-    grouped = {n for g in stats for n in groups[g]}
-    return [n for n in searchable_layers(ref) if n not in grouped]
+def _layer_src(groups, stats, recipe) -> dict[str, Key]:
+    """layer -> the model it takes its state from: the baseline (None) for the config-fixed groups, the format for
+    the space-fixed ones and (``recipe`` given) the chosen format of the searched ones (float: not listed)."""
+    out: dict[str, Key] = {}
+    for g, s in stats.items():
+        key = None if _by_config(s) else s["formats"][0] if s["fixed"] else recipe.get(g) if recipe else NONE
+        if key != NONE:
+            out.update(dict.fromkeys(groups[g], key))
+    return out
 
 
-def _apply(model: nn.Module, opts, base, cands, groups, stats, recipe) -> nn.Module:
-    """Convert ``model`` in place like the baseline, copy its quantizers, then each searched layer's format's."""
+def _apply(model: nn.Module, opts, ref, calib: _Calibrator, groups, stats, recipe) -> nn.Module:
+    """Convert ``model`` in place like the baseline, copy its quantizers, then each layer's chosen state."""
     model = quantize(model, _ALL_OFF)
     if opts.fixed:
         model = quantize(model, {**opts.fixed[1], "algorithm": None})
-    _install(model, base)
-    for g, f in recipe.items():
-        if f == NONE or stats[g]["fixed"]:
-            continue
-        for n in groups[g]:
-            _install(model, cands[f], n)
+    install(model, _base(ref, calib, groups, stats))  # the quantizers only (attention matmuls of the baseline, ...)
+    place(model, ref, calib.srcs, calib.folds, _layer_src(groups, stats, recipe))
     return model
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,13 @@ class ScoreContext:
     forward_step: Callable
     loss_func: Callable | None
     forward_backward_step: Callable | None
+    #: (format, layer) -> the module to score instead of the candidate's own layer (see auto_quantize_recipes)
+    views: dict[tuple[str, str], nn.Module] = field(default_factory=dict)
+
+    def layer(self, fmt: str, name: str) -> nn.Module:
+        """The layer ``name`` in format ``fmt``, as scored."""
+        view = self.views.get((fmt, name))
+        return view if view is not None else self.cands[fmt].get_submodule(name)
 
 
 #: method name -> (score function, needs a loss: loss_func or forward_backward_step)
@@ -99,7 +106,7 @@ def _output_diff_hooks(ctx: ScoreContext, on_diff: Callable) -> list:
     """Forward hooks on ``ref``'s layers calling ``on_diff(group, {format: Q(layer)(X) - Y}, Y)`` per call."""
     hooks = []
     for name, (group, fmts) in _layer_formats(ctx).items():
-        qmods = {f: ctx.cands[f].get_submodule(name) for f in fmts}
+        qmods = {f: ctx.layer(f, name) for f in fmts}
 
         def hook(mod, args, kwargs, out, group=group, qmods=qmods):
             if not isinstance(out, torch.Tensor):
@@ -195,7 +202,7 @@ def _one_group_at_a_time(ctx: ScoreContext, measure: Callable, delta: Callable) 
             base = measure(b)
             for group, names in ctx.groups.items():
                 for f in ctx.formats[group]:
-                    olds = {n: _swap(ctx.ref, n, ctx.cands[f].get_submodule(n)) for n in names}
+                    olds = {n: _swap(ctx.ref, n, ctx.layer(f, n)) for n in names}
                     try:
                         out[group][f] += float(delta(measure(b), base))
                     finally:

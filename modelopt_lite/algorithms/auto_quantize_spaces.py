@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..conversion.algorithm_registry import ALGORITHMS
 from ..conversion.config import QuantConfigError, normalize_config
 from ..conversion.utils import is_quantizer, named_quantizers
 from ..nn import SequentialQuantizer, TensorQuantizer
@@ -107,13 +106,7 @@ def _parse_formats(formats: list, what: str, custom_prefix: str) -> dict[str, di
         name, cfg = _format_name(
             cfg, f"{what}[{i}]" if what != "fixed_quantization_config" else what, f"{custom_prefix}_{i}"
         )
-        parsed = normalize_config(cfg, enable_by_default=True)  # raises on a malformed config
-        method = parsed.algorithm[0] if parsed.algorithm else None
-        if method in ALGORITHMS:
-            raise QuantConfigError(
-                f"auto_quantize: format {name!r} uses the algorithm {method!r}, which changes the weights; "
-                "auto_quantize supports calibration-only algorithms (max, histogram, percentile, mse, entropy)"
-            )
+        normalize_config(cfg, enable_by_default=True)  # raises on a malformed config
         out.setdefault(name, cfg)
     return out
 

@@ -4,7 +4,8 @@
   activation and weight magnitudes (:mod:`.awq_search`); the weight becomes ``W * s`` and the input is multiplied by
   ``1 / s``: folded into the op that produces it where that op is a LayerNorm/RMSNorm/Linear whose output feeds only
   the scaled layers (:mod:`.awq_fold`), else kept as the input quantizer's ``pre_quant_scale`` (exported as a
-  ``Mul``). Parameters (ModelOpt's): ``alpha_step`` (0.1), ``debug`` (False).
+  ``Mul``). Parameters (ModelOpt's): ``alpha_step`` (0.1), ``debug`` (False); ours: ``fold_linear`` (True; False
+  keeps the scale a producing Linear would take as ``pre_quant_scale`` instead; norms still absorb theirs).
 - ``awq_clip``: per block of the weight, the clipped amax (a ratio of the block max) with the least error of the
   block's partial outputs. Parameters (ModelOpt's): ``max_co_batch_size`` (1024 output rows scored at once),
   ``max_tokens_per_batch`` (None: every token; a number keeps that many evenly strided tokens of each batch, as
@@ -46,7 +47,7 @@ from .awq_decide import ClipRecord, Decider, LiteRecord, search_quantizer  # noq
 
 log = logging.getLogger(__name__)
 
-LITE_PARAMS = ("alpha_step", "debug", "progress")
+LITE_PARAMS = ("alpha_step", "debug", "progress", "fold_linear")
 CLIP_PARAMS = ("max_co_batch_size", "max_tokens_per_batch", "min_clip_ratio", "shrink_step", "debug", "progress")
 DEFAULTS = {
     "alpha_step": 0.1,
@@ -56,6 +57,7 @@ DEFAULTS = {
     "shrink_step": 0.05,
     "debug": False,
     "progress": True,
+    "fold_linear": True,
 }
 
 
@@ -90,7 +92,7 @@ def check_params(params: dict) -> dict:
     p["shrink_step"] = _number("shrink_step", p["shrink_step"], 0.0, 1.0, True, False)
     p["max_co_batch_size"] = _count("max_co_batch_size", p["max_co_batch_size"])
     p["max_tokens_per_batch"] = _count("max_tokens_per_batch", p["max_tokens_per_batch"], allow_none=True)
-    for flag in ("debug", "progress"):
+    for flag in ("debug", "progress", "fold_linear"):
         if not isinstance(p[flag], bool):
             raise TypeError(f"awq: {flag} must be True or False, got {p[flag]!r}")
     return p
@@ -163,7 +165,7 @@ def awq(
 
 def _search(model, mods, forward_loop, p, lite: bool, clip: bool, holder) -> dict[str, dict]:
     """Probe, plan, gather unit by unit while searching, then apply every decision (see :mod:`.awq_plan`)."""
-    trace = awq_fold.Tracer(model, mods) if lite else None
+    trace = awq_fold.Tracer(model, mods, fold_linear=p["fold_linear"]) if lite else None
     pr = awq_plan.probe(model, mods, forward_loop, trace)
     found = trace.groups() if trace is not None else [([n], None) for n in mods]
     plan = awq_plan.make_plan(model, mods, [(names, prod and prod[0]) for names, prod in found], pr)

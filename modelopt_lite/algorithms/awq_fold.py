@@ -78,10 +78,12 @@ class _Uses(TorchFunctionMode):
 class Tracer:
     """Finds the foldable producer of each scaled Linear's input during one forward (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, mods: dict[str, nn.Module]):
+    def __init__(self, model: nn.Module, mods: dict[str, nn.Module], fold_linear: bool = True):
         self.model, self.mods = model, mods
         self.producers = {
-            n: (m, fn) for n, m in model.named_modules() if (fn := _folder(m)) is not None and n not in ("",)
+            n: (m, fn)
+            for n, m in model.named_modules()
+            if (fn := _folder(m)) is not None and n not in ("",) and (fold_linear or not isinstance(m, nn.Linear))
         }
         self.out_of: dict[int, str] = {}  # id(output tensor) -> producer name
         self.reads: dict[str, str | None] = {}  # Linear -> producer name of its input (None: not a producer output)
