@@ -18,6 +18,7 @@ from .quant_conv_transpose import (
     QuantConvTranspose2d,
     QuantConvTranspose3d,
 )
+from .quant_dbrx_hf import find_hf_dbrx  # noqa: F401  (installs the registry finder of HF's DBRX experts)
 from .quant_embedding import Embedding, QuantEmbedding
 from .quant_functional import Add, MatMul, QuantAdd, QuantMatMul
 from .quant_linear import Linear, QuantLinear
