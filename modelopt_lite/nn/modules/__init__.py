@@ -22,6 +22,7 @@ from .quant_dbrx_hf import find_hf_dbrx  # noqa: F401  (installs the registry fi
 from .quant_embedding import Embedding, QuantEmbedding
 from .quant_functional import Add, MatMul, QuantAdd, QuantMatMul
 from .quant_linear import Linear, QuantLinear
+from .quant_lora_peft import find_peft_lora  # noqa: F401  (installs the registry finder of peft's LoRA Linear)
 from .quant_mha import QuantMultiheadAttention, QuantNonDynamicallyQuantizableLinear
 from .quant_norm import (
     BatchNorm1d,
