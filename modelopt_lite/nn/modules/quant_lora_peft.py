@@ -92,7 +92,17 @@ class QuantLoraLinearMixin(QuantModuleMixin):
             )
         new = recast_copy(cls, module)
         new._init_quantizers(quant_desc_input, quant_desc_weight)
+        for a in getattr(new, "lora_variant", {}):
+            new._check_plain(a)
         return new
+
+    def _check_plain(self, adapter: str) -> None:
+        variant = self.lora_variant.get(adapter)
+        if variant is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__}: adapter {adapter!r} is a LoRA variant ({type(variant).__name__}); only plain "
+                "LoRA is quantized"
+            )
 
     # --- the merged weight -------------------------------------------------------------------------------------------
     def _adapters(self) -> list[str]:
@@ -104,27 +114,23 @@ class QuantLoraLinearMixin(QuantModuleMixin):
     def quantizer_weight(self) -> torch.Tensor:
         """The weight the weight quantizer sees, in ``nn.Linear``'s ``(out, in)`` layout: the base weight plus the
         delta of every active adapter (peft's ``get_delta_weight``)."""
-        w = self.base_layer.weight
+        w: Any = self.base_layer.weight
         for a in self._adapters():
-            if a in self.lora_variant:
-                raise NotImplementedError(
-                    f"{type(self).__name__}: adapter {a!r} is a LoRA variant "
-                    f"({type(self.lora_variant[a]).__name__}); only plain LoRA is quantized"
-                )
-            w = w + self.get_delta_weight(a).to(w.dtype)
+            self._check_plain(a)
+            w = (w + self.get_delta_weight(a)).to(w.dtype)  # as merge's in-place add: one sum in the wider dtype
         return w.t() if self.fan_in_fan_out else w
 
     def _merged_bias(self) -> torch.Tensor | None:
-        b = getattr(self.base_layer, "bias", None)
+        b: Any = getattr(self.base_layer, "bias", None)
         for a in self._adapters():
             if self.lora_bias.get(a, False):
                 extra = self.lora_B[a].bias * self.scaling[a]
-                b = extra if b is None else b + extra.to(b.dtype)
+                b = extra if b is None else (b + extra).to(b.dtype)
         return b
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not any(q.is_enabled for q in (self.input_quantizer, self.weight_quantizer, self.output_quantizer)):
-            return super().forward(x, *args, **kwargs)  # type: ignore[misc]  # peft's float forward
+            return super().forward(x, *args, **kwargs)  # peft's float forward
         self._check_fake_quant()
         if kwargs.get("adapter_names") is not None:
             raise NotImplementedError(
