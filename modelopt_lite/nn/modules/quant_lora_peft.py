@@ -27,7 +27,7 @@ dependency): ``Quant<Name>(QuantLoraLinearMixin, peft's Linear)`` subclasses pef
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +37,6 @@ from ..tensor_quantizer import TensorQuantizer
 from ._base import QuantModuleMixin, module_device, recast_copy
 from ._registry import QuantModuleRegistry
 from .quant_linear import QuantLinear
-
-if TYPE_CHECKING:
-    _MixinBase = nn.Module
-else:
-    _MixinBase = object
 
 _LORA_MODULE = "peft.tuners.lora.layer"
 
