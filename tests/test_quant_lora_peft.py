@@ -177,3 +177,31 @@ def test_lora_bias_is_merged_into_the_bias():
     mtq.set_quantizer_attribute(merged, "*", {"enable": False})
     with torch.no_grad():
         assert torch.allclose(model(x), merged(x), rtol=1e-5, atol=1e-6)  # float LoRA branch vs merged weights
+
+
+def test_weight_mse_search_reads_the_merged_weight():
+    x = _x()
+    cfg = {**mtq.INT8_DEFAULT_CFG, "algorithm": {"method": "mse", "step_size": 0.25}}
+    model = mtq.quantize(_peft(), cfg, lambda m: m(x))
+    ref = _loras(_peft())[0]
+    merged = ref.base_layer.weight + ref.get_delta_weight("default")
+    amax = _loras(model)[0].weight_quantizer.amax
+    row_max = merged.abs().amax(1, keepdim=True)
+    assert amax.shape == (12, 1)
+    losses = []  # the search's squared error of each row at each multiplier, on the merged weight
+    for m in torch.linspace(0.25, 4.0, 16):
+        fq = mtq.tensor_quant.fake_tensor_quant(merged.detach(), (row_max * m).detach())
+        losses.append(((fq - merged.detach()) ** 2).sum(1))
+    best = torch.stack(losses).argmin(0)  # the first minimum wins, as in the search
+    want = row_max.detach() * torch.linspace(0.25, 4.0, 16)[best].unsqueeze(1)
+    torch.testing.assert_close(amax, want, rtol=1e-6, atol=0)
+
+
+def test_calib_calibrate_weights_reads_the_merged_weight():
+    from modelopt_lite.calib import calibrate_weights
+
+    model = mtq.replace_quant_module(_peft())
+    calibrate_weights(model, "max")
+    ref = _loras(_peft())[0]
+    want = (ref.base_layer.weight + ref.get_delta_weight("default")).abs().amax(1, keepdim=True)
+    torch.testing.assert_close(_loras(model)[0].weight_quantizer.amax, want, rtol=0, atol=0)
