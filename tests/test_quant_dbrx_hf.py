@@ -134,3 +134,13 @@ def test_bfloat16_experts_keep_their_dtype_and_quantize():
     assert model.experts.mlp.v1_linear[0].weight.dtype == torch.bfloat16
     with torch.no_grad():
         assert model(x).dtype == torch.bfloat16
+
+
+def test_a_quantized_model_pickles(tmp_path):
+    x = _x(64)
+    model = mtq.quantize(_ffn(), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    torch.save(model, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert type(loaded.experts) is quant_dbrx_class(DbrxExperts)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

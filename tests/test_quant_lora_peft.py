@@ -205,3 +205,13 @@ def test_calib_calibrate_weights_reads_the_merged_weight():
     ref = _loras(_peft())[0]
     want = (ref.base_layer.weight + ref.get_delta_weight("default")).abs().amax(1, keepdim=True)
     torch.testing.assert_close(_loras(model)[0].weight_quantizer.amax, want, rtol=0, atol=0)
+
+
+def test_a_quantized_model_pickles(tmp_path):
+    x = _x()
+    model = mtq.quantize(_peft(), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    torch.save(model, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert type(_loras(loaded)[0]) is quant_lora_class(LoraLinear)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

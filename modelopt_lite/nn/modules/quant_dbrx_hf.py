@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -178,6 +179,15 @@ def quant_dbrx_class(float_cls: type) -> type:
         (mixin, float_cls),
         {"_float_cls": float_cls, "__module__": __name__, "__doc__": mixin.__doc__},
     )
+
+
+def __getattr__(name: str) -> type:
+    """``QuantDbrxExperts`` / ``QuantDbrxExpertGLU`` by name (what unpickling a quantized model looks up); imports
+    transformers' DBRX module only then."""
+    float_name = name.removeprefix("Quant")
+    if name.startswith("Quant") and float_name in _MIXINS:
+        return quant_dbrx_class(getattr(importlib.import_module(_DBRX_MODULE), float_name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def find_hf_dbrx(cls: type) -> type | None:

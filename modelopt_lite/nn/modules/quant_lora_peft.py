@@ -27,6 +27,7 @@ dependency): ``Quant<Name>(QuantLoraLinearMixin, peft's Linear)`` subclasses pef
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import torch
@@ -158,6 +159,13 @@ def quant_lora_class(float_cls: type) -> type:
         (QuantLoraLinearMixin, float_cls),
         {"_float_cls": float_cls, "__module__": __name__, "__doc__": QuantLoraLinearMixin.__doc__},
     )
+
+
+def __getattr__(name: str) -> type:
+    """``QuantLoraLinear`` by name (what unpickling a quantized model looks up); imports peft's LoRA layer only then."""
+    if name == "QuantLoraLinear":
+        return quant_lora_class(importlib.import_module(_LORA_MODULE).Linear)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def find_peft_lora(cls: type) -> type | None:
