@@ -215,3 +215,15 @@ def test_a_quantized_model_pickles(tmp_path):
     assert type(_loras(loaded)[0]) is quant_lora_class(LoraLinear)
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
+
+
+def test_merge_gives_a_quantized_base_layer_the_lora_quantizers():
+    x = _x()
+    model = mtq.quantize(_peft(), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    lora = _loras(model)[0]
+    lora.base_layer = QuantLinear.from_float(lora.base_layer)  # what a restored ModelOpt state holds
+    with torch.no_grad():
+        out = model(x)
+        merged = model.merge_and_unload()
+        assert merged.q.weight_quantizer is lora.weight_quantizer and merged.q.input_quantizer is lora.input_quantizer
+        assert torch.equal(merged(x), out)

@@ -9,7 +9,8 @@ where ``delta_a`` is peft's own ``get_delta_weight(a)`` (``scaling * B @ A``, in
 active adapter, and ``bias_a`` the ``lora_bias`` term: training with LoRA then sees the quantization error of the
 weights it will ship, the gradients reach ``lora_A`` / ``lora_B`` through the weight quantizer (straight-through),
 and ``merge()`` / ``merge_and_unload()`` keep the outputs: ``merge`` turns an ``nn.Linear`` base layer into a
-``QuantLinear`` holding the same three quantizers (shared with the LoRA layer until it is unloaded).
+``QuantLinear`` holding the same three quantizers (shared with the LoRA layer until it is unloaded; a base layer
+that is a ``QuantLinear`` already, as a restored ModelOpt state makes it, gets them too).
 
 The layer gets ModelOpt's ``input_quantizer``, ``weight_quantizer`` (per output channel) and ``output_quantizer``
 (disabled). Its children are NOT converted: the base layer and ``lora_A`` / ``lora_B`` stay float (ModelOpt converts
@@ -143,12 +144,14 @@ class QuantLoraLinearMixin(QuantModuleMixin):
         so the layer ``merge_and_unload`` returns quantizes as this one does."""
         super().merge(*args, **kwargs)  # type: ignore[misc]
         base = self.base_layer
-        if self.merged and type(base) is nn.Linear:
-            quant = QuantLinear.from_float(base)
-            quant.input_quantizer = self.input_quantizer
-            quant.weight_quantizer = self.weight_quantizer
-            quant.output_quantizer = self.output_quantizer
-            self.base_layer = quant.to(module_device(base))
+        if not self.merged:
+            return
+        if type(base) is nn.Linear:
+            base = self.base_layer = QuantLinear.from_float(base).to(module_device(base))
+        if isinstance(base, QuantLinear):  # also a base layer quantized by a ModelOpt state (its own are unused)
+            base.input_quantizer = self.input_quantizer
+            base.weight_quantizer = self.weight_quantizer
+            base.output_quantizer = self.output_quantizer
 
 
 @functools.cache
