@@ -408,7 +408,8 @@ def calibrate_weights(model: nn.Module, method: str | None = "max", **compute_am
     weight quantizer collects its module's ``weight`` and loads amax; activation quantizers are left untouched
     (uncalibrated ones quantize dynamically). Quantizers applied to weights inside ``forward`` only (the RNN
     families) are not reached and stay dynamic. The model's mode flags are restored."""
-    sites = _weight_sites(model)
+    with torch.no_grad():  # a LoRA layer computes its merged weight here
+        sites = _weight_sites(model)
     chosen = {id(q) for wq, _ in sites for q in wq.modules()}
     flags = [(m, m.training) for m in model.modules()]
     try:
