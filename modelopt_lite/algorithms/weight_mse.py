@@ -84,7 +84,8 @@ def weight_sites(model: nn.Module) -> Iterator[tuple[str, nn.Module, TensorQuant
     eligible quantizer (each quantizer once)."""
     seen: set[int] = set()
     for name, m in model.named_modules():
-        q, w = getattr(m, "weight_quantizer", None), getattr(m, "weight", None)
+        q, merged = getattr(m, "weight_quantizer", None), getattr(m, "quantizer_weight", None)
+        w = merged() if callable(merged) else getattr(m, "weight", None)  # a LoRA layer quantizes W + delta
         if isinstance(w, torch.Tensor) and eligible(q) and id(q) not in seen:
             seen.add(id(q))
             assert isinstance(q, TensorQuantizer)

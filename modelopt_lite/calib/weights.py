@@ -57,8 +57,8 @@ def calibrate_weights(
         raise ValueError(f"calibrate_weights: method must be one of {_METHODS}, got {method!r}")
     out: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
-        q = getattr(module, "weight_quantizer", None)
-        w = getattr(module, "weight", None)
+        q, merged = getattr(module, "weight_quantizer", None), getattr(module, "quantizer_weight", None)
+        w = merged() if callable(merged) else getattr(module, "weight", None)  # a LoRA layer quantizes W + delta
         if q is None or not isinstance(w, torch.Tensor):
             continue
         where = f"calibrate_weights: {name or type(module).__name__}.weight_quantizer"

@@ -63,6 +63,10 @@ class _Replacements:
         self.done.clear()
 
 
+def _keeps_children_float(module: nn.Module) -> bool:
+    return getattr(type(module), "_quant_keep_children_float", False) is True
+
+
 def _convert_tree(model: nn.Module, registry: QuantModuleRegistryCls, record: _Replacements) -> nn.Module:
     memo: dict[int, nn.Module] = {}
 
@@ -78,7 +82,7 @@ def _convert_tree(model: nn.Module, registry: QuantModuleRegistryCls, record: _R
     root = convert(model)
     model = model if root is None else root
     visited = {id(model)}
-    stack = [model]
+    stack = [] if _keeps_children_float(model) else [model]
     while stack:
         module = stack.pop()
         for attr, child in list(module._modules.items()):  # not named_children(): it hides repeated children
@@ -89,6 +93,8 @@ def _convert_tree(model: nn.Module, registry: QuantModuleRegistryCls, record: _R
                 record.done.append((module, attr, child))
                 setattr(module, attr, new)
                 child = new  # a converted module's children are converted too (an attention module's Linears)
+                if _keeps_children_float(new):  # ... unless it quantizes them itself (a LoRA layer's merged weight)
+                    visited.add(id(new))
             if id(child) not in visited:
                 visited.add(id(child))
                 stack.append(child)
@@ -389,7 +395,9 @@ def _weight_sites(model: nn.Module) -> list[tuple[nn.Module, torch.Tensor]]:
     """``(weight_quantizer, weight)`` of every module quantizing its own ``weight`` (Linear, Conv, Embedding...)."""
     out = []
     for m in model.modules():
-        wq, w = getattr(m, "weight_quantizer", None), getattr(m, "weight", None)
+        wq = getattr(m, "weight_quantizer", None)
+        merged = getattr(m, "quantizer_weight", None)  # what the quantizer sees when it is not ``weight`` (LoRA)
+        w = merged() if callable(merged) else getattr(m, "weight", None)
         if isinstance(wq, nn.Module) and isinstance(w, torch.Tensor):
             out.append((wq, w))
     return out
@@ -400,7 +408,8 @@ def calibrate_weights(model: nn.Module, method: str | None = "max", **compute_am
     weight quantizer collects its module's ``weight`` and loads amax; activation quantizers are left untouched
     (uncalibrated ones quantize dynamically). Quantizers applied to weights inside ``forward`` only (the RNN
     families) are not reached and stay dynamic. The model's mode flags are restored."""
-    sites = _weight_sites(model)
+    with torch.no_grad():  # a LoRA layer computes its merged weight here
+        sites = _weight_sites(model)
     chosen = {id(q) for wq, _ in sites for q in wq.modules()}
     flags = [(m, m.training) for m in model.modules()]
     try:

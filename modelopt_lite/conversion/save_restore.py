@@ -149,16 +149,28 @@ def _first_mismatch(model: nn.Module, records: list[dict]) -> str | None:
                 f"module {name!r} is a {_qualname(type(m))}, the saved state has {rec['float_cls']} "
                 f"(quantized as {rec['quant_cls']})"
             )
-        shapes = _own_param_shapes(m)
-        converted = getattr(REGISTRY.get(type(m)), "converted_param_shapes", None)
-        if converted is not None and _qualname(type(m)) == rec["float_cls"]:
-            shapes = converted(m)  # a float module whose conversion reshapes its parameters (HF Conv1D)
+        shapes = _param_shapes(m, rec)
         if shapes != rec["params"]:
             return f"module {name!r} has parameters {shapes}, the saved state has {rec['params']}"
-    missing = [r["name"] for r in records if r["name"] not in seen]
+    converting = [n for n in seen if _qualname(type(model.get_submodule(n) if n else model)) != by_name[n]["quant_cls"]]
+    missing = [  # a module created by its parent's conversion (the per-expert Linears of DBRX) is checked then
+        r["name"] for r in records if r["name"] not in seen and not any(_under(r["name"], p) for p in converting)
+    ]
     if missing:
         return f"module {missing[0]!r} of the saved state does not exist in the model"
     return None
+
+
+def _param_shapes(m: nn.Module, rec: dict) -> dict[str, list[int]]:
+    """``m``'s own parameter shapes as the saved quantized module has them."""
+    converted = getattr(REGISTRY.get(type(m)), "converted_param_shapes", None)
+    if converted is not None and _qualname(type(m)) == rec["float_cls"]:
+        return converted(m)  # a float module whose conversion reshapes its parameters (HF Conv1D, DBRX experts)
+    return _own_param_shapes(m)
+
+
+def _under(name: str, parent: str) -> bool:
+    return not parent or name.startswith(parent + ".")
 
 
 def _quant_class_for(m: nn.Module, rec: dict, path) -> type:
@@ -179,7 +191,13 @@ def _convert_recorded(model: nn.Module, records: list[dict], undo: _Replacements
     memo: dict[int, nn.Module] = {}
     for rec in records:
         name = rec["name"]
-        m = model.get_submodule(name) if name else model
+        try:
+            m = model.get_submodule(name) if name else model
+        except AttributeError:
+            raise bad(path, f"module {name!r}", "does not exist in the model once its parents are converted") from None
+        shapes = _param_shapes(m, rec)
+        if shapes != rec["params"]:  # checked before for all but the modules created by their parent's conversion
+            raise bad(path, f"module {name!r}", f"has parameters {shapes}, the saved state has {rec['params']}")
         if _qualname(type(m)) == rec["quant_cls"] and REGISTRY.float_class_of(type(m)) is not None:
             continue
         new = memo.get(id(m))

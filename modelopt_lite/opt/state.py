@@ -161,7 +161,11 @@ def _convert_owners(model: nn.Module, owners: list[str], seq: Mapping[str, int],
         try:
             m = model.get_submodule(name) if name else model
         except AttributeError:
-            raise _bad("quantizer_state", f"module {name!r} does not exist in the model") from None
+            model = _convert_creator(model, name, undo)
+            try:
+                m = model.get_submodule(name)
+            except AttributeError:
+                raise _bad("quantizer_state", f"module {name!r} does not exist in the model") from None
         if REGISTRY.float_class_of(type(m)) is not None or isinstance(m, SequentialQuantizer):
             continue  # already quantized
         if REGISTRY.get(type(m)) is None:
@@ -170,6 +174,21 @@ def _convert_owners(model: nn.Module, owners: list[str], seq: Mapping[str, int],
         if new is None:
             new = memo[id(m)] = REGISTRY.convert(m)
         model = undo.put(model, name, new)
+    return model
+
+
+def _convert_creator(model: nn.Module, name: str, undo: _Replacements) -> nn.Module:
+    """Convert the outermost float ancestor of the missing module ``name`` that has a registered quantized class
+    (whose conversion may create it: DBRX's experts become per-expert Linears); returns the model."""
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        path = ".".join(parts[:i])
+        try:
+            m = model.get_submodule(path)
+        except AttributeError:
+            return model
+        if REGISTRY.float_class_of(type(m)) is None and REGISTRY.get(type(m)) is not None:
+            return undo.put(model, path, REGISTRY.convert(m))
     return model
 
 

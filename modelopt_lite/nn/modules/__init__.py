@@ -18,9 +18,11 @@ from .quant_conv_transpose import (
     QuantConvTranspose2d,
     QuantConvTranspose3d,
 )
+from .quant_dbrx_hf import find_hf_dbrx  # noqa: F401  (installs the registry finder of HF's DBRX experts)
 from .quant_embedding import Embedding, QuantEmbedding
 from .quant_functional import Add, MatMul, QuantAdd, QuantMatMul
 from .quant_linear import Linear, QuantLinear
+from .quant_lora_peft import find_peft_lora  # noqa: F401  (installs the registry finder of peft's LoRA Linear)
 from .quant_mha import QuantMultiheadAttention, QuantNonDynamicallyQuantizableLinear
 from .quant_norm import (
     BatchNorm1d,
