@@ -14,7 +14,7 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   stop_multiplier=4.0, fp8_scale_sweep=False, shared_states=None)``: max calibration, then each weight amax searched
   over ``amax * m`` for ModelOpt's multipliers (least squared weight error per amax element);
 - ``local_hessian_calibrate(model, forward_loop=None, ..., fp8_scale_sweep=True, block_size=16, debug=False)``: the
-  same search weighted by each Linear's per-block input Hessian (``fp8_scale_sweep=False`` to run it here);
+  same search weighted by each Linear's per-block input Hessian (``fp8_scale_sweep=True``: static NVFP4 weights only);
 - ``nvfp4_act_headroom_calibrate(model, forward_loop=None, *, anchor_percentile=1.0, upper_percentile=99.99,
   rho=16384.0, weight_scale_algorithm=None)``: NVFP4 activation global amaxes with headroom;
 - ``layerwise_calibrate(model, forward_loop, calib_func, **calib_kwargs)``: ``calib_func`` decoder layer by decoder
@@ -158,10 +158,9 @@ def mse_calibrate(
 
     def run() -> None:
         calibrate_weights(model, None)
-        if fp8_scale_sweep:
-            weight_mse.warn_no_sweep("mse_calibrate")
-            return
-        weight_mse.refine_weights(model, step_size, start_multiplier, stop_multiplier)
+        weight_mse.refine_weights(
+            model, step_size, start_multiplier, stop_multiplier, fp8_scale_sweep=fp8_scale_sweep, what="mse_calibrate"
+        )
 
     return _guarded(model, run)
 
@@ -181,8 +180,8 @@ def local_hessian_calibrate(
     """ModelOpt's ``local_hessian_calibrate``: :func:`max_calibrate`, a pass collecting each quantized Linear's
     per-block input Hessian (weight quantizers off), then the :func:`mse_calibrate` search with the error
     ``dW H dW^T`` (see :mod:`modelopt_lite.algorithms.local_hessian`). Without ``forward_loop`` nothing runs (a
-    warning), as in ModelOpt; ``fp8_scale_sweep=True`` (ModelOpt's default) leaves every weight at its max amax
-    here (no static NVFP4 weights), so pass ``fp8_scale_sweep=False``."""
+    warning), as in ModelOpt; ``fp8_scale_sweep=True`` (ModelOpt's default) sweeps the E4M3 block scales of static
+    NVFP4 weights and leaves every other weight at its max amax (a warning), ``False`` searches all by multiplier."""
     _sync_flag("local_hessian_calibrate", distributed_sync)
     if forward_loop is None:
         warnings.warn("local_hessian_calibrate: forward_loop must be provided; skipping local_hessian", stacklevel=2)
