@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..functional.library_nvfp4_static import nvfp4_static_fake_quant
 from ..descriptor import ScaledQuantDescriptor
+from ..functional.library_nvfp4_static import nvfp4_static_fake_quant
 from ._amax_state import _to_amax_tensor
 
 
