@@ -44,6 +44,7 @@ from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
 from .algorithms import layerwise, weight_mse, weight_scale
+from .algorithms import lsq as lsq_algorithm
 from .algorithms.svdquant import check_rank as svdquant_rank
 from .algorithms.svdquant import svd_factors
 from .calib.distributed import is_active
@@ -237,9 +238,9 @@ def lsq(
     tied_amax: bool = False,
     quantize_pre_scale: bool = True,
 ) -> nn.Module:
-    """ModelOpt's ``lsq``: ``scale_algorithm`` (default ``{"method": "mse"}``), then LSQ mode for static NVFP4
-    weight quantizers, which this project does not have: the weights are calibrated and a warning says nothing was
-    converted (see :mod:`modelopt_lite.algorithms.lsq`)."""
+    """ModelOpt's ``lsq``: ``scale_algorithm`` (default ``{"method": "mse"}``), then LSQ mode (learnable
+    ``amax_pre`` / ``amax_post``) for the static NVFP4 weight quantizers; a warning when there is none (see
+    :mod:`modelopt_lite.algorithms.lsq`)."""
     params = {"scale_algorithm": scale_algorithm, "learnable_amax": learnable_amax, "tied_amax": tied_amax}
     params["quantize_pre_scale"] = quantize_pre_scale
     if forward_loop is not None:
@@ -252,9 +253,7 @@ def lsq(
         "max": max_calibrate,
     }
     calibs[method](model, None, **opts)
-    warnings.warn(
-        "lsq: no static NVFP4 weight quantizer to convert to LSQ mode; only the scales were calibrated", stacklevel=2
-    )
+    lsq_algorithm.convert(model, learnable_amax, tied_amax, quantize_pre_scale)
     return model
 
 

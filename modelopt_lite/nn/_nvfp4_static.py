@@ -9,6 +9,12 @@ of the input's own (:mod:`modelopt_lite.functional.library_nvfp4_static`): after
 give the same bits. An uncalibrated static NVFP4 quantizer refuses to quantize (ValueError naming it).
 
 ModelOpt stores the block amax flat, ``(rows * blocks, 1)``; a tensor in that layout is read as ours.
+
+LSQ (:meth:`StaticNVFP4State.enable_lsq`, ModelOpt's ``enable_lsq``; run by ``model_calib.lsq``): separate quantize
+and dequantize block amaxes ``_amax_pre`` / ``_amax_post`` (one tensor when tied), initialised from the calibrated
+amax, of which ``learnable_amax`` are float32 ``nn.Parameter`` s (ModelOpt keeps them in the weight's dtype); the
+forward is :func:`modelopt_lite.functional.nvfp4_lsq.fake_nvfp4_lsq`. The calibrated ``_amax`` stays as it was
+(ModelOpt deletes it); ``disable_lsq()`` returns to the plain static quantizer.
 """
 
 from __future__ import annotations
@@ -20,7 +26,11 @@ from torch import nn
 
 from ..descriptor import ScaledQuantDescriptor
 from ..functional.library_nvfp4_static import nvfp4_static_fake_quant
+from ..functional.microscaling import nvfp4_global_scale
+from ..functional.nvfp4_lsq import fake_nvfp4_lsq
 from ._amax_state import _to_amax_tensor
+
+_LSQ_AMAXES = ("pre", "post")
 
 
 class StaticNVFP4State(nn.Module):
@@ -67,6 +77,7 @@ class StaticNVFP4State(nn.Module):
     def _store_amax(self, t: torch.Tensor | None) -> None:
         if t is None:
             self._buffers.pop("_global_amax", None)  # uncalibrated again: the global amax goes with the blocks
+            self.disable_lsq()
         super()._store_amax(t)  # type: ignore[misc]
 
     def _calibrated_global_amax(self) -> None:
@@ -87,14 +98,82 @@ class StaticNVFP4State(nn.Module):
             a = a.reshape(want)
         return a
 
+    # --- LSQ ---------------------------------------------------------------------------------------------------------
+    _lsq: dict | None = None
+
+    def enable_lsq(
+        self, quantize_scales=None, learnable_amax=("post",), tied_amax: bool = False, quantize_pre_scale: bool = True
+    ) -> None:
+        """LSQ mode (see the module docstring): ``learnable_amax`` among "pre"/"post" become parameters;
+        ``tied_amax``: one tensor for both; ``quantize_scales`` (default True): E4M3 block scales (False: ``a / 6``);
+        ``quantize_pre_scale=False``: the pre scale unquantized."""
+        label = self._label()
+        if not self.is_nvfp4_static or self._amax is None or self.global_amax is None:
+            raise ValueError(f"{label}: enable_lsq needs a calibrated static NVFP4 quantizer (block amaxes + global)")
+        names = [learnable_amax] if isinstance(learnable_amax, str) else list(learnable_amax)
+        if any(n not in _LSQ_AMAXES for n in names):
+            raise ValueError(
+                f"{label}: learnable_amax must be 'pre', 'post', a list of those or [], got {learnable_amax!r}"
+            )
+        for key, v in (("tied_amax", tied_amax), ("quantize_pre_scale", quantize_pre_scale)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{label}: {key} must be a bool, got {v!r}")
+        quantize = True if quantize_scales is None else quantize_scales
+        if not isinstance(quantize, bool):
+            raise TypeError(f"{label}: quantize_scales must be a bool or None, got {quantize_scales!r}")
+        self.disable_lsq()
+        a = self._amax.detach().float().clone()
+        for name in ("post",) if tied_amax else _LSQ_AMAXES:
+            t = a.clone()
+            if name in names or (tied_amax and names):
+                self.register_parameter(f"_amax_{name}", nn.Parameter(t))
+            else:
+                self.register_buffer(f"_amax_{name}", t)
+        self._lsq = {"learnable": sorted(set(names)), "tied": tied_amax, "quantize_scales": quantize,
+                     "quantize_pre_scale": quantize_pre_scale}  # fmt: skip
+
+    def disable_lsq(self) -> None:
+        """Leave LSQ mode (the learned amaxes are dropped; ``_amax`` is the calibrated one)."""
+        for name in ("_amax_pre", "_amax_post"):
+            self._parameters.pop(name, None)
+            self._buffers.pop(name, None)
+        self._lsq = None
+
+    @property
+    def amax_pre(self) -> torch.Tensor | None:
+        """LSQ's quantize amax (the post one when tied); None outside LSQ mode."""
+        if self._lsq is None:
+            return None
+        return getattr(self, "_amax_post" if self._lsq["tied"] else "_amax_pre")
+
+    @property
+    def amax_post(self) -> torch.Tensor | None:
+        """LSQ's dequantize amax; None outside LSQ mode."""
+        return None if self._lsq is None else self._parameters.get("_amax_post", self._buffers.get("_amax_post"))
+
+    def _lsq_quantize(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        lsq = self._lsq
+        assert lsq is not None
+        want = tuple(self._block_amax_for(x).shape)
+        pre, post = self.amax_pre, self.amax_post
+        assert pre is not None and post is not None
+        pre, post = pre.reshape(want), post.reshape(want)
+        g = self.global_amax
+        assert g is not None
+        gs = nvfp4_global_scale(g.detach().float().reshape(()).to(x.device))
+        qs = lsq["quantize_scales"]
+        return fake_nvfp4_lsq(x, pre, post, gs, block, qs and lsq["quantize_pre_scale"], qs)
+
     def _static_nvfp4_quantize(self, x: torch.Tensor) -> torch.Tensor:
         if not self._desc.fake_quant:
             raise ValueError(
                 "NVFP4 real quantization returns packed codes and block scales: use "
                 "modelopt_lite.functional.microscaling.quantize_nvfp4(..., block_amax=...) (fake_quant=True here)"
             )
-        a = self._block_amax_for(x)
-        return nvfp4_static_fake_quant(x, a, self.global_amax, int(self._desc.block_sizes[-1]))
+        block = int(self._desc.block_sizes[-1])
+        if self._lsq is not None:
+            return self._lsq_quantize(x, block)
+        return nvfp4_static_fake_quant(x, self._block_amax_for(x), self.global_amax, block)
 
     def _apply(self, fn, recurse=True):
         """Keep the global amax float32 (e.g. under ``.half()``), as the block amax."""
