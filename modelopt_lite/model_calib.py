@@ -29,8 +29,8 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   and input amaxes recomputed with max from the weight and the per-channel input maxima SmoothQuant measured.
 
 Parameters the registered algorithm does not take raise a QuantConfigError naming them, before anything runs.
-``lsq(model, forward_loop, scale_algorithm=None, ...)`` runs the scale calibration only: ModelOpt's LSQ conversion
-applies to static NVFP4 weight quantizers, which this project does not have (a warning says so).
+``lsq(model, forward_loop, scale_algorithm=None, ...)`` runs the scale calibration, then LSQ mode (learnable
+``amax_pre`` / ``amax_post``) on the static NVFP4 weight quantizers, as ModelOpt (a warning when there is none).
 """
 
 from __future__ import annotations
