@@ -66,3 +66,15 @@ def test_a_static_nvfp4_checkpoint_modelopt_wrote_restores_here(tmp_path):
             w = model[i].weight
             assert torch.equal(model[i].weight_quantizer(w), mine[i].weight_quantizer(w))
         assert torch.equal(model(x), mine(x))
+
+
+def test_modelopt_list_form_presets_run_here_as_ours():
+    x = _x()
+    for name in ("NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG", "NVFP4_W4A4_WEIGHT_LOCAL_HESSIAN_CFG"):
+        a = ours.quantize(_mlp(), copy.deepcopy(getattr(mtq, name)), lambda m: m(x))
+        b = ours.quantize(_mlp(), getattr(ours, name), lambda m: m(x))
+        for i in (0, 2):
+            assert a[i].weight_quantizer.is_nvfp4_static
+            assert torch.equal(a[i].weight_quantizer.amax, b[i].weight_quantizer.amax), name
+        with torch.no_grad():
+            assert torch.equal(a(x), b(x)), name
