@@ -94,8 +94,14 @@ def test_global_amax_is_used_and_settable():
 def test_validation_names_the_quantizer():
     w = _weight((4, 32))
     q = TensorQuantizer(STATIC, name="fc.weight_quantizer")
-    with pytest.raises(ValueError, match=r"'fc.weight_quantizer'.*no block amax: calibrate it"):
-        q(w)
+    # uncalibrated: the input's own block maxima (dynamic NVFP4, as ModelOpt's fallback); LSQ refuses it
+    assert torch.equal(q(w), TensorQuantizer(DYNAMIC)(w))
+    with pytest.raises(ValueError, match=r"'fc.weight_quantizer': enable_lsq needs a calibrated static NVFP4"):
+        q.enable_lsq()
+    bad = w.clone()
+    bad[0, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"'fc.weight_quantizer'.*NVFP4 input contains NaN or Inf"):
+        q(bad)
     q = calibrated(w, "fc.weight_quantizer")
     for bad in (float("nan"), -1.0, float("inf")):
         a = q.amax.clone()
@@ -146,3 +152,25 @@ def test_ste_gradient():
     top = (ds * 6).repeat_interleave(16, dim=-1)
     assert torch.equal(w.grad, (w.detach().abs() <= top).float())
     assert w.grad[0, :16].sum() < w.grad[0, 16:].sum()  # the clipped block lost some
+
+
+@pytest.mark.parametrize("alg", ["awq_lite", {"method": "svdquant", "lowrank": 4, "progress": False}])
+def test_weight_algorithms_run_on_static_weights(alg):
+    import copy
+
+    from torch import nn
+
+    import modelopt_lite as mtq
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    cfg = {**copy.deepcopy(mtq.NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG), "algorithm": alg}
+    mtq.quantize(model, cfg, lambda m: m(x))
+    for i in (0, 2):
+        q, w = model[i].weight_quantizer, model[i].weight.detach()
+        assert q.is_nvfp4_static and tuple(q.amax.shape) == (w.shape[0], w.shape[1] // 16)
+        assert torch.equal(q.amax, mx._block_amax(mx._blocks(w, 16)))  # max-calibrated on the final weight
+        assert torch.equal(q.global_amax, w.abs().amax())
+    with torch.no_grad():
+        assert bool(torch.isfinite(model(x)).all())

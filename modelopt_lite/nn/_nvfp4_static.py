@@ -6,7 +6,10 @@ per-tensor float32 ``_global_amax`` buffer. Max calibration sets the block amaxe
 global amax to their max; scale searches (``mse_calibrate(fp8_scale_sweep=True)``, ``local_hessian_calibrate``)
 then move the block amaxes with the global amax fixed. The fake quant is dynamic NVFP4's, with those amaxes in place
 of the input's own (:mod:`modelopt_lite.functional.library_nvfp4_static`): after max calibration on a weight both
-give the same bits. An uncalibrated static NVFP4 quantizer refuses to quantize (ValueError naming it).
+give the same bits. Uncalibrated (no block amax yet), it quantizes each input with that input's own block maxima and
+max, i.e. as dynamic NVFP4 (ModelOpt's StaticBlockScaleQuantizer falls back the same way, and so does every
+uncalibrated quantizer here: AWQ's and SVDQuant's searches rely on it); ``enable_lsq``, ``fake2real``, the HF and
+ONNX exports refuse it (ValueError naming the quantizer).
 
 ModelOpt stores the block amax flat, ``(rows * blocks, 1)``; a tensor in that layout is read as ours.
 
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 from ..descriptor import ScaledQuantDescriptor
+from ..functional import microscaling as mx
 from ..functional.library_nvfp4_static import nvfp4_static_fake_quant
 from ..functional.microscaling import nvfp4_global_scale
 from ..functional.nvfp4_lsq import fake_nvfp4_lsq
@@ -173,6 +177,10 @@ class StaticNVFP4State(nn.Module):
         block = int(self._desc.block_sizes[-1])
         if self._lsq is not None:
             return self._lsq_quantize(x, block)
+        if self._stored_amax() is None:  # uncalibrated: x's own block maxima and max (= dynamic NVFP4)
+            mx._check_finite(x, "NVFP4 input")
+            a = mx._block_amax(mx._blocks(x.detach(), block))
+            return nvfp4_static_fake_quant(x, a, a.amax() if a.numel() else a.new_zeros(()), block)
         return nvfp4_static_fake_quant(x, self._block_amax_for(x), self.global_amax, block)
 
     def _apply(self, fn, recurse=True):
