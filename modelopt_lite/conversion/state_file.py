@@ -184,7 +184,7 @@ def _amax_shape_problem(shape: tuple, q, owner, local: str) -> str | None:
     numel = int(torch.Size(shape).numel())
     wshape = _weight_shape(owner, local)
     bs, axis = q.block_sizes, q.axis
-    if bs and q.quant_desc.per_block_amax:  # dynamic NVFP4's amax is per tensor (its global amax)
+    if bs and q.quant_desc.per_block_amax:  # one amax per block (dynamic NVFP4: one per tensor, its global amax)
         if wshape is not None:
             want = blocks.blocks_shape(wshape, blocks.normalize(bs, wshape))
             return None if shape == want else f"block_sizes={bs} of a weight {wshape} need an amax of shape {want}"
