@@ -96,6 +96,9 @@ def test_validation_names_the_quantizer():
     q = TensorQuantizer(STATIC, name="fc.weight_quantizer")
     # uncalibrated: the input's own block maxima (dynamic NVFP4, as ModelOpt's fallback); LSQ refuses it
     assert torch.equal(q(w), TensorQuantizer(DYNAMIC)(w))
+    q.global_amax = 7.0  # a set global amax is kept: dynamic NVFP4 under that amax
+    assert torch.equal(q(w), TensorQuantizer(DYNAMIC, amax=7.0)(w)) and q.amax is None
+    q.global_amax = None
     with pytest.raises(ValueError, match=r"'fc.weight_quantizer': enable_lsq needs a calibrated static NVFP4"):
         q.enable_lsq()
     bad = w.clone()

@@ -180,7 +180,8 @@ class StaticNVFP4State(nn.Module):
         if self._stored_amax() is None:  # uncalibrated: x's own block maxima and max (= dynamic NVFP4)
             mx._check_finite(x, "NVFP4 input")
             a = mx._block_amax(mx._blocks(x.detach(), block))
-            return nvfp4_static_fake_quant(x, a, a.amax() if a.numel() else a.new_zeros(()), block)
+            g = self._buffers.get("_global_amax")  # a set global amax is kept (dynamic NVFP4 with that amax)
+            return nvfp4_static_fake_quant(x, a, g if g is not None else a.amax(), block)
         return nvfp4_static_fake_quant(x, self._block_amax_for(x), self.global_amax, block)
 
     def _apply(self, fn, recurse=True):
