@@ -94,3 +94,14 @@ def test_opt_refuses_lsq_state():
     qs["_lsq"] = True
     with pytest.raises(ValueError, match=r"'_lsq'=True \(learnable LSQ amaxes\) is not supported"):
         mto.restore_from_modelopt_state(_mlp(), state)
+
+
+def test_lsq_mode_is_refused_at_save(tmp_path):
+    model = _quantized()
+    model[0].weight_quantizer.enable_lsq()
+    with pytest.raises(ValueError, match=r"save: quantizer '0.weight_quantizer' is in LSQ mode"):
+        mtq.save(model, tmp_path / "q")
+    with pytest.raises(ValueError, match=r"'0.weight_quantizer': modelopt state of an LSQ-mode quantizer"):
+        mto.modelopt_state(model)
+    model[0].weight_quantizer.disable_lsq()
+    mtq.save(model, tmp_path / "q")

@@ -190,6 +190,11 @@ class ModeloptStateMixin(nn.Module):
 
     def get_modelopt_state(self, properties_only: bool = False) -> dict[str, Any]:
         """The quantizer's settings as ModelOpt's state dict (plus the tensors' shapes unless ``properties_only``)."""
+        if getattr(self, "_lsq", None) is not None:
+            raise ValueError(
+                f"{self._label()}: modelopt state of an LSQ-mode quantizer (learned amax_pre / amax_post) is not "
+                "supported: set its learned amax as .amax and call disable_lsq() first"
+            )
         d = self._desc
         fields = d.dict()
         amax = fields.get("amax")
