@@ -90,6 +90,8 @@ _LAZY = {
     "NVFP4_DEFAULT_CFG": "modelopt_lite.presets",
     "W4A16_NVFP4_CFG": "modelopt_lite.presets",
     "W4A8_NVFP4_FP8_CFG": "modelopt_lite.presets",
+    "NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG": "modelopt_lite.presets",
+    "NVFP4_W4A4_WEIGHT_LOCAL_HESSIAN_CFG": "modelopt_lite.presets",
     "MXFP8_DEFAULT_CFG": "modelopt_lite.presets",
     "MXFP4_DEFAULT_CFG": "modelopt_lite.presets",
     "MXINT8_DEFAULT_CFG": "modelopt_lite.presets",

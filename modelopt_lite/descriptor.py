@@ -297,6 +297,19 @@ class ScaledQuantDescriptor:
         return self._dynamic or bool(self._block_sizes and self._block_sizes.get("type") == "dynamic")
 
     @property
+    def nvfp4_static(self) -> bool:
+        """True for static NVFP4 (``block_sizes['type'] == 'static'``): stored block amaxes and a global amax."""
+        scheme = block_scheme(self._num_bits, self._block_sizes)
+        bs = self._block_sizes
+        return scheme is not None and bs is not None and scheme.kind == "nvfp4" and bs.get("type") == "static"
+
+    @property
+    def per_block_amax(self) -> bool:
+        """True when the stored amax has one value per block (static generic blocks, static NVFP4)."""
+        bs = self._block_sizes
+        return bool(bs) and (block_scheme(self._num_bits, bs) is None or self.nvfp4_static)
+
+    @property
     def block_scheme(self):
         """The :class:`~modelopt_lite.formats.BlockScheme` (NVFP4, MXFP8, MXFP4, MXINT8, ...) or None."""
         return block_scheme(self._num_bits, self._block_sizes)
@@ -375,9 +388,14 @@ def _check_scheme(f: dict):
             f"{scheme.name.upper()} blocks run along the last axis with a size in {scheme.blocks}: block_sizes "
             f"{{-1: {scheme.blocks[0]}, ...}}, got {axes!r}"
         )
-    if bs.get("type", "dynamic") != "dynamic":
+    static = bs.get("type", "dynamic") == "static"
+    if static and scheme.kind != "nvfp4":
         raise ValueError(f"{scheme.name.upper()} computes its block scales from each input: block_sizes['type'] "
                          f"must be 'dynamic', got {bs.get('type')!r}")  # fmt: skip
+    if static and (f["dynamic"] or f["amax"] is not None):
+        what = "dynamic=True" if f["dynamic"] else "a fixed (per-tensor) amax"
+        raise ValueError(f"static NVFP4 (block_sizes['type'] 'static') stores one amax per block: {what} does not "
+                         "apply (calibrate it, or set the quantizer's amax and global_amax)")  # fmt: skip
     if "scale_block_sizes" in bs:
         raise ValueError(f"{scheme.name.upper()} has no scale_block_sizes (its scale format is fixed)")
     if f["unsigned"] or f["narrow_range"]:

@@ -14,7 +14,7 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   stop_multiplier=4.0, fp8_scale_sweep=False, shared_states=None)``: max calibration, then each weight amax searched
   over ``amax * m`` for ModelOpt's multipliers (least squared weight error per amax element);
 - ``local_hessian_calibrate(model, forward_loop=None, ..., fp8_scale_sweep=True, block_size=16, debug=False)``: the
-  same search weighted by each Linear's per-block input Hessian (``fp8_scale_sweep=False`` to run it here);
+  same search weighted by each Linear's per-block input Hessian (``fp8_scale_sweep=True``: static NVFP4 weights only);
 - ``nvfp4_act_headroom_calibrate(model, forward_loop=None, *, anchor_percentile=1.0, upper_percentile=99.99,
   rho=16384.0, weight_scale_algorithm=None)``: NVFP4 activation global amaxes with headroom;
 - ``layerwise_calibrate(model, forward_loop, calib_func, **calib_kwargs)``: ``calib_func`` decoder layer by decoder
@@ -29,8 +29,8 @@ Each runs on a model already converted by :func:`modelopt_lite.quantize` (or ``r
   and input amaxes recomputed with max from the weight and the per-channel input maxima SmoothQuant measured.
 
 Parameters the registered algorithm does not take raise a QuantConfigError naming them, before anything runs.
-``lsq(model, forward_loop, scale_algorithm=None, ...)`` runs the scale calibration only: ModelOpt's LSQ conversion
-applies to static NVFP4 weight quantizers, which this project does not have (a warning says so).
+``lsq(model, forward_loop, scale_algorithm=None, ...)`` runs the scale calibration, then LSQ mode (learnable
+``amax_pre`` / ``amax_post``) on the static NVFP4 weight quantizers, as ModelOpt (a warning when there is none).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from torch import nn
 
 from . import algorithms  # noqa: F401  (registers the algorithms these entry points run)
 from .algorithms import layerwise, weight_mse, weight_scale
+from .algorithms import lsq as lsq_algorithm
 from .algorithms.svdquant import check_rank as svdquant_rank
 from .algorithms.svdquant import svd_factors
 from .calib.distributed import is_active
@@ -158,10 +159,9 @@ def mse_calibrate(
 
     def run() -> None:
         calibrate_weights(model, None)
-        if fp8_scale_sweep:
-            weight_mse.warn_no_sweep("mse_calibrate")
-            return
-        weight_mse.refine_weights(model, step_size, start_multiplier, stop_multiplier)
+        weight_mse.refine_weights(
+            model, step_size, start_multiplier, stop_multiplier, fp8_scale_sweep=fp8_scale_sweep, what="mse_calibrate"
+        )
 
     return _guarded(model, run)
 
@@ -181,8 +181,8 @@ def local_hessian_calibrate(
     """ModelOpt's ``local_hessian_calibrate``: :func:`max_calibrate`, a pass collecting each quantized Linear's
     per-block input Hessian (weight quantizers off), then the :func:`mse_calibrate` search with the error
     ``dW H dW^T`` (see :mod:`modelopt_lite.algorithms.local_hessian`). Without ``forward_loop`` nothing runs (a
-    warning), as in ModelOpt; ``fp8_scale_sweep=True`` (ModelOpt's default) leaves every weight at its max amax
-    here (no static NVFP4 weights), so pass ``fp8_scale_sweep=False``."""
+    warning), as in ModelOpt; ``fp8_scale_sweep=True`` (ModelOpt's default) sweeps the E4M3 block scales of static
+    NVFP4 weights and leaves every other weight at its max amax (a warning), ``False`` searches all by multiplier."""
     _sync_flag("local_hessian_calibrate", distributed_sync)
     if forward_loop is None:
         warnings.warn("local_hessian_calibrate: forward_loop must be provided; skipping local_hessian", stacklevel=2)
@@ -238,9 +238,9 @@ def lsq(
     tied_amax: bool = False,
     quantize_pre_scale: bool = True,
 ) -> nn.Module:
-    """ModelOpt's ``lsq``: ``scale_algorithm`` (default ``{"method": "mse"}``), then LSQ mode for static NVFP4
-    weight quantizers, which this project does not have: the weights are calibrated and a warning says nothing was
-    converted (see :mod:`modelopt_lite.algorithms.lsq`)."""
+    """ModelOpt's ``lsq``: ``scale_algorithm`` (default ``{"method": "mse"}``), then LSQ mode (learnable
+    ``amax_pre`` / ``amax_post``) for the static NVFP4 weight quantizers; a warning when there is none (see
+    :mod:`modelopt_lite.algorithms.lsq`)."""
     params = {"scale_algorithm": scale_algorithm, "learnable_amax": learnable_amax, "tied_amax": tied_amax}
     params["quantize_pre_scale"] = quantize_pre_scale
     if forward_loop is not None:
@@ -253,9 +253,7 @@ def lsq(
         "max": max_calibrate,
     }
     calibs[method](model, None, **opts)
-    warnings.warn(
-        "lsq: no static NVFP4 weight quantizer to convert to LSQ mode; only the scales were calibrated", stacklevel=2
-    )
+    lsq_algorithm.convert(model, learnable_amax, tied_amax, quantize_pre_scale)
     return model
 
 

@@ -28,7 +28,15 @@ def test_every_preset_validates(name):
     if name.startswith("MX"):  # dynamic OCP MX: nothing to calibrate (ModelOpt's algorithm None too)
         assert cfg.algorithm is None
     else:
-        assert cfg.algorithm[0] in ("max", "percentile", "smoothquant", "awq_lite", "svdquant")
+        assert cfg.algorithm[0] in (
+            "max",
+            "percentile",
+            "smoothquant",
+            "awq_lite",
+            "svdquant",
+            "weight_mse",
+            "local_hessian",
+        )
 
 
 def test_preset_contents():

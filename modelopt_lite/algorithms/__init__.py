@@ -6,7 +6,7 @@
 - :mod:`.local_hessian` (``local_hessian``: that search weighted by each Linear's input block Hessians),
 - :mod:`.nvfp4_act_headroom` (``nvfp4_act_headroom``: NVFP4 activation global amaxes with headroom),
 - :mod:`.layerwise` (``layerwise``: any of them decoder layer by decoder layer, ModelOpt's ``"layerwise"``),
-- :mod:`.lsq` (``lsq``: the scale calibration; no static NVFP4 weights to convert), :mod:`.weight_scale` (their weight-scale option),
+- :mod:`.lsq` (``lsq``: the scale calibration, then learnable pre/post amaxes on static NVFP4 weights), :mod:`.weight_scale` (their weight-scale option),
 - :mod:`.smoothquant` (``smoothquant``), :mod:`.svdquant` (``svdquant``: a low-rank float branch, residual quantized), :mod:`.sequence` (a list of algorithms run in order),
 - :mod:`.block_replay` (replaying one block of a model on recorded inputs, shared by AWQ and GPTQ),
 - :mod:`.relu_grids` (shared grids across a ReLU), :mod:`.auto_quantize` (per-layer format search).

@@ -11,9 +11,9 @@ of a block carrying its block's loss, as ModelOpt's ``local_hessian_error`` does
 3. the multiplier search on every eligible weight amax: Hessian-weighted where the layer is a quantized Linear
    whose ``cin`` is a multiple of ``block_size`` and saw data, plain squared error otherwise (a warning names it).
 
-``fp8_scale_sweep=True`` (ModelOpt's default) refines only static NVFP4 weights, which this project does not have:
-every weight keeps its max amax and a warning says so; pass ``fp8_scale_sweep=False``. Without a loop nothing runs
-(a warning), as in ModelOpt.
+``fp8_scale_sweep=True`` (ModelOpt's default) runs the E4M3 block-scale sweep of :mod:`.weight_mse` on the static
+NVFP4 weights (Hessian-weighted the same way) and keeps every other weight at its max amax (a warning names them);
+``fp8_scale_sweep=False`` runs the multiplier search on all. Without a loop nothing runs (a warning), as in ModelOpt.
 """
 
 from __future__ import annotations
@@ -133,9 +133,6 @@ def collect(model: nn.Module, forward_loop, block_size: int) -> dict[int, LocalH
 
 def refine(model: nn.Module, forward_loop, **params) -> dict[int, LocalHessian]:
     """Steps 2 and 3 of the module docstring on a max-calibrated model; returns the accumulators."""
-    if params.get("fp8_scale_sweep", True):
-        weight_mse.warn_no_sweep("local_hessian")
-        return {}
     accs = collect(model, forward_loop, params.get("block_size", 16))
     fns = {qid: acc.error_fn() for qid, acc in accs.items()}
     weight_mse.refine_weights(
@@ -144,6 +141,8 @@ def refine(model: nn.Module, forward_loop, **params) -> dict[int, LocalHessian]:
         start_multiplier=params.get("start_multiplier", 0.25),
         stop_multiplier=params.get("stop_multiplier", 4.0),
         error_fn_for=lambda q: fns.get(id(q)),
+        fp8_scale_sweep=params.get("fp8_scale_sweep", True),
+        what="local_hessian",
     )
     if params.get("debug", False):
         cast(Any, model)._local_hessian_accumulators = {acc.name: acc for acc in accs.values()}

@@ -8,11 +8,13 @@ round half to even), and keeps, per amax element (per tensor, per channel or per
 smallest summed squared error; the first one wins a tie (``argmin``). Activation amaxes keep their max calibration.
 
 Eligible: an enabled, static, calibrated ``TensorQuantizer`` whose amax is not fixed by its descriptor and is not an
-MX format (no amax). ``fp8_scale_sweep=True`` is ModelOpt's sweep over the FP8 E4M3 per-block scales of *static*
-NVFP4 weights (and of registered custom backends); every other weight is left at its max amax there. This project
-has no static NVFP4 weight quantizer (NVFP4 weights scale their blocks dynamically under a calibrated global amax),
-so with ``fp8_scale_sweep=True`` every weight keeps its max amax and a warning says so, as ModelOpt's run on such a
-model does.
+MX format (no amax).
+
+``fp8_scale_sweep=True`` is ModelOpt's sweep over the FP8 E4M3 block scales of *static* NVFP4 weights
+(``block_sizes["type"] == "static"``, see :mod:`modelopt_lite.nn._nvfp4_static`): with the global amax ``g`` fixed,
+every block tries the 126 amaxes ``g * (v / 448)`` for ``v`` each positive finite E4M3 value (so its block scale is
+exactly ``v``), and keeps the one with the least error (the first on a tie), as ModelOpt's ``NVFP4MSECalibrator``.
+Every other weight keeps its max amax there (ModelOpt skips them too) and a warning names them.
 
 The error metric can be replaced (``error_fn(w, wq) -> per-element error``): :mod:`.local_hessian` weights it by
 the layer's input statistics.
@@ -29,6 +31,7 @@ from torch import nn
 
 from ..conversion.algorithm_registry import register_algorithm
 from ..functional import blocks
+from ..functional.division import true_div
 from ..nn import TensorQuantizer
 
 #: ModelOpt's MseCalibConfig fields this algorithm takes (``distributed_sync``, ``shared_states``: see ``check``)
@@ -95,7 +98,7 @@ def weight_sites(model: nn.Module) -> Iterator[tuple[str, nn.Module, TensorQuant
 def _reduce(err: torch.Tensor, q: TensorQuantizer, amax: torch.Tensor) -> torch.Tensor:
     """Sum the per-element error over the elements each amax entry scales; shaped like ``amax``."""
     bs = q.quant_desc.block_sizes
-    if bs and q.quant_desc.block_scheme is None:  # static blocks: one amax per block
+    if bs and q.quant_desc.per_block_amax:  # static blocks, static NVFP4: one amax per block
         sizes = blocks.normalize(bs, err.shape)
         eb, _ = blocks.to_blocks(err, sizes)
         return eb.sum(dim=blocks.inner_dims(err.dim(), sizes)).reshape(amax.shape)
@@ -111,26 +114,45 @@ def _check_finite(w: torch.Tensor, where: str) -> None:
         raise ValueError(f"{where}: the weight contains NaN or Inf, so no amax can be searched for it")
 
 
+def fp8_scale_candidates(device=None) -> torch.Tensor:
+    """The 126 positive finite E4M3 values divided by 448 (float32, ascending): ModelOpt's NVFP4 sweep candidates."""
+    v = torch.arange(0, 128, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).float()
+    return true_div(v[torch.isfinite(v) & (v > 0)], 448.0)
+
+
 @torch.no_grad()
 def search_amax(
     q: TensorQuantizer, w: torch.Tensor, mults: torch.Tensor, error_fn: ErrorFn | None = None, where: str = ""
 ) -> torch.Tensor:
     """The candidate ``amax * m`` (per amax element) with the smallest summed error of ``q(w)``; sets it on ``q``
     and returns it. ``error_fn(w, wq)`` gives the per-element error (default: the squared difference, float32)."""
-    where = where or q._label()
-    _check_finite(w, where)
     initial = q.amax
     assert initial is not None
     initial = initial.detach().clone()
     mults = mults.to(initial.device)
+    return _search(q, w, initial, [initial * m for m in mults], error_fn, where or q._label())
+
+
+@torch.no_grad()
+def sweep_fp8_scales(q: TensorQuantizer, w: torch.Tensor, error_fn: ErrorFn | None = None, where: str = ""):
+    """Static NVFP4: each block amax becomes the candidate ``global_amax * c`` (``c`` in
+    :func:`fp8_scale_candidates`) with the smallest summed error of ``q(w)``; sets it on ``q`` and returns it."""
+    initial, g = q.amax, q.global_amax
+    assert initial is not None and g is not None
+    initial = initial.detach().clone()
+    cands = [torch.full_like(initial, 1.0) * (g * c) for c in fp8_scale_candidates(initial.device)]
+    return _search(q, w, initial, cands, error_fn, where or q._label())
+
+
+def _search(q: TensorQuantizer, w, initial: torch.Tensor, cands: list, error_fn: ErrorFn | None, where: str):
+    _check_finite(w, where)
     wf = w.detach().float()
     best_loss: torch.Tensor | None = None
     best = initial.clone()
     was_calib = q.is_calib_enabled
     q.disable_calib()
     try:
-        for m in mults:
-            cand = initial * m
+        for cand in cands:
             q.amax = cand
             wq = q(w.detach()).float()
             err = (wf - wq) ** 2 if error_fn is None else error_fn(wf, wq)
@@ -157,22 +179,35 @@ def refine_weights(
     start_multiplier: float = 0.25,
     stop_multiplier: float = 4.0,
     error_fn_for: Callable[[TensorQuantizer], ErrorFn | None] | None = None,
+    fp8_scale_sweep: bool = False,
+    what: str = "mse",
 ) -> dict[str, torch.Tensor]:
-    """Run :func:`search_amax` on every eligible weight quantizer of ``model``; returns ``{module name: amax}``."""
+    """Run :func:`search_amax` (``fp8_scale_sweep``: :func:`sweep_fp8_scales` on the static NVFP4 weights, the others
+    kept, with a warning) on every eligible weight quantizer of ``model``; returns ``{module name: amax}``."""
     out: dict[str, torch.Tensor] = {}
+    skipped = []
     for name, _, q, w in list(weight_sites(model)):
-        mults = multipliers(step_size, start_multiplier, stop_multiplier, device=w.device)
         error_fn = error_fn_for(q) if error_fn_for is not None else None
-        out[name] = search_amax(q, w, mults, error_fn, where=f"mse: {name}.weight_quantizer")
+        where = f"{what}: {name}.weight_quantizer"
+        if fp8_scale_sweep and q.quant_desc.nvfp4_static:
+            out[name] = sweep_fp8_scales(q, w, error_fn, where=where)
+        elif fp8_scale_sweep:
+            skipped.append(name)
+        else:
+            mults = multipliers(step_size, start_multiplier, stop_multiplier, device=w.device)
+            out[name] = search_amax(q, w, mults, error_fn, where=where)
+    if skipped:
+        warn_no_sweep(what, skipped)
     return out
 
 
-def warn_no_sweep(what: str) -> None:
-    """``fp8_scale_sweep=True`` here: no static NVFP4 weight exists, every weight keeps its max amax."""
+def warn_no_sweep(what: str, names: list[str]) -> None:
+    """``fp8_scale_sweep=True``: the weights ``names`` are not static NVFP4 and keep their max amax."""
+    shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
     warnings.warn(
-        f"{what}: fp8_scale_sweep=True refines only static NVFP4 weights (ModelOpt's FP8 block-scale sweep); "
-        "this project's NVFP4 weights scale their blocks dynamically, so every weight keeps its max-calibrated "
-        "amax. Pass fp8_scale_sweep=False for the multiplier search.",
+        f"{what}: fp8_scale_sweep=True refines only static NVFP4 weights (block_sizes type 'static', ModelOpt's FP8 "
+        f"block-scale sweep); these keep their max-calibrated amax: {shown}. Pass fp8_scale_sweep=False for the "
+        "multiplier search.",
         stacklevel=3,
     )
 
@@ -181,12 +216,10 @@ def warn_no_sweep(what: str) -> None:
 def run(model: nn.Module, forward_loop, calibrate, **params) -> None:
     """ModelOpt's ``{"method": "mse", "step_size": ..., ...}``: max calibration, then the weight amax search."""
     calibrate()
-    if params.get("fp8_scale_sweep", False):
-        warn_no_sweep("mse")
-        return
     refine_weights(
         model,
         step_size=params.get("step_size", 0.1),
         start_multiplier=params.get("start_multiplier", 0.25),
         stop_multiplier=params.get("stop_multiplier", 4.0),
+        fp8_scale_sweep=params.get("fp8_scale_sweep", False),
     )

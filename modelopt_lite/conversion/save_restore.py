@@ -113,6 +113,11 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
             )
     quantizers, tensors = {}, {}
     for name, q in named_quantizers(model):
+        if getattr(q, "amax_pre", None) is not None:
+            raise ValueError(
+                f"save: quantizer {name!r} is in LSQ mode (learned amax_pre / amax_post), which the saved format "
+                "does not hold: set its learned amax as .amax and call disable_lsq() first"
+            )
         quantizers[name] = _quantizer_record(q)
         for k, v in q.state_dict().items():
             tensors[f"{name}.{k}" if name else k] = v.detach().cpu().contiguous()

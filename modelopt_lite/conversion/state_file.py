@@ -26,6 +26,7 @@ VERSION = 1
 #: the tensors a quantizer may hold in the file
 QUANTIZER_TENSORS = (
     "_amax",
+    "_global_amax",  # static NVFP4's per-tensor amax
     "_pre_quant_scale",
     "_bias_value",
     "_svdquant_lora_a",
@@ -183,7 +184,7 @@ def _amax_shape_problem(shape: tuple, q, owner, local: str) -> str | None:
     numel = int(torch.Size(shape).numel())
     wshape = _weight_shape(owner, local)
     bs, axis = q.block_sizes, q.axis
-    if bs and q.quant_desc.block_scheme is None:  # NVFP4's amax is per tensor (its global amax)
+    if bs and q.quant_desc.per_block_amax:  # one amax per block (dynamic NVFP4: one per tensor, its global amax)
         if wshape is not None:
             want = blocks.blocks_shape(wshape, blocks.normalize(bs, wshape))
             return None if shape == want else f"block_sizes={bs} of a weight {wshape} need an amax of shape {want}"
@@ -246,6 +247,10 @@ def check_quantizer_tensor(path, key: str, t: torch.Tensor, q, owner, local: str
         problem = lowrank_shape_problem(key, tuple(t.shape), owner, local)
         if problem:
             raise bad(path, key, problem)
+        return
+    if key.endswith("_global_amax"):
+        if not q.quant_desc.nvfp4_static or t.numel() != 1 or not bool((t >= 0).all()):
+            raise bad(path, key, f"a global amax is one value >= 0 of a static NVFP4 quantizer, got {t.tolist()!r}")
         return
     if key.endswith("_pre_quant_scale"):
         if t.dim() != 1:

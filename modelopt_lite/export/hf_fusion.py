@@ -9,7 +9,8 @@ are left alone, as ModelOpt does):
    forward applies them); a member whose scale differs gets its weight re-smoothed in float32, ``w * old / mean``
    (cast back to the weight dtype), and its weight quantizer re-calibrated (max) on the new weight;
 2. the input amax becomes the group's maximum (per-tensor input quantizers);
-3. the per-tensor weight amax becomes the group's maximum: NVFP4's global amax, W4A8's E4M3 second quantizer;
+3. the per-tensor weight amax becomes the group's maximum: NVFP4's global amax (static NVFP4: its ``global_amax``,
+   the block amaxes kept), W4A8's E4M3 second quantizer;
 4. AWQ only: when the shared input is the output of a norm layer, the common ``pre_quant_scale`` is folded into
    the norm's weight (and bias) and removed from the members.
 
@@ -165,6 +166,13 @@ def _resmooth_lowrank(mods: list[Any], label: str) -> torch.Tensor:
 
 
 def _share_amax(quantizers: list) -> None:
+    if quantizers and all(getattr(q, "is_nvfp4_static", False) for q in quantizers):  # static NVFP4: the global amax
+        gs = [q.global_amax for q in quantizers]
+        if all(g is not None for g in gs):
+            top = torch.stack([g.detach().float().reshape(()) for g in gs]).max()
+            for q in quantizers:
+                q.global_amax = top
+        return
     amaxes = [q.amax for q in quantizers]
     if any(a is None or a.numel() != 1 for a in amaxes):
         return

@@ -28,7 +28,8 @@ per-tensor float32 global scale:
 
 1. ``gs = float32(amax) / 2688.0`` (``2688 = 6 * 448``, one division); ``gs = 0`` where ``amax <= 2**-24``
    (a dead tensor: every output is 0). ``amax`` is a calibrated (static) value or the tensor's own max.
-2. per block: ``a = max |x|`` over the block (exact), ``d = 6.0 * gs`` (one rounded multiply, computed once),
+2. per block: ``a = max |x|`` over the block (exact; static NVFP4, ``"type": "static"``: ``a`` is the stored,
+   calibrated block amax instead, and nothing else changes), ``d = 6.0 * gs`` (one rounded multiply, computed once),
    ``s = float8_e4m3fn(min(a / d, 448))`` (the E4M3 block scale; saturates at 448 when ``a`` exceeds the static
    amax); ``s = 0`` everywhere when ``gs == 0``. A block whose scale rounds to 0 (``a / d <= 2**-10``, including
    an all-zero block) is dead: codes 0, outputs ``+0.0``, never NaN. (ModelOpt instead clamps such scales up to
@@ -86,7 +87,7 @@ from .division import true_div, true_div_
 __all__ = [
     "E2M1_MAX", "E2M1_VALUES", "E5M2_MAX", "MX_ELEMENTS", "NVFP4_BLOCK_SIZES", "MX_BLOCK_SIZES", "MX_ROUNDINGS",
     "e2m1_round", "e2m1_codes", "e2m1_decode", "e4m3_round", "e5m2_round", "int8_mx_round",
-    "nvfp4_global_scale", "nvfp4_block_scales", "fake_nvfp4", "quantize_nvfp4", "dequantize_nvfp4",
+    "nvfp4_global_scale", "nvfp4_block_scales", "check_nvfp4_block_amax", "fake_nvfp4", "quantize_nvfp4", "dequantize_nvfp4",
     "mx_scale_exponents", "fake_mx", "quantize_mx", "dequantize_mx", "nvfp4_backward", "mx_backward",
 ]  # fmt: skip
 
@@ -225,44 +226,65 @@ def _as_global_scale(global_scale, x: torch.Tensor) -> torch.Tensor:
     return gs.float().reshape(())
 
 
-def _nvfp4_scales_blocked(xb: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+def _nvfp4_scales_from_amax(a: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+    """``e4m3(min(a / (6 * gs), 448))`` of block amaxes ``a`` (float32), 0 everywhere when ``gs == 0``."""
     d = gs * E2M1_MAX
     safe = torch.where(d == 0, torch.ones_like(d), d)
-    s = (_block_amax(xb) / safe).clamp_(max=E4M3_MAX).to(torch.float8_e4m3fn).float()
+    s = (a / safe).clamp_(max=E4M3_MAX).to(torch.float8_e4m3fn).float()
     return torch.where(d == 0, torch.zeros_like(s), s)
 
 
-def nvfp4_block_scales(x: torch.Tensor, global_scale, block: int = 16) -> torch.Tensor:
-    """The E4M3-valued float32 block scales ``e4m3(min(block_amax / (6 * gs), 448))``, shape ``(..., nblocks)``."""
-    _prepare(x, "NVFP4 input")
-    _check_block(block, NVFP4_BLOCK_SIZES, "NVFP4")
-    return _nvfp4_scales_blocked(_blocks(x, block), _as_global_scale(global_scale, x))
+def check_nvfp4_block_amax(block_amax, x: torch.Tensor, block: int) -> torch.Tensor:
+    """Static NVFP4's stored block amaxes as float32 on x's device, shape ``(*x.shape[:-1], nblocks)``; ValueError
+    for another shape or a NaN/Inf/negative value."""
+    a = torch.as_tensor(block_amax).to(device=x.device, dtype=torch.float32)
+    want = (*x.shape[:-1], -(-x.shape[-1] // block))
+    if tuple(a.shape) != want:
+        raise ValueError(
+            f"NVFP4 block amax has shape {tuple(a.shape)}, but an input of shape {tuple(x.shape)} with blocks of "
+            f"{block} needs {want} (one per block)"
+        )
+    if not _compiling():
+        bad = ~torch.isfinite(a) | (a < 0)
+        if bool(bad.any()):
+            raise ValueError(f"NVFP4 block amax must be finite and >= 0, got {first_bad(a, bad)!r}")
+    return a
 
 
-def _nvfp4_values(x: torch.Tensor, global_scale, block: int):
-    """(v = x / ds with 0 in dead blocks, ds (..., nblocks, 1), block scales, dead mask) on the blocked view."""
+def nvfp4_block_scales(x: torch.Tensor, global_scale, block: int = 16, block_amax=None) -> torch.Tensor:
+    """The E4M3-valued float32 block scales ``e4m3(min(block_amax / (6 * gs), 448))``, shape ``(..., nblocks)``;
+    ``block_amax`` None: each block's max |x| (dynamic), else the stored amaxes (static NVFP4)."""
+    return _nvfp4_values(x, global_scale, block, block_amax)[2]
+
+
+def _nvfp4_values(x: torch.Tensor, global_scale, block: int, block_amax=None):
+    """(v = x / ds with 0 in dead blocks, ds (..., nblocks, 1), block scales, dead mask) on the blocked view.
+
+    The block amaxes are x's own (dynamic NVFP4) or ``block_amax`` (static NVFP4: stored, one per block)."""
     _prepare(x, "NVFP4 input")
     _check_block(block, NVFP4_BLOCK_SIZES, "NVFP4")
     gs = _as_global_scale(global_scale, x)
     xb = _blocks(x, block)
-    s = _nvfp4_scales_blocked(xb, gs)
+    a = _block_amax(xb) if block_amax is None else check_nvfp4_block_amax(block_amax, x, block)
+    s = _nvfp4_scales_from_amax(a, gs)
     ds = (s * gs).unsqueeze(-1)
     dead = ds == 0
     v = xb / torch.where(dead, torch.ones_like(ds), ds)
     return v.masked_fill_(dead, 0.0), ds, s, dead
 
 
-def fake_nvfp4(x: torch.Tensor, global_scale, block: int = 16) -> torch.Tensor:
-    """NVFP4 quantize-dequantize ``e2m1(x / ds) * ds`` (``ds = s * gs``), in x's dtype; dead blocks give +0.0."""
-    v, ds, _, dead = _nvfp4_values(x, global_scale, block)
+def fake_nvfp4(x: torch.Tensor, global_scale, block: int = 16, block_amax=None) -> torch.Tensor:
+    """NVFP4 quantize-dequantize ``e2m1(x / ds) * ds`` (``ds = s * gs``), in x's dtype; dead blocks give +0.0.
+    ``block_amax``: the stored block amaxes of static NVFP4 (None: each block's own max |x|)."""
+    v, ds, _, dead = _nvfp4_values(x, global_scale, block, block_amax)
     y = e2m1_round(v).mul_(ds).masked_fill_(dead, 0.0)
     return _unblock(y, x.shape[-1]).to(x.dtype)
 
 
-def quantize_nvfp4(x: torch.Tensor, global_scale, block: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_nvfp4(x: torch.Tensor, global_scale, block: int = 16, block_amax=None):
     """``(codes, block_scales)``: E2M1 codes (uint8 0..15, x's shape, code 0 in dead blocks) and the block scales as
-    ``float8_e4m3fn`` of shape ``(..., nblocks)``."""
-    v, _, s, _ = _nvfp4_values(x, global_scale, block)
+    ``float8_e4m3fn`` of shape ``(..., nblocks)`` (``block_amax`` as in :func:`fake_nvfp4`)."""
+    v, _, s, _ = _nvfp4_values(x, global_scale, block, block_amax)
     codes = _unblock(e2m1_codes(v), x.shape[-1])
     return codes, s.to(torch.float8_e4m3fn)
 
@@ -358,9 +380,9 @@ def _ste(grad: torch.Tensor, x: torch.Tensor, top: torch.Tensor, block: int) -> 
     return _unblock(g, x.shape[-1]).to(grad.dtype)
 
 
-def nvfp4_backward(grad: torch.Tensor, x: torch.Tensor, global_scale, block: int = 16) -> torch.Tensor:
+def nvfp4_backward(grad: torch.Tensor, x: torch.Tensor, global_scale, block: int = 16, block_amax=None):
     """STE gradient of :func:`fake_nvfp4`: ``grad`` where ``|x| <= 6 * s * gs`` (its block's range), else 0."""
-    _, ds, _, _ = _nvfp4_values(x, global_scale, block)
+    _, ds, _, _ = _nvfp4_values(x, global_scale, block, block_amax)
     return _ste(grad, x, ds * E2M1_MAX, block)
 
 

@@ -223,7 +223,7 @@ class AmaxStateMixin(nn.Module):
 def _is_flat_block_layout(q, src: tuple, cur: tuple) -> bool:
     """True when ``src`` is ModelOpt's flat ``(n_blocks, 1)`` layout of a static block amax stored here as ``cur``."""
     d = getattr(q, "_desc", None)
-    if d is None or not d.block_sizes or d.block_scheme is not None or getattr(q, "_num_steps", 1) != 1:
+    if d is None or not d.per_block_amax or getattr(q, "_num_steps", 1) != 1:
         return False
     n = int(torch.Size(cur).numel())
     return src != cur and len(src) == 2 and src[1] == 1 and src[0] == n

@@ -67,7 +67,7 @@ def make_calibrator(desc, name: str | None = None, factory: tuple | None = None)
     if factory is not None:
         cls, args, kwargs = factory
         return cls(*args, **kwargs)
-    if desc.block_sizes and desc.block_scheme is None:  # NVFP4 calibrates a per-tensor (global) amax
+    if desc.per_block_amax:  # static blocks, static NVFP4 (dynamic NVFP4 calibrates a per-tensor global amax)
         return BlockMaxCollector(desc.block_sizes, name=name)
     # imported lazily: most quantizers never calibrate in a given process
     from .. import calib

@@ -48,6 +48,11 @@ _IGNORED = frozenset(
     {
         "_amax_shape_for_export",
         "_is_static_block_scale_quantizer",
+        "_is_nvfp4_static_quantizer",  # derived from the format (block_sizes type 'static', NVFP4)
+        "_quantize_scales",  # StaticBlockScaleQuantizer's LSQ settings (meaningful only with _lsq, refused below)
+        "_quantize_pre_scale",
+        "_learnable_amax",
+        "_tied_amax",
         "_quant_max_bound",
         "_slices",
         "_input_dtype",
@@ -62,7 +67,7 @@ _IGNORED = frozenset(
 _OURS = "_modelopt_lite"
 _OUR_KEYS = ("calib_method", "scale_amax", "num_steps", "amax", "calibrator")
 #: the tensors a quantizer may hold (``_amax`` a parameter too, with learn_amax)
-TENSOR_NAMES = ("_amax", "_pre_quant_scale", "_bias_value", "_svdquant_lora_a", "_svdquant_lora_b")
+TENSOR_NAMES = ("_amax", "_global_amax", "_pre_quant_scale", "_bias_value", "_svdquant_lora_a", "_svdquant_lora_b")
 
 
 def _check_bool(state: Mapping, key: str, label: str, default: bool) -> bool:
@@ -96,6 +101,11 @@ def attrs_from_modelopt_state(state, label: str) -> tuple[dict, dict]:
     )
     if unknown:
         raise ValueError(f"{label}: unknown modelopt quantizer state key(s) {unknown}; nothing is set from them")
+    if state.get("_lsq", False) is not False:
+        raise ValueError(
+            f"{label}: modelopt state '_lsq'={state['_lsq']!r} (learnable LSQ amaxes) is not supported: restore the "
+            "model before lsq(), or after folding the learned amaxes"
+        )
     if state.get("_dequantize", False) is not False:
         raise ValueError(
             f"{label}: modelopt state '_dequantize'={state['_dequantize']!r} (real-quantized weights) "
@@ -122,7 +132,7 @@ def attrs_from_modelopt_state(state, label: str) -> tuple[dict, dict]:
     return attrs, switches
 
 
-_EXTRA_KEYS = frozenset({_OURS, "backend_extra_args", "_pytorch_state_metadata"})
+_EXTRA_KEYS = frozenset({_OURS, "backend_extra_args", "_pytorch_state_metadata", "_lsq"})
 
 
 def tensor_metadata(state: Mapping, label: str) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -180,6 +190,11 @@ class ModeloptStateMixin(nn.Module):
 
     def get_modelopt_state(self, properties_only: bool = False) -> dict[str, Any]:
         """The quantizer's settings as ModelOpt's state dict (plus the tensors' shapes unless ``properties_only``)."""
+        if getattr(self, "_lsq", None) is not None:
+            raise ValueError(
+                f"{self._label()}: modelopt state of an LSQ-mode quantizer (learned amax_pre / amax_post) is not "
+                "supported: set its learned amax as .amax and call disable_lsq() first"
+            )
         d = self._desc
         fields = d.dict()
         amax = fields.get("amax")
@@ -213,6 +228,8 @@ class ModeloptStateMixin(nn.Module):
                 "amax": amax,
             },
         }
+        if d.nvfp4_static:  # ModelOpt restores it as its StaticBlockScaleQuantizer
+            state.update(_is_static_block_scale_quantizer=True, _is_nvfp4_static_quantizer=True, _quant_max_bound=6.0)
         if self._calib_factory is not None:  # a user calibrator class: in-memory states only (see opt.save)
             state[_OURS]["calibrator"] = self._calib_factory
         if not properties_only:

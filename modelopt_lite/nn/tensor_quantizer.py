@@ -47,6 +47,7 @@ from ._amax_state import AmaxStateMixin, _to_amax_tensor
 from ._calib_plumbing import compute_step_amaxes, make_calibrator
 from ._clip_state import ClipStateMixin
 from ._modelopt_state import ModeloptStateMixin
+from ._nvfp4_static import StaticNVFP4State
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
 from ._svdquant_lora import LowRankState
@@ -68,6 +69,7 @@ class TensorQuantizer(
     PreQuantScaleState,
     LowRankState,
     ClipStateMixin,
+    StaticNVFP4State,
     AmaxStateMixin,
 ):
     """Quantize a tensor as its descriptor says, with calibration, temporal steps and learnable amax.
@@ -259,7 +261,8 @@ class TensorQuantizer(
         if a is None:
             return None if self._desc.fake_quant else self._last_scale
         if self._desc.block_scheme is not None:  # NVFP4: the per-tensor float32 global scale amax / (6 * 448)
-            return positive_scale(nvfp4_global_scale(a.detach()))
+            g = self.global_amax if self._desc.nvfp4_static else a  # static: the global amax, not the blocks'
+            return positive_scale(nvfp4_global_scale(a.detach() if g is None else g.detach()))
         s = scale_from_amax(a.detach(), float(self.maxbound))
         bs = self.block_sizes
         if bs and bs.get("scale_bits") is not None:
@@ -342,6 +345,7 @@ class TensorQuantizer(
         if self._amax is not None and self._amax.shape != full.shape:
             self._store_amax(None)
         self._write_amax(full)
+        self._calibrated_global_amax()  # static NVFP4: the max of the new block amaxes
         self._load_calib_bias()
 
     def reset_amax(self) -> None:
@@ -471,6 +475,8 @@ class TensorQuantizer(
         return q
 
     def _quantize_labelled(self, x: torch.Tensor, d) -> torch.Tensor:
+        if d.nvfp4_static:  # stored block amaxes and global amax (nn/_nvfp4_static.py)
+            return self._static_nvfp4_quantize(x)
         amax = self._amax_for(x)
         if d.block_scheme is not None:  # NVFP4 / OCP MX (formats.BLOCK_SCHEMES)
             return scheme_fake_quant(x, d.block_scheme, d.block_sizes, amax, d.fake_quant)

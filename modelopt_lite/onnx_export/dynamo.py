@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import functools
 
-from .symbolic import AFFINE_MARKER, DOMAIN, E2M1_MARKER, E4M3_MARKER, E5M2_MARKER, INT_MARKER, MX_MARKER, NVFP4_MARKER
+from .symbolic import (
+    AFFINE_MARKER,
+    DOMAIN,
+    E2M1_MARKER,
+    E4M3_MARKER,
+    E5M2_MARKER,
+    INT_MARKER,
+    MX_MARKER,
+    NVFP4_MARKER,
+    NVFP4_STATIC_MARKER,
+)
 
 _FLOAT = 1
 
@@ -46,6 +56,15 @@ def _marker_ops():
         NVFP4_MARKER: Op(
             opset, NVFP4_MARKER, schema(NVFP4_MARKER, [("x", "T"), ("global_scale", "tensor(float)")], ("block",))
         ),
+        NVFP4_STATIC_MARKER: Op(
+            opset,
+            NVFP4_STATIC_MARKER,
+            schema(
+                NVFP4_STATIC_MARKER,
+                [("x", "T"), ("global_scale", "tensor(float)"), ("block_amax", "tensor(float)")],
+                ("block",),
+            ),
+        ),
         MX_MARKER: Op(opset, MX_MARKER, schema(MX_MARKER, [("x", "T")], ("block",), ("elem", "rounding"))),
     }
 
@@ -79,6 +98,10 @@ def _fake_nvfp4(x, global_scale, block: int):
     return _marker_ops()[NVFP4_MARKER](x, global_scale, block=block, dtype=_dtype(x))
 
 
+def _fake_nvfp4_static(x, global_scale, block_amax, block: int):
+    return _marker_ops()[NVFP4_STATIC_MARKER](x, global_scale, block_amax, block=block, dtype=_dtype(x))
+
+
 def _fake_mx(x, elem: str, block: int, rounding: str):
     return _marker_ops()[MX_MARKER](x, elem=elem, block=block, rounding=rounding, dtype=_dtype(x))
 
@@ -87,7 +110,12 @@ def translation_table() -> dict:
     """``{torch op overload: onnxscript function}`` for ``torch.onnx.export(custom_translation_table=...)``."""
     import torch
 
-    from ..functional import library, library_minifloat, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
+    from ..functional import (  # noqa: F401  (define torch.ops.modelopt_lite.*)
+        library,
+        library_minifloat,
+        library_mx,
+        library_nvfp4_static,
+    )
 
     ops = torch.ops.modelopt_lite
     return {
@@ -95,6 +123,7 @@ def translation_table() -> dict:
         ops.fake_e4m3.default: _fake_e4m3,
         ops.fake_affine.default: _fake_affine,
         ops.fake_nvfp4.default: _fake_nvfp4,
+        ops.fake_nvfp4_static.default: _fake_nvfp4_static,
         ops.fake_mx.default: _fake_mx,
         ops.fake_e5m2.default: _fake_e5m2,
         ops.fake_e2m1.default: _fake_e2m1,

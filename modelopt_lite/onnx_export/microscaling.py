@@ -73,12 +73,22 @@ def _tensor(name: str, codes: torch.Tensor, elem_type: int) -> onnx.TensorProto:
 
 
 def nvfp4_weight(
-    g: Graph, w: torch.Tensor, global_scale: float, block: int, out: str, opset: int, label: str
+    g: Graph,
+    w: torch.Tensor,
+    global_scale: float,
+    block: int,
+    out: str,
+    opset: int,
+    label: str,
+    block_amax: torch.Tensor | None = None,
 ) -> tuple[list[onnx.NodeProto], dict]:
-    """Nodes producing ``out`` = the NVFP4 fake-quantized constant ``w`` (see the module docstring)."""
+    """Nodes producing ``out`` = the NVFP4 fake-quantized constant ``w`` (see the module docstring); ``block_amax``:
+    static NVFP4's stored block amaxes (None: each block's own max |w|)."""
     _need(opset, FP4_OPSET, label, "FP4 (FLOAT4E2M1) weights")
     gs = torch.tensor(global_scale, dtype=torch.float32)
-    codes, scales = mx.quantize_nvfp4(w.float(), gs, block)
+    if block_amax is not None:
+        block_amax = block_amax.reshape(*w.shape[:-1], -1)  # as the op received it (ModelOpt's flat layout reshaped)
+    codes, scales = mx.quantize_nvfp4(w.float(), gs, block, block_amax)
     base = label.replace("/", ".")
     c = g.add_init(f"{base}.q", _tensor("q", codes, TensorProto.FLOAT4E2M1))
     s = g.add_init(f"{base}.block_scale", _tensor("s", scales, TensorProto.FLOAT8E4M3FN))

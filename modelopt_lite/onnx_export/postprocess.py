@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from . import microscaling, qdq, scale_codes, weights
 from .graph import Graph, attr
-from .symbolic import DOMAIN, MARKERS, MICROSCALING_MARKERS, NVFP4_MARKER
+from .symbolic import DOMAIN, MARKERS, MICROSCALING_MARKERS, NVFP4_MARKER, NVFP4_STATIC_MARKER
 
 
 @dataclass
@@ -206,7 +206,12 @@ def _replace_microscaling(g: Graph, n, consts, res: Resolution, label: str, opse
     x, out = n.input[0], n.output[0]
     dtype = attr(n, "dtype", TensorProto.FLOAT)
     block = attr(n, "block")
-    nv = n.op_type == NVFP4_MARKER
+    nv = n.op_type in (NVFP4_MARKER, NVFP4_STATIC_MARKER)
+    block_amax = None
+    if n.op_type == NVFP4_STATIC_MARKER:  # static NVFP4: the stored block amaxes (weights only)
+        if x not in consts or n.input[2] not in consts:
+            raise ValueError(f"{label}: static NVFP4 (stored block amaxes) exports weights only, not run-time inputs")
+        block_amax = torch.from_numpy(np.ascontiguousarray(consts[n.input[2]].astype(np.float32)))
     if nv:
         gs = consts[n.input[1]].astype(np.float32)
         if gs.size != 1:
@@ -218,7 +223,7 @@ def _replace_microscaling(g: Graph, n, consts, res: Resolution, label: str, opse
     if x in consts:
         w = torch.from_numpy(np.ascontiguousarray(consts[x].astype(np.float32)))
         if nv:
-            nodes, info = microscaling.nvfp4_weight(g, w, gs, block, of, opset, label)
+            nodes, info = microscaling.nvfp4_weight(g, w, gs, block, of, opset, label, block_amax)
         else:
             nodes, info = microscaling.mx_weight(g, w, elem, block, rounding, of, opset, label)
         res.weights.append(dict(info, site=label, absorbed=[], _out=of))

@@ -14,6 +14,7 @@ Markers (domain ``modelopt_lite``, version 1):
 - ``FakeE5M2(x, scale) {dtype}``, ``FakeE2M1(x, scale) {dtype}``: the same with E5M2 (57344) / E2M1 (6)
 - ``FakeAffine(x, scale, zero_point) {qmin, qmax, dtype}``
 - ``FakeNVFP4(x, global_scale) {block, dtype}``  ->  NVFP4 (see :mod:`modelopt_lite.functional.microscaling`)
+- ``FakeNVFP4Static(x, global_scale, block_amax) {block, dtype}``  ->  static NVFP4 (stored block amaxes)
 - ``FakeMX(x) {elem, block, rounding, dtype}``    ->  OCP MX with element ``elem`` (a string attribute)
 """
 
@@ -27,14 +28,15 @@ INT_MARKER = "FakeQuantInt"
 E4M3_MARKER = "FakeE4M3"
 AFFINE_MARKER = "FakeAffine"
 NVFP4_MARKER = "FakeNVFP4"
+NVFP4_STATIC_MARKER = "FakeNVFP4Static"
 MX_MARKER = "FakeMX"
 E5M2_MARKER = "FakeE5M2"
 E2M1_MARKER = "FakeE2M1"
 #: markers of the float32-scaled float formats -> their ``num_bits`` (``formats.element_format`` owns the rest)
 FLOAT_MARKERS = {E4M3_MARKER: (4, 3), E5M2_MARKER: (5, 2), E2M1_MARKER: (2, 1)}
-MARKERS = (INT_MARKER, AFFINE_MARKER, NVFP4_MARKER, MX_MARKER, *FLOAT_MARKERS)
+MARKERS = (INT_MARKER, AFFINE_MARKER, NVFP4_MARKER, NVFP4_STATIC_MARKER, MX_MARKER, *FLOAT_MARKERS)
 #: markers of block formats whose scales the post-pass computes itself (see :mod:`.microscaling`)
-MICROSCALING_MARKERS = (NVFP4_MARKER, MX_MARKER)
+MICROSCALING_MARKERS = (NVFP4_MARKER, NVFP4_STATIC_MARKER, MX_MARKER)
 
 #: ``torch.ops.modelopt_lite`` op name -> marker op type.
 OP_TO_MARKER = {
@@ -42,6 +44,7 @@ OP_TO_MARKER = {
     "fake_e4m3": E4M3_MARKER,
     "fake_affine": AFFINE_MARKER,
     "fake_nvfp4": NVFP4_MARKER,
+    "fake_nvfp4_static": NVFP4_STATIC_MARKER,
     "fake_mx": MX_MARKER,
     "fake_e5m2": E5M2_MARKER,
     "fake_e2m1": E2M1_MARKER,
@@ -125,6 +128,12 @@ def _sym_fake_nvfp4(g, x, global_scale, block):
     return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{NVFP4_MARKER}", x, global_scale, block_i=b, dtype_i=dt))
 
 
+def _sym_fake_nvfp4_static(g, x, global_scale, block_amax, block):
+    b = _const_int(block, "block")
+    marker = f"{DOMAIN}::{NVFP4_STATIC_MARKER}"
+    return _wrap(g, x, lambda dt: g.op(marker, x, global_scale, block_amax, block_i=b, dtype_i=dt))
+
+
 def _sym_fake_mx(g, x, elem, block, rounding):
     e, b, r = _const_str(elem, "elem"), _const_int(block, "block"), _const_str(rounding, "rounding")
     return _wrap(g, x, lambda dt: g.op(f"{DOMAIN}::{MX_MARKER}", x, elem_s=e, block_i=b, rounding_s=r, dtype_i=dt))
@@ -135,6 +144,7 @@ _SYMBOLICS = {
     "fake_e4m3": _sym_fake_e4m3,
     "fake_affine": _sym_fake_affine,
     "fake_nvfp4": _sym_fake_nvfp4,
+    "fake_nvfp4_static": _sym_fake_nvfp4_static,
     "fake_mx": _sym_fake_mx,
     "fake_e5m2": _sym_float(E5M2_MARKER),
     "fake_e2m1": _sym_float(E2M1_MARKER),
@@ -150,7 +160,12 @@ def registered_symbolics():
     import torch
     import torch.onnx
 
-    from ..functional import library, library_minifloat, library_mx  # noqa: F401  (define torch.ops.modelopt_lite.*)
+    from ..functional import (  # noqa: F401  (define torch.ops.modelopt_lite.*)
+        library,
+        library_minifloat,
+        library_mx,
+        library_nvfp4_static,
+    )
 
     names = []
     try:

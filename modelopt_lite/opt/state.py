@@ -220,7 +220,7 @@ def our_amax_shape(q: TensorQuantizer, owner, local: str, shape: tuple) -> tuple
     """Our layout of a ModelOpt amax shape: a static block weight amax ``(rows * blocks, 1)`` is ``(rows, blocks)``."""
     d = q.quant_desc
     w = getattr(owner, "weight", None) if local == "weight_quantizer" else None
-    if d.block_sizes and d.block_scheme is None and isinstance(w, torch.Tensor) and q.num_steps == 1:
+    if d.per_block_amax and isinstance(w, torch.Tensor) and q.num_steps == 1:
         want = blocks.blocks_shape(tuple(w.shape), blocks.normalize(d.block_sizes, tuple(w.shape)))
         if int(torch.Size(want).numel()) == int(torch.Size(shape).numel()):
             return tuple(want)

@@ -59,9 +59,18 @@ def weight_part(name: str, weight: torch.Tensor, wq, fake_w: torch.Tensor) -> tu
     """``(spec["weight"], tensors)`` of an NVFP4/MX weight; RuntimeError if they do not reproduce ``fake_w``."""
     e = _entry(wq)
     w = weight.detach().float()
+    if e["format"] == "nvfp4" and wq.is_nvfp4_static:  # stored block amaxes under the stored global amax
+        if wq.amax_pre is not None:
+            raise ValueError(
+                f"fake2real: module {name!r}: the weight quantizer is in LSQ mode (learned pre/post amaxes): its weight has no single "
+                "NVFP4 encoding; call weight_quantizer.disable_lsq() (or fold the learned amax into .amax) first"
+            )
+        gs = mx.nvfp4_global_scale(wq.global_amax.detach().float().reshape(()))
+        codes, s = mx.quantize_nvfp4(w, gs, e["block"], block_amax=wq._block_amax_for(w))
     if e["format"] == "nvfp4":
-        gs = _global_scale(wq)
-        codes, s = mx.quantize_nvfp4(w, gs, e["block"])
+        if not wq.is_nvfp4_static:
+            gs = _global_scale(wq)
+            codes, s = mx.quantize_nvfp4(w, gs, e["block"])
         tensors = {
             "weight_packed": pack_int4(codes),
             "weight_block_scale": s.view(torch.uint8),
