@@ -9,8 +9,8 @@ import warnings
 import hf_helpers as H
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from test_hf_export import _real_vs_fake
+from safetensors.torch import load_file
+from test_hf_export import _real_vs_fake, _rewrite
 
 import modelopt_lite as mtq
 from modelopt_lite.export import export_hf_checkpoint, fuse_for_hf_export, load_hf_checkpoint
@@ -31,16 +31,6 @@ def fp8_kv(tmp_path_factory):
     out = tmp_path_factory.mktemp("fp8kv")
     export_hf_checkpoint(model, out)
     return model, out
-
-
-def _rewrite(src, dst, edit):
-    dst.mkdir()
-    for f in src.iterdir():
-        (dst / f.name).write_bytes(f.read_bytes())
-    t = load_file(str(src / "model.safetensors"))
-    edit(t)
-    save_file(t, str(dst / "model.safetensors"))
-    return dst
 
 
 def test_fp8_kv_cache_reloads_bit_for_bit(fp8_kv):

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from test_nvfp4_static import STATIC, calibrated
 from torch import nn
 
 import modelopt_lite as mtq
@@ -15,18 +16,9 @@ from modelopt_lite.formats import e2m1_round
 from modelopt_lite.functional import microscaling as mx
 from modelopt_lite.nn import TensorQuantizer
 
-STATIC = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "static", "scale_bits": (4, 3)}}
-
 
 def _calibrated(w) -> TensorQuantizer:
-    q = TensorQuantizer(STATIC, name="fc.weight_quantizer")
-    q.disable_quant()
-    q.enable_calib()
-    q(w)
-    q.load_calib_amax()
-    q.disable_calib()
-    q.enable_quant()
-    return q
+    return calibrated(w, name="fc.weight_quantizer")
 
 
 def _w(shape=(3, 40)) -> torch.Tensor:
