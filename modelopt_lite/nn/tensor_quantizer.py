@@ -26,19 +26,15 @@ import warnings
 import torch
 
 from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
-from ..formats import element_format, format_range
+from ..formats import element_format
 from ..functional import deferred_errors
 from ..functional.checks import check_axes
-from ..functional.division import true_div
 from ..functional.library_mx import scheme_fake_quant
-from ..functional.microscaling import nvfp4_global_scale
-from ..functional.scales import positive_scale, scale_from_amax
 from ..tensor_quant import (
     block_quant,
     fake_block_quant,
     fake_float_quant,
     fake_tensor_quant,
-    quantize_block_scales,
     tensor_quant,
 )
 from . import _quantizer_config as cfg
@@ -50,6 +46,7 @@ from ._modelopt_state import ModeloptStateMixin
 from ._nvfp4_static import StaticNVFP4State
 from ._pre_quant_scale import PreQuantScaleState
 from ._quantizer_export import QuantizerExport
+from ._scale_report import ScaleReport
 from ._svdquant_lora import LowRankState
 
 #: the deferred error of a non-finite dynamic amax (see functional/deferred_errors.py)
@@ -63,6 +60,7 @@ def _bool(v, what: str, label: str) -> bool:
 
 
 class TensorQuantizer(
+    ScaleReport,
     ModeloptStateMixin,
     QuantizerExport,
     AffineBiasState,
@@ -232,42 +230,6 @@ class TensorQuantizer(
     learn_amax = property(lambda self: self._desc.learn_amax, doc="amax is an nn.Parameter trained by LSQ.")
     dynamic = property(lambda self: self._desc.dynamic, doc="amax recomputed per input (also dynamic blocks).")
     scale_amax = property(lambda self: self._desc.scale_amax, doc="Multiplier applied to amax at use, or None.")
-
-    @property
-    def maxbound(self):
-        """The value amax maps to: ``2**(b-1) - 1`` signed, ``2**b - 1`` unsigned, 448 / 57344 / 6 for E4M3 / E5M2 /
-        E2M1."""
-        return format_range(self.num_bits, self.unsigned, self.narrow_range).bound
-
-    def _effective_amax(self) -> torch.Tensor | None:
-        a = self.amax
-        if a is None:
-            return None
-        return a * self.scale_amax if self.scale_amax is not None else a
-
-    @property
-    def step_size(self) -> torch.Tensor | None:
-        """``amax / maxbound`` (float32, detached; ``scale_amax`` applied); None before calibration."""
-        a = self._effective_amax()
-        return None if a is None else true_div(a.detach().float(), float(self.maxbound))
-
-    @property
-    def scale(self) -> torch.Tensor | None:
-        """The positive float32 scale (``amax / maxbound``; dead slices report 1.0; blocks: double-quantized); None
-        before calibration, except that a real-quant (``fake_quant=False``) quantizer without an amax reports the
-        scale of its last input, as pytorch-quantization does. (NVIDIA's tools call the inverse multiplier
-        ``maxbound / amax`` their scale.)"""
-        a = self._effective_amax()
-        if a is None:
-            return None if self._desc.fake_quant else self._last_scale
-        if self._desc.block_scheme is not None:  # NVFP4: the per-tensor float32 global scale amax / (6 * 448)
-            g = self.global_amax if self._desc.nvfp4_static else a  # static: the global amax, not the blocks'
-            return positive_scale(nvfp4_global_scale(a.detach() if g is None else g.detach()))
-        s = scale_from_amax(a.detach(), float(self.maxbound))
-        bs = self.block_sizes
-        if bs and bs.get("scale_bits") is not None:
-            s = quantize_block_scales(s, bs["scale_bits"], bs.get("scale_block_sizes"))
-        return positive_scale(s)
 
     # --- switches ---------------------------------------------------------------------------------------------------
     def enable(self) -> None:
@@ -467,12 +429,6 @@ class TensorQuantizer(
             if str(e).startswith(self._label()):
                 raise
             raise type(e)(f"{self._label()}: {e}") from e
-
-    def _keep_scale(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """``q``; remembers ``s`` for :attr:`scale` (not while tracing or compiling: a plain attribute)."""
-        if not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
-            self._last_scale = s.detach()
-        return q
 
     def _quantize_labelled(self, x: torch.Tensor, d) -> torch.Tensor:
         if d.nvfp4_static:  # stored block amaxes and global amax (nn/_nvfp4_static.py)
