@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..conversion.algorithm_registry import register_algorithm
+from ..formats import e4m3_levels
 from ..functional import blocks
 from ..functional.division import true_div
 from ..nn import TensorQuantizer
@@ -116,8 +117,7 @@ def _check_finite(w: torch.Tensor, where: str) -> None:
 
 def fp8_scale_candidates(device=None) -> torch.Tensor:
     """The 126 positive finite E4M3 values divided by 448 (float32, ascending): ModelOpt's NVFP4 sweep candidates."""
-    v = torch.arange(0, 128, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).float()
-    return true_div(v[torch.isfinite(v) & (v > 0)], 448.0)
+    return true_div(e4m3_levels(device)[1:].float(), 448.0)  # the levels without 0 (exact in float32)
 
 
 @torch.no_grad()
