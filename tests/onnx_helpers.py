@@ -63,3 +63,14 @@ def make_model(graph, opset: int, *, ort: bool = True, **kwargs):
                 f"this model needs opset {opset} (IR {model.ir_version})"
             )
     return model
+
+
+def gemm_weight(m):
+    """``(gemm, w_name, producers)`` of an exported one-layer model: its first Gemm/MatMul node, the name of the
+    tensor its weight input comes from once Transposes are skipped, and ``{output name: producing node}``."""
+    gemm = next(n for n in m.graph.node if n.op_type in ("Gemm", "MatMul"))
+    prod = {o: n for n in m.graph.node for o in n.output}
+    w_name = gemm.input[1]
+    while prod[w_name].op_type == "Transpose":
+        w_name = prod[w_name].input[0]
+    return gemm, w_name, prod

@@ -10,6 +10,7 @@ import onnx
 import pytest
 import torch
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import gemm_weight
 from torch import nn
 
 import modelopt_lite as mtq
@@ -172,11 +173,7 @@ def test_export_follows_the_rule_bit_exact(tmp_path, name, rounding):
     assert [w["scales"]["rounding"] for w in rep.weights] == [rounding]
     assert [a["scales"]["rounding"] for a in rep.activations] == [rounding]
     m = onnx.load(path)
-    gemm = next(n for n in m.graph.node if n.op_type in ("Gemm", "MatMul"))
-    prod = {o: n for n in m.graph.node for o in n.output}
-    w_name = gemm.input[1]
-    while prod[w_name].op_type == "Transpose":
-        w_name = prod[w_name].input[0]
+    gemm, w_name, _ = gemm_weight(m)
     a, w = ReferenceEvaluator(m).run([gemm.input[0], w_name], {m.graph.input[0].name: x.numpy()})
     a, w = torch.from_numpy(a), torch.from_numpy(w)
     with torch.no_grad():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import gemm_weight
 
 import modelopt_lite as mtq
 
@@ -36,11 +37,7 @@ def test_static_nvfp4_weight_exports_its_stored_amaxes(tmp_path, dynamo):
     assert not [n for n in m.graph.node if n.domain not in ("", "ai.onnx")]
     assert TensorProto.FLOAT4E2M1 in {t.data_type for t in m.graph.initializer}
     assert len(rep.weights) == 1
-    gemm = next(n for n in m.graph.node if n.op_type in ("Gemm", "MatMul"))
-    prod = {o: n for n in m.graph.node for o in n.output}
-    w_name = gemm.input[1]
-    while prod[w_name].op_type == "Transpose":
-        w_name = prod[w_name].input[0]
+    gemm, w_name, prod = gemm_weight(m)
     assert prod[w_name].op_type == "DequantizeLinear"
     (w,) = ReferenceEvaluator(m).run([w_name], {m.graph.input[0].name: x.numpy()})
     w = torch.from_numpy(w)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import make_model
+from onnx_helpers import gemm_weight, make_model
 
 from modelopt_lite.formats import E2M1_VALUES
 from modelopt_lite.functional import microscaling as mx
@@ -188,11 +188,7 @@ def test_export_quantized_tensors_bit_exact(tmp_path, name, cfg):
     path = tmp_path / "one.onnx"
     mtq.export_onnx(lin, x, path)
     m = onnx.load(path)
-    gemm = next(n for n in m.graph.node if n.op_type in ("Gemm", "MatMul"))
-    prod = {o: n for n in m.graph.node for o in n.output}
-    w_name = gemm.input[1]
-    while prod[w_name].op_type == "Transpose":
-        w_name = prod[w_name].input[0]
+    gemm, w_name, prod = gemm_weight(m)
     assert prod[w_name].op_type == "DequantizeLinear"
     ev = ReferenceEvaluator(m)
     a, w = ev.run([gemm.input[0], w_name], {m.graph.input[0].name: x.numpy()})
