@@ -144,6 +144,7 @@ def test_layers_use_the_formats_functions():
         for n in (
             "tensor_quant",
             "nn.tensor_quantizer",
+            "nn._scale_report",  # TensorQuantizer.maxbound
             "nn._quantizer_export",
             "functional.lowlevel",
             "functional.scales",
@@ -158,7 +159,7 @@ def test_layers_use_the_formats_functions():
     assert mods["tensor_quant"].torch_dtype_range is formats.torch_dtype_range
     assert mods["nn._quantizer_export"].torch_code_dtype is formats.torch_code_dtype  # TensorQuantizer's code export
     assert mods["nn._quantizer_export"].format_range is formats.format_range
-    assert mods["nn.tensor_quantizer"].format_range is formats.format_range
+    assert mods["nn._scale_report"].format_range is formats.format_range
     assert mods["functional.lowlevel"].smallest_code_type is formats.smallest_code_type
     assert mods["functional.scales"].format_range is formats.format_range
     assert mods["functional.reference"].to_e4m3 is formats.to_e4m3
