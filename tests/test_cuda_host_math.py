@@ -463,6 +463,24 @@ def test_histogram_grid(harness, dtype):
         assert torch.equal(got, want), nbins
 
 
+@pytest.mark.parametrize("dtype", list(HIST_DTYPES))
+def test_histogram_float32_bins_at_the_range_edges(harness, dtype):
+    """The kernels bin float32/16-bit values in float32 when 2**-e is a normal float32 (|e| <= 126), else in float64:
+    both sides of that branch, products that underflow below 2**-126 or overflow to +Inf, -0.0 and bin edges."""
+    vals = [0.0, -0.0, 1.0, 2.0**-126, 2.0**-149, 1e-30, 3.0e38, 65504.0, 2.0**-14, 1.5, 2.0**100, 2.0**-100]
+    x = torch.tensor([vals] * 8, dtype=torch.float64).to(dtype)
+    exps = torch.tensor([126, 127, -126, -127, 120, -100, 0, -5], dtype=torch.int64)
+    rows, cols = x.shape
+    lines, checks = [], []
+    for nbins in (1, 3, 2048):
+        out = harness.file()
+        lines.append(f"hist {HIST_DTYPES[dtype]} {rows} {cols} {nbins} 0 {harness.file(x)} {harness.file(exps)} {out}")
+        checks.append((out, hist_reference(x, exps, nbins), nbins))
+    for res, (out, want, nbins) in zip(harness.run(lines), checks):
+        assert res == "ok 0"
+        assert torch.equal(read(out, torch.int64, (rows, nbins)), want), nbins
+
+
 def test_histogram_equals_calibrator_grid(harness):
     """Same counts as modelopt_lite.calib.grid.histogram_rows (the CPU calibrator's binning) on valid data."""
     grid = pytest.importorskip("modelopt_lite.calib.grid")

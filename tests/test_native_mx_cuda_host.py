@@ -147,12 +147,13 @@ def test_cuda_minifloat_bodies_exact(harness, dtype):
     s = (torch.rand(8, generator=torch.Generator().manual_seed(3)) + 0.05).float()
     s[2] = 0.0
     for ename, elem, rnd in (("e5m2", 1, MS.e5m2_round), ("e2m1", 2, MS.e2m1_round)):
-        for channels, inner in ((1, 1), (8, n // 8)):
+        # inner a multiple of the 16-byte vector (4 or 8 elements) or not: one scale per vector, or one per element
+        for channels, inner in ((1, 1), (8, n // 8), (4, 1), (8, 8), (3, 4), (5, 3)):
             sc = s[:channels]
             xf, sf, yf = harness.put(x), harness.put(sc), harness.path()
             st, _ = harness.run(f"mini {DT[dtype]} {elem} {n} {channels} {inner} {xf} {sf} {yf}")
             assert st == 0
-            se = sc.repeat_interleave(inner) if channels > 1 else sc.expand(n)
+            se = sc[(torch.arange(n) // inner) % channels]
             ref = torch.where(se == 0, 0.0, rnd(x.float() / torch.where(se == 0, 1.0, se)) * se).to(dtype)
             same(harness.get(yf, dtype, (n,)), ref, f"{ename} {dtype} channels {channels}")
 

@@ -98,24 +98,23 @@ MXE_HD float amax_step(float a, float v) {
 }
 
 // Round to nearest even onto a float grid with M explicit mantissa bits whose smallest normal is 2**EMIN; c is
-// already clamped to the format's range (or NaN, which stays NaN). Normals keep M mantissa bits (a carry rounds
-// into the exponent); below 2**EMIN the grid step is 2**(EMIN - M), and (|c| + C) - C with C = 2**(EMIN - M + 23)
-// (whose float32 ulp is that step) rounds there exactly. The sign is restored afterwards (-0.0 stays -0.0).
+// already clamped to the format's range (or NaN, which stays NaN). The sign is restored afterwards (-0.0 stays -0.0).
+// One add and one subtract of C = 2**(e + 23 - M), e = the exponent of |c| but at least EMIN (below 2**EMIN the
+// subnormal grid keeps the step 2**(EMIN - M)): |c| + C lies in C's binade, whose float32 ulp 2**(e - M) is the grid
+// step at |c|, so the add rounds |c| to the grid (ties to even, a carry into the next binade included) and the
+// subtract is exact. Float adds rather than integer carries and no branch: on the GPU integer ops issue at half the
+// float rate. Bit-identical to the integer-carry form it replaced for all 2**32 float32 inputs of E4M3, E5M2 and
+// E2M1 (an exhaustive host check, 2026-11-27).
 template <int M, int EMIN>
 MXE_HD float minifloat_round(float c) {
-  if (c != c) return c;
   const uint32_t b = fbits(c);
   const uint32_t sign = b & 0x80000000u;
   const uint32_t a = b ^ sign;
-  uint32_t r;
-  if (a < static_cast<uint32_t>(127 + EMIN) << 23) {
-    const float big = ffrom(static_cast<uint32_t>(127 + EMIN - M + 23) << 23);
-    r = fbits(fsub(fadd(ffrom(a), big), big));
-  } else {
-    constexpr int kShift = 23 - M;
-    r = (a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) & ~((1u << kShift) - 1u);
-  }
-  return ffrom(r | sign);
+  const uint32_t cn = (a & 0x7F800000u) + (static_cast<uint32_t>(23 - M) << 23);
+  const uint32_t cs = static_cast<uint32_t>(127 + EMIN - M + 23) << 23;
+  const float big = ffrom(cn > cs ? cn : cs);
+  const uint32_t r = fbits(fsub(fadd(ffrom(a), big), big)) | sign;
+  return c != c ? c : ffrom(r);
 }
 
 // Element formats of the blocked kernels (values of the `elem` argument everywhere).
@@ -130,7 +129,11 @@ MXE_HD float e4m3(float v) { return minifloat_round<3, -6>(clampn(v, -kE4M3Max, 
 MXE_HD float e5m2(float v) { return minifloat_round<2, -14>(clampn(v, -kE5M2Max, kE5M2Max)); }
 // E2M1 has no -0.0 input rule of its own: the reference gives the result the sign of (v < 0), so -0.0 maps to +0.0
 // while a negative value that rounds to 0 keeps -0.0.
-MXE_HD float e2m1(float v) { return v == 0.0f ? 0.0f : minifloat_round<1, 0>(clampn(v, -kE2M1Max, kE2M1Max)); }
+// (The rounding is computed first and the zero case selected after it: a select, not a branch around the rounding.)
+MXE_HD float e2m1(float v) {
+  const float r = minifloat_round<1, 0>(clampn(v, -kE2M1Max, kE2M1Max));
+  return v == 0.0f ? 0.0f : r;
+}
 
 // rint(t) for |t| <= 2**22 (round half to even), keeping the sign of a zero result: (t + 1.5 * 2**23) - 1.5 * 2**23
 // is exact there, and or-ing t's sign bit back gives -0.0 for a negative t that rounds to 0 (as torch.round does).

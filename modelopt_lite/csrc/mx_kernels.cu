@@ -54,8 +54,13 @@ struct Nvfp4Op {
     if (BWD) {
       ste_lane<T>(grad, y, L, st, mxe::fmul(d, mxe::kE2M1Max));
     } else {
+      if (s == 0.0f) {  // one test per vector (a uniform branch), not one select per element
 MXK_UNROLL
-      for (int j = 0; j < N; ++j) st.v[j] = s == 0.0f ? 0.0f : mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
+        for (int j = 0; j < N; ++j) st.v[j] = 0.0f;
+      } else {
+MXK_UNROLL
+        for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
+      }
       store_lane<T, 1>(y, L, st);
     }
   }
@@ -96,8 +101,13 @@ struct MxOp {
     if (BWD) {
       ste_lane<T>(grad, y, L, st, mxe::fmul(X, elem_max(ELEM)));
     } else {
+      if (nan) {
 MXK_UNROLL
-      for (int j = 0; j < N; ++j) st.v[j] = nan ? a : mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
+        for (int j = 0; j < N; ++j) st.v[j] = a;
+      } else {
+MXK_UNROLL
+        for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
+      }
       store_lane<T, 1>(y, L, st);
     }
   }
@@ -120,13 +130,26 @@ struct MinifloatOp {
     load_lane<T, 1>(x, L, slot, st);
     return 0.0f;
   }
+  static MXK_HD float fake(float v, float s) {
+    return s == 0.0f ? 0.0f : mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(v, s)), s);
+  }
+  // The elements of one vector (it starts at a multiple of N) share one scale when there is one channel or `inner`
+  // is a multiple of N: one scale load, one zero test and no 64-bit division per vector, as per-tensor scaling
+  // always has.
   MXK_HD void finish(int64_t, State& st, float) const {
     constexpr int N = VecOf<T>::N;
+    if (channels == 1 || inner % N == 0) {
+      const float s = load_scalar(scale + (channels == 1 ? 0 : (st.w.off / inner) % channels));
+      if (s == 0.0f) {
 MXK_UNROLL
-    for (int j = 0; j < N; ++j) {
-      const int64_t i = st.w.off + j;
-      const float s = load_scalar(scale + (channels == 1 ? 0 : (i / inner) % channels));
-      st.v[j] = s == 0.0f ? 0.0f : mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(st.v[j], s)), s);
+        for (int j = 0; j < N; ++j) st.v[j] = 0.0f;
+      } else {
+MXK_UNROLL
+        for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(st.v[j], s)), s);
+      }
+    } else {
+MXK_UNROLL
+      for (int j = 0; j < N; ++j) st.v[j] = fake(st.v[j], load_scalar(scale + ((st.w.off + j) / inner) % channels));
     }
     store_lane<T, 1>(y, L, st);
   }

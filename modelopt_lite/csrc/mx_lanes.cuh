@@ -121,10 +121,13 @@ MXK_UNROLL
 MXK_HD float amax_join(float a, float b) { return (b > a || b != b) ? b : a; }
 
 // Blocked layout: rows x cols, blocks of `block` along each row, `lanes` lanes of P vectors per block.
+// `whole`: `block` is a power of two (it always is here: 16 or 32 for NVFP4/MX, N * 2**k for the integer/E4M3
+// blocks, N for the elementwise ops) and every row is a whole number of blocks, or there is a single row. where()
+// then finds a block's start by a shift, without the 64-bit division by the blocks per row.
 struct Layout {
   int64_t rows, cols, nbr;  // nbr: blocks per row
-  int block, lanes, lane_shift;
-  bool vec;
+  int block, block_shift, lanes, lane_shift;
+  bool vec, whole;
 };
 
 inline int log2_exact(int v) {
@@ -141,7 +144,9 @@ Layout make_layout(int64_t rows, int64_t cols, int block, bool aligned) {
   L.rows = rows;
   L.cols = cols;
   L.block = block;
+  L.block_shift = log2_exact(block);
   L.nbr = (cols + block - 1) / block;
+  L.whole = (block & (block - 1)) == 0 && (rows == 1 || cols % block == 0);
   const int per = block / N > 0 ? block / N : 1;
   L.lanes = per < kWarp ? per : kWarp;
   L.lane_shift = log2_exact(L.lanes);
@@ -157,14 +162,23 @@ struct Where {
   int m, lane;
 };
 
+// Without partial blocks inside the tensor (L.whole), block b starts at b * block and only a single row's last block
+// can be short: shifts and one compare, no division (a 64-bit division is a ~60-instruction software routine on the
+// GPU, more than the element math of a whole 16-byte vector).
 MXK_HD Where where(const Layout& L, int64_t slot) {
   Where w;
   w.b = slot >> L.lane_shift;
   w.lane = static_cast<int>(slot & (L.lanes - 1));
-  const int64_t row = w.b / L.nbr, j = w.b - row * L.nbr;
-  const int64_t left = L.cols - j * L.block;
+  int64_t left;
+  if (L.whole) {
+    w.off = w.b << L.block_shift;
+    left = L.rows * L.cols - w.off;
+  } else {
+    const int64_t row = w.b / L.nbr, j = w.b - row * L.nbr;
+    w.off = row * L.cols + j * L.block;
+    left = L.cols - j * L.block;
+  }
   w.m = left < L.block ? static_cast<int>(left) : L.block;
-  w.off = row * L.cols + j * L.block;
   return w;
 }
 

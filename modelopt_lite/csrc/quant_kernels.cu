@@ -26,9 +26,15 @@ bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr
 // One thread's share of the columns [begin, end) of one row: 16-byte vectors t, t + T, ... (two in flight) when
 // `vec` (the row start 16-byte aligned, begin and end multiples of the vector), else elements t, t + T, ... Each
 // counted bin goes to count(b). The device kernel and the host emulation both run this.
-template <class T, class Count>
-MLQ_HD void hist_share(const typename HistElem<T>::raw* xr, int64_t begin, int64_t end, bool vec, int64_t t,
-                       int64_t T_, double inv_width, int64_t num_bins, Count count) {
+template <class T, bool F32>
+MLQ_HD int64_t hist_bin(typename HistElem<T>::raw r, const HistGrid& g) {
+  return F32 ? grid_bin_f32(HistElem<T>::value_f32(r), g.inv_f32, g.nb_f32)
+             : grid_bin(HistElem<T>::value(r), g.inv, g.num_bins);
+}
+
+template <class T, bool F32, class Count>
+MLQ_HD void hist_share_as(const typename HistElem<T>::raw* xr, int64_t begin, int64_t end, bool vec, int64_t t,
+                          int64_t T_, const HistGrid& g, Count count) {
   using R = typename HistElem<T>::raw;
   constexpr int V = 16 / static_cast<int>(sizeof(R));
   if (vec) {
@@ -43,7 +49,7 @@ MLQ_UNROLL
         if (k == 1 && !two) break;
 MLQ_UNROLL
         for (int j = 0; j < V; ++j) {
-          const int64_t b = grid_bin(HistElem<T>::value(p[k].r[j]), inv_width, num_bins);
+          const int64_t b = hist_bin<T, F32>(p[k].r[j], g);
           if (b >= 0) count(b);
         }
       }
@@ -51,9 +57,19 @@ MLQ_UNROLL
     return;
   }
   for (int64_t j = begin + t; j < end; j += T_) {
-    const int64_t b = grid_bin(HistElem<T>::value(xr[j]), inv_width, num_bins);
+    const int64_t b = hist_bin<T, F32>(xr[j], g);
     if (b >= 0) count(b);
   }
+}
+
+// The row's bins in float32 where that is exact (HistGrid::f32: one branch per row, not per value).
+template <class T, class Count>
+MLQ_HD void hist_share(const typename HistElem<T>::raw* xr, int64_t begin, int64_t end, bool vec, int64_t t,
+                       int64_t T_, const HistGrid& g, Count count) {
+  if (g.f32)
+    hist_share_as<T, true>(xr, begin, end, vec, t, T_, g, count);
+  else
+    hist_share_as<T, false>(xr, begin, end, vec, t, T_, g, count);
 }
 
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
@@ -93,7 +109,7 @@ __global__ void __launch_bounds__(kHistThreads)
   const bool shared_counts = copies > 0;
   unsigned int* mine = bins + (shared_counts ? (threadIdx.x / 32) % copies : 0) * num_bins;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
-    const double inv_width = pow2_neg(exps != nullptr ? exps[row] : exp_all);
+    const HistGrid g = hist_grid<T>(exps != nullptr ? exps[row] : exp_all, num_bins);
     unsigned long long* row_counts = counts + row * num_bins;
     if (shared_counts) {
       for (int64_t b = threadIdx.x; b < num_bins * copies; b += blockDim.x) bins[b] = 0u;
@@ -101,7 +117,7 @@ __global__ void __launch_bounds__(kHistThreads)
     }
     const int64_t begin = blockIdx.x * chunk;
     const int64_t end = begin + chunk < cols ? begin + chunk : cols;
-    hist_share<T>(x + row * cols, begin, end, vec, threadIdx.x, blockDim.x, inv_width, num_bins, [&](int64_t b) {
+    hist_share<T>(x + row * cols, begin, end, vec, threadIdx.x, blockDim.x, g, [&](int64_t b) {
       if (shared_counts)
         atomicAdd(&mine[b], 1u);
       else
@@ -344,12 +360,12 @@ cudaError_t histogram_typed(const void* x, int64_t rows, int64_t cols, const int
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   (void)stream;
   for (int64_t r = 0; r < rows; ++r) {
-    const double inv_width = pow2_neg(exps != nullptr ? exps[r] : exp_all);
+    const HistGrid g = hist_grid<T>(exps != nullptr ? exps[r] : exp_all, num_bins);
     int64_t* row_counts = counts + r * num_bins;
     for (int64_t bx = 0; bx < grid_x; ++bx) {
       const int64_t begin = bx * chunk, end = begin + chunk < cols ? begin + chunk : cols;
       for (int64_t t = 0; t < kHistThreads; ++t)
-        hist_share<T>(xr + r * cols, begin, end, vec, t, kHistThreads, inv_width, num_bins,
+        hist_share<T>(xr + r * cols, begin, end, vec, t, kHistThreads, g,
                       [&](int64_t b) { ++row_counts[b]; });
     }
   }

@@ -202,6 +202,19 @@ def test_histograms_match_the_calibrator_grid(cuda_module):
             got = cuda_module.histogram_rows(t.cuda(), exps.cuda(), cap)
             want = grid.histogram_rows(t.double() if dt == torch.float64 else t.float(), exps, cap)
             assert torch.equal(got.cpu(), want), (cap, dt)
+    # the kernels bin in float32 where 2**-e is a normal float32 (|e| <= 126), else in float64: both sides, products
+    # below 2**-126 or overflowing to +Inf, values at or past the top edge (not counted)
+    vals = [0.0, -0.0, 1.0, 2.0**-126, 2.0**-149, 1e-30, 3.0e38, 65504.0, 2.0**-14, 1.5, 2.0**100, 2.0**-100]
+    edge_exps = torch.tensor([126, 127, -126, -127, 120, -100, 0, -5], dtype=torch.int64)
+    for cap in (1, 3, 2048):
+        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            t = torch.tensor([vals] * 8, dtype=torch.float64).to(dt)
+            v = t.double() * torch.pow(torch.tensor(2.0, dtype=torch.float64), -edge_exps.double()).reshape(-1, 1)
+            keep = (v >= 0) & (v < cap)
+            idx = v.clamp(0, cap - 1).long() + torch.arange(8).reshape(-1, 1) * cap
+            want = torch.bincount(idx[keep], minlength=8 * cap).reshape(8, cap)
+            got = cuda_module.histogram_rows(t.cuda(), edge_exps.cuda(), cap)
+            assert torch.equal(got.cpu(), want), ("edges", cap, dt)
     big = torch.zeros(1, 2**25 + 3, device="cuda")  # one bin holds 2**25 values: float32 counts would be wrong
     big[0, :1000] = 1.0
     exps = grid.needed_exp(torch.tensor([1.0]), 2048)
