@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def bench_path(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their helper module (cuda_mx_rows) by name
     yield
-    for name in ("bench_cuda", "bench_qat_cuda", "cuda_mx_rows"):
+    for name in ("bench_cuda", "bench_qat_cuda", "cuda_mx_rows", "sass_hot_path"):
         sys.modules.pop(name, None)
 
 
@@ -36,3 +36,36 @@ def test_bench_qat_dry_run(bench_path, capsys):
     out = capsys.readouterr().out
     for fmt in ("nvfp4", "mxfp8"):
         assert f"| {fmt} | modelopt_lite eager |" in out and f"| {fmt} | model with pure-torch chain (eager) |" in out
+
+
+def test_sass_report_labels_and_rows(bench_path):
+    """bench/sass_hot_path.py's parsing, on mangled names and a SASS excerpt (no nvcc or cuobjdump needed)."""
+    import sass_hot_path as sh
+
+    nv = "_ZN3mxk12lanes_kernelINS_7Nvfp4OpI13__nv_bfloat16Lb0ELb1EEELi2EEEvT_"
+    assert sh.label(nv) == "Nvfp4Op bf16 FULL"
+    assert sh.label(nv.replace("Lb0ELb1", "Lb1ELb0")) is None  # backward kernels get no row
+    assert sh.label("_ZN3mxk12lanes_kernelINS_4MxOpIfLi2ELb0ELb0EEELi2EEEvT_") == "MxOp fp32 e2m1 general"
+    dyn = "_ZN3mxk12lanes_kernelINS_10DynBlockOpI6__halfLi4ELb1ELb0ELb1EEELi1EEEvT_"
+    assert sh.label(dyn) == "DynBlockOp fp16 e4m3 P=4 FULL"
+    sass = (
+        "\n\t\tFunction : " + nv + "\n"
+        "        /*0000*/                   I2F.U32.RP R0, R1 ;\n"
+        "        /*0010*/              @!P0 FCHK P1, R2, R3 ;\n"
+        "        /*0020*/                   F2F.F64.F32 R4, R5 ;\n"
+        "        /*0030*/                   BSSY B0, 0x60 ;\n"
+    )
+    log = f"ptxas info    : Compiling entry function '{nv}' for 'sm_90'\nptxas info    : Used 52 registers\n"
+    rows = sh.kernel_rows(log, sass, sh.re.compile(""))
+    assert rows == [
+        {
+            "kernel": "Nvfp4Op bf16 FULL",
+            "regs": 52,
+            "spill": 0,
+            "instructions": 4,
+            "div32": 1,
+            "f64": 1,
+            "branch regions": 1,
+            "fdiv": 1,
+        }
+    ]

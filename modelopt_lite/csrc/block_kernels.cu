@@ -29,9 +29,9 @@ MXK_HD float block_scale(float a, float bound) {
   return a <= 5.9604644775390625e-8f ? 0.0f : s;
 }
 
-template <class T, int P, bool E4M3, bool BWD>
+template <class T, int P, bool E4M3, bool BWD, bool FULL>
 struct DynBlockOp {
-  using State = Lane<T, P>;
+  using State = Lane<T, P, FULL>;
   const T* x;
   const T* grad;
   T* y;
@@ -44,7 +44,7 @@ struct DynBlockOp {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_lane<T, P>(x, L, slot, st); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_lane(x, L, slot, st); }
 
   // The block scale, double-quantized when asked: the largest block scale is scale_from_amax(the tensor's amax)
   // (scale_from_amax is monotonic), the scales' own scale is scale_from_amax of that, and the block scale is
@@ -63,13 +63,16 @@ struct DynBlockOp {
     const float s = scale_of(a);
     if (BWD) {
       float g[P * N];
-      load_other<T, P>(grad, L, st, g);
+      load_other(grad, L, st, g);
 MXK_UNROLL
       for (int j = 0; j < P * N; ++j) {
         const bool keep = E4M3 ? mlq::backward_pass<mlq::Bwd::E4m3>(st.v[j], s, 0.0f, qmin, qmax)
                                : mlq::backward_pass<mlq::Bwd::Int>(st.v[j], s, 0.0f, qmin, qmax);
         st.v[j] = keep ? g[j] : 0.0f;
       }
+    } else if (s == 0.0f) {  // a dead block: one test per lane, so the element loop below has no zero test left
+MXK_UNROLL
+      for (int j = 0; j < P * N; ++j) st.v[j] = 0.0f;
     } else {
 MXK_UNROLL
       for (int j = 0; j < P * N; ++j) {
@@ -77,7 +80,7 @@ MXK_UNROLL
                        : mlq::forward_elem<mlq::Fwd::IntFake>(st.v[j], s, 0.0f, qmin, qmax);
       }
     }
-    store_lane<T, P>(y, L, st);
+    store_lane(y, L, st);
   }
 };
 
@@ -95,12 +98,18 @@ struct DynCall {
   cudaStream_t stream;
 };
 
-template <class T, int P, bool E4M3, bool BWD>
-cudaError_t dyn_run(const DynCall& c, const Layout& L) {
-  DynBlockOp<T, P, E4M3, BWD> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+// Built twice: FULL for `full` layouts (whole aligned vectors and blocks), the general one for the rest.
+template <class T, int P, bool E4M3, bool BWD, bool FULL>
+cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
+  DynBlockOp<T, P, E4M3, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
                                  c.flag, L, c.bound, c.qmin, c.qmax, c.gmax, c.scale_kind, c.scale_bound,
                                  c.scale_qmax};
   return run_lanes<P == 1 ? 2 : 1>(op, c.stream);
+}
+
+template <class T, int P, bool E4M3, bool BWD>
+cudaError_t dyn_run(const DynCall& c, const Layout& L) {
+  return L.full ? dyn_run_as<T, P, E4M3, BWD, true>(c, L) : dyn_run_as<T, P, E4M3, BWD, false>(c, L);
 }
 
 // The tensor's amax for double quantization (one read of x): each thread's running max over its 16-byte vectors

@@ -102,7 +102,7 @@ MXK_TGT inline float block_amax(const float* x, int64_t m) {
     acc = _mm256_max_ps(acc, _mm256_and_ps(v, absmask));
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
-  if (_mm256_movemask_ps(nan) != 0) {  // the scalar rule: the last NaN of the block, sign cleared
+  if (_mm256_movemask_ps(nan) != 0) {  // the scalar rule: the NaN with the largest payload, sign cleared
     float a = 0.0f;
     for (int64_t i = 0; i < m; ++i) a = mxe::amax_step(a, x[i]);
     return a;

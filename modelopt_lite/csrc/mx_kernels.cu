@@ -15,20 +15,20 @@ namespace mxk {
 
 // The straight-through gradient of one lane: g where |x| <= top, else g * 0 (as the reference's grad * keep: -0.0
 // for a negative g, NaN stays NaN).
-template <class T>
-MXK_HD void ste_lane(const T* grad, T* out, const Layout& L, Lane<T, 1>& st, float top) {
+template <class T, bool FULL>
+MXK_HD void ste_lane(const T* grad, T* out, const Layout& L, Lane<T, 1, FULL>& st, float top) {
   constexpr int N = VecOf<T>::N;
   float g[N];
-  load_other<T, 1>(grad, L, st, g);
+  load_other(grad, L, st, g);
 MXK_UNROLL
   for (int j = 0; j < N; ++j) st.v[j] = mxe::fabs_bits(st.v[j]) <= top ? g[j] : mxe::fmul(g[j], 0.0f);
-  store_lane<T, 1>(out, L, st);
+  store_lane(out, L, st);
 }
 
 // NVFP4: per block s = e4m3(amax / (6 gs)), y = e2m1(x / (s gs)) * (s gs) (BWD: the STE mask |x| <= 6 s gs).
-template <class T, bool BWD>
+template <class T, bool BWD, bool FULL>
 struct Nvfp4Op {
-  using State = Lane<T, 1>;
+  using State = Lane<T, 1, FULL>;
   const T* x;
   const T* grad;  // BWD only
   T* y;
@@ -39,7 +39,7 @@ struct Nvfp4Op {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_lane<T, 1>(x, L, slot, st); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_lane(x, L, slot, st); }
 
   MXK_HD void finish(int64_t slot, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
@@ -52,7 +52,7 @@ struct Nvfp4Op {
     if (slot == 0 && !(gs >= 0.0f && !mxe::nonfinite(gs))) flag_set(flag, 2);
     const float d = mxe::fmul(s, gs);
     if (BWD) {
-      ste_lane<T>(grad, y, L, st, mxe::fmul(d, mxe::kE2M1Max));
+      ste_lane(grad, y, L, st, mxe::fmul(d, mxe::kE2M1Max));
     } else {
       if (s == 0.0f) {  // one test per vector (a uniform branch), not one select per element
 MXK_UNROLL
@@ -61,7 +61,7 @@ MXK_UNROLL
 MXK_UNROLL
         for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
       }
-      store_lane<T, 1>(y, L, st);
+      store_lane(y, L, st);
     }
   }
 };
@@ -74,9 +74,9 @@ MXK_HD float elem_max(int elem) {
 }
 
 // OCP MX: per block X = 2**k (k from the amax), y = elem(x / X) * X (BWD: the STE mask |x| <= elem_max * X).
-template <class T, int ELEM, bool BWD>
+template <class T, int ELEM, bool BWD, bool FULL>
 struct MxOp {
-  using State = Lane<T, 1>;
+  using State = Lane<T, 1, FULL>;
   const T* x;
   const T* grad;
   T* y;
@@ -87,7 +87,7 @@ struct MxOp {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_lane<T, 1>(x, L, slot, st); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_lane(x, L, slot, st); }
 
   MXK_HD void finish(int64_t, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
@@ -99,7 +99,7 @@ struct MxOp {
     }
     const float X = mxe::pow2f(k), inv = mxe::pow2f(-k);
     if (BWD) {
-      ste_lane<T>(grad, y, L, st, mxe::fmul(X, elem_max(ELEM)));
+      ste_lane(grad, y, L, st, mxe::fmul(X, elem_max(ELEM)));
     } else {
       if (nan) {
 MXK_UNROLL
@@ -108,16 +108,16 @@ MXK_UNROLL
 MXK_UNROLL
         for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
       }
-      store_lane<T, 1>(y, L, st);
+      store_lane(y, L, st);
     }
   }
 };
 
 // Elementwise E4M3 / E5M2 / E2M1: y = elem(x / s) * s with s = scale[(i / inner) % channels]; one 16-byte vector
 // per lane, no reduction (lanes() == 1).
-template <class T, int ELEM>
+template <class T, int ELEM, bool FULL>
 struct MinifloatOp {
-  using State = Lane<T, 1>;
+  using State = Lane<T, 1, FULL>;
   const T* x;
   T* y;
   const float* scale;
@@ -127,7 +127,7 @@ struct MinifloatOp {
   MXK_HD int64_t slots() const { return L.nbr; }
   MXK_HD int lanes() const { return 1; }
   MXK_HD float load(int64_t slot, State& st) const {
-    load_lane<T, 1>(x, L, slot, st);
+    load_lane(x, L, slot, st);
     return 0.0f;
   }
   static MXK_HD float fake(float v, float s) {
@@ -151,7 +151,7 @@ MXK_UNROLL
 MXK_UNROLL
       for (int j = 0; j < N; ++j) st.v[j] = fake(st.v[j], load_scalar(scale + ((st.w.off + j) / inner) % channels));
     }
-    store_lane<T, 1>(y, L, st);
+    store_lane(y, L, st);
   }
 };
 
@@ -174,18 +174,32 @@ Layout call_layout(const Call& c) {
   return make_layout<T>(c.rows, c.cols, c.block, aligned16(c.x) && aligned16(c.y) && aligned16(c.grad));
 }
 
+// Each op is built twice: FULL for `full` layouts (whole aligned vectors, whole blocks: the common case, no length
+// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views.
+template <class T, bool BWD, bool FULL>
+cudaError_t nvfp4_run(const Call& c, const Layout& L) {
+  Nvfp4Op<T, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                           c.side, c.gs, c.flag, L};
+  return run_lanes<2>(op, c.stream);
+}
+
 template <class T, bool BWD>
 cudaError_t nvfp4_typed(const Call& c) {
-  Nvfp4Op<T, BWD> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                     c.side, c.gs, c.flag, call_layout<T>(c)};
+  const Layout L = call_layout<T>(c);
+  return L.full ? nvfp4_run<T, BWD, true>(c, L) : nvfp4_run<T, BWD, false>(c, L);
+}
+
+template <class T, int ELEM, bool BWD, bool FULL>
+cudaError_t mx_run(const Call& c, const Layout& L) {
+  MxOp<T, ELEM, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                              c.side, c.flag, L, c.rceil};
   return run_lanes<2>(op, c.stream);
 }
 
 template <class T, int ELEM, bool BWD>
 cudaError_t mx_elem_typed(const Call& c) {
-  MxOp<T, ELEM, BWD> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                        c.side, c.flag, call_layout<T>(c), c.rceil};
-  return run_lanes<2>(op, c.stream);
+  const Layout L = call_layout<T>(c);
+  return L.full ? mx_run<T, ELEM, BWD, true>(c, L) : mx_run<T, ELEM, BWD, false>(c, L);
 }
 
 template <class T, bool BWD>
@@ -202,13 +216,20 @@ cudaError_t mx_typed(int elem, const Call& c) {
   }
 }
 
+template <class T, int ELEM, bool FULL>
+cudaError_t minifloat_run(const void* x, void* y, const float* s, int64_t ch, int64_t inner, const Layout& L,
+                          cudaStream_t st) {
+  MinifloatOp<T, ELEM, FULL> op{static_cast<const T*>(x), static_cast<T*>(y), s, ch, inner, L};
+  return run_lanes<2>(op, st);
+}
+
 template <class T, int ELEM>
 cudaError_t minifloat_elem_typed(const void* x, void* y, const float* s, int64_t n, int64_t ch, int64_t inner,
                                  cudaStream_t st) {
   constexpr int N = VecOf<T>::N;
-  MinifloatOp<T, ELEM> op{static_cast<const T*>(x), static_cast<T*>(y), s, ch, inner,
-                          make_layout<T>(1, n, N, aligned16(x) && aligned16(y))};
-  return run_lanes<2>(op, st);
+  const Layout L = make_layout<T>(1, n, N, aligned16(x) && aligned16(y));
+  return L.full ? minifloat_run<T, ELEM, true>(x, y, s, ch, inner, L, st)
+                : minifloat_run<T, ELEM, false>(x, y, s, ch, inner, L, st);
 }
 
 template <class T>

@@ -117,17 +117,19 @@ MXK_UNROLL
   for (int j = 0; j < N && j < m; ++j) p[j] = Conv<T>::from(v[j]);
 }
 
-// max of two partial amaxes (each >= 0 or NaN); a NaN wins, as in mxe::amax_step.
-MXK_HD float amax_join(float a, float b) { return (b > a || b != b) ? b : a; }
+// max of two partial amaxes (each >= 0 or NaN, sign bit clear); a NaN wins, as in mxe::amax_step.
+MXK_HD float amax_join(float a, float b) { return mxe::amax_join_bits(a, b); }
 
 // Blocked layout: rows x cols, blocks of `block` along each row, `lanes` lanes of P vectors per block.
 // `whole`: `block` is a power of two (it always is here: 16 or 32 for NVFP4/MX, N * 2**k for the integer/E4M3
 // blocks, N for the elementwise ops) and every row is a whole number of blocks, or there is a single row. where()
 // then finds a block's start by a shift, without the 64-bit division by the blocks per row.
+// `full`: `vec` and every block whole (cols a multiple of block): the launchers then run the kernels built with
+// FULL = true, whose lanes load and store whole 16-byte vectors with no length checks and no partial-block code.
 struct Layout {
   int64_t rows, cols, nbr;  // nbr: blocks per row
   int block, block_shift, lanes, lane_shift;
-  bool vec, whole;
+  bool vec, whole, full;
 };
 
 inline int log2_exact(int v) {
@@ -151,6 +153,7 @@ Layout make_layout(int64_t rows, int64_t cols, int block, bool aligned) {
   L.lanes = per < kWarp ? per : kWarp;
   L.lane_shift = log2_exact(L.lanes);
   L.vec = aligned && block % N == 0 && (rows == 1 || cols % N == 0);
+  L.full = L.vec && L.whole && cols % block == 0;
   return L;
 }
 
@@ -182,8 +185,19 @@ MXK_HD Where where(const Layout& L, int64_t slot) {
   return w;
 }
 
-// The lane's P vectors of x (float32, padded with +0.0) and its partial amax.
-template <class T, int P>
+// where() of a `full` layout: every block whole.
+MXK_HD Where where_full(const Layout& L, int64_t slot) {
+  Where w;
+  w.b = slot >> L.lane_shift;
+  w.lane = static_cast<int>(slot & (L.lanes - 1));
+  w.off = w.b << L.block_shift;
+  w.m = L.block;
+  return w;
+}
+
+// The lane's P vectors of x (float32, padded with +0.0) and its partial amax. FULL: the layout is `full` (the
+// lane's vectors are all whole and 16-byte aligned).
+template <class T, int P, bool FULL>
 struct Lane {
   static constexpr int N = VecOf<T>::N;
   float v[P * N];
@@ -196,16 +210,18 @@ MXK_HD int vec_start(int p, int lane, int lanes) {
   return (p * lanes + lane) * VecOf<T>::N;
 }
 
-template <class T, int P>
-MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P>& st) {
+template <class T, int P, bool FULL>
+MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P, FULL>& st) {
   constexpr int N = VecOf<T>::N;
-  st.w = where(L, slot);
+  st.w = FULL ? where_full(L, slot) : where(L, slot);
   float a = 0.0f;
 MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (m > 0) {
+    if (FULL) {
+      load_vec<T>(x + st.w.off + e, N, true, st.v + p * N);
+    } else if (m > 0) {
       load_vec<T>(x + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
     } else {
 MXK_UNROLL
@@ -217,26 +233,31 @@ MXK_UNROLL
   return a;
 }
 
-template <class T, int P>
-MXK_HD void store_lane(T* y, const Layout& L, const Lane<T, P>& st) {
+template <class T, int P, bool FULL>
+MXK_HD void store_lane(T* y, const Layout& L, const Lane<T, P, FULL>& st) {
   constexpr int N = VecOf<T>::N;
 MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (m > 0) store_vec<T>(y + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
+    if (FULL)
+      store_vec<T>(y + st.w.off + e, N, true, st.v + p * N);
+    else if (m > 0)
+      store_vec<T>(y + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
   }
 }
 
 // g: the lane's elements of a second tensor (the incoming gradient) at the same places.
-template <class T, int P>
-MXK_HD void load_other(const T* g, const Layout& L, const Lane<T, P>& st, float* out) {
+template <class T, int P, bool FULL>
+MXK_HD void load_other(const T* g, const Layout& L, const Lane<T, P, FULL>& st, float* out) {
   constexpr int N = VecOf<T>::N;
 MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (m > 0) {
+    if (FULL) {
+      load_vec<T>(g + st.w.off + e, N, true, out + p * N);
+    } else if (m > 0) {
       load_vec<T>(g + st.w.off + e, m, L.vec && m >= N, out + p * N);
     } else {
 MXK_UNROLL

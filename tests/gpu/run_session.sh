@@ -13,6 +13,7 @@
 #   STEPS="build bench_cuda_int" bash tests/gpu/run_session.sh       # the integer/E4M3 rows of bench_cuda (issue 8)
 #   STEPS="build bench_real_int8" bash tests/gpu/run_session.sh      # the older real INT8 benchmark
 #   STEPS="build profile_real" bash tests/gpu/run_session.sh         # torch.profiler of the real layers (issue 25)
+#   STEPS="bench_cpu" bash tests/gpu/run_session.sh                  # issue 24's CPU table on the host's CPU
 #   STEPS="build bench_real_gpu_full" bash tests/gpu/run_session.sh  # issue 25's whole real-GEMM sweep and the
 #                                                                     # end-to-end decoder (the default
 #                                                                     # bench_real_gpu runs M = 1, 16, 2048 at 4096)
@@ -77,6 +78,10 @@ step bench_cuda_int 70 python3 bench/bench_cuda.py --no-peers --cases int
 step bench_real_gpu_full 300 python3 bench/bench_real_gpu.py --device cuda
 # where the real layers' time goes at M = 4096, K = N = 8192 (torch.profiler, per op): the ours/raw gap of issue 25
 step profile_real 90 python3 bench/bench_real_gpu.py --device cuda --m 4096 --kn 8192 --no-e2e --repeats 5 --profile
+# issue 24's CPU target on the GPU host's AVX-512 CPU, as on the 2-core development machines: 2 threads on 2 cores
+# (the CPU build is the one cpu_suite made). Not a default step: STEPS="bench_cpu" as a second command.
+step bench_cpu 120 env OMP_NUM_THREADS=2 taskset -c 0,1 python3 bench/bench_fake_quant.py --formats classic \
+  --shapes 64x1024x1024,4096x4096 --rounds 5
 echo "=== summary"
 cat "$summary"
 exit "$failed"
