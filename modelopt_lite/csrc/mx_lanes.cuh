@@ -6,9 +6,13 @@
 // row may be partial) is handled by G lanes (G a power of two <= 32, so a group never straddles a warp), each lane
 // owning P vectors of N = 16 / sizeof(T) elements: vector p of lane l starts at element (p * G + l) * N of the block,
 // so one warp instruction reads 512 contiguous bytes. 16-byte loads and stores when every vector is whole and
-// aligned (`vec`: every pointer 16-byte aligned and cols % N == 0 or a single row), else element loads over the same mapping (a
-// misaligned view or a partial vector). Elements past a block's end read as +0.0 (they never change an amax) and are
-// never written.
+// aligned (`vec`: every pointer 16-byte aligned and cols % N == 0 or a single row), else element loads over the same
+// mapping (a misaligned view or a partial vector). Elements past a block's end read as +0.0 (they never change an
+// amax) and are never written.
+//
+// Every Op is built twice (its FULL template parameter, carried by its Lane state): FULL when the layout is `full`
+// (`vec` and every block whole, the common case), whose lanes load and store whole vectors with no length checks and
+// find a block's start by a shift; the general build for the rest. The launchers pick one per call.
 //
 // An Op supplies the per-lane work in two phases around the group reduction:
 //   float load(int64_t slot, Lane& st) const     read the lane's elements, return its partial amax
