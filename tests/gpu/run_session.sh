@@ -80,7 +80,9 @@ step bench_real_gpu_full 300 python3 bench/bench_real_gpu.py --device cuda
 step profile_real 90 python3 bench/bench_real_gpu.py --device cuda --m 4096 --kn 8192 --no-e2e --repeats 5 --profile
 # issue 24's CPU target on the GPU host's AVX-512 CPU, as on the 2-core development machines: 2 threads on 2 cores
 # (the CPU build is the one cpu_suite made). Not a default step: STEPS="bench_cpu" as a second command.
-step bench_cpu 120 env OMP_NUM_THREADS=2 taskset -c 0,1 python3 bench/bench_fake_quant.py --formats classic \
+pin=()
+command -v taskset >/dev/null 2>&1 && pin=(taskset -c 0,1)
+step bench_cpu 120 env OMP_NUM_THREADS=2 "${pin[@]}" python3 bench/bench_fake_quant.py --formats classic \
   --shapes 64x1024x1024,4096x4096 --rounds 5
 echo "=== summary"
 cat "$summary"
