@@ -130,9 +130,8 @@ struct MinifloatOp {
     load_lane(x, L, slot, st);
     return 0.0f;
   }
-  static MXK_HD float fake(float v, float s) {
-    return s == 0.0f ? 0.0f : mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(v, s)), s);
-  }
+  static MXK_HD float fake_nonzero(float v, float s) { return mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(v, s)), s); }
+  static MXK_HD float fake(float v, float s) { return s == 0.0f ? 0.0f : fake_nonzero(v, s); }
   // The elements of one vector (it starts at a multiple of N) share one scale when there is one channel or `inner`
   // is a multiple of N: one scale load, one zero test and no 64-bit division per vector, as per-tensor scaling
   // always has.
@@ -145,7 +144,7 @@ MXK_UNROLL
         for (int j = 0; j < N; ++j) st.v[j] = 0.0f;
       } else {
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(st.v[j], s)), s);
+        for (int j = 0; j < N; ++j) st.v[j] = fake_nonzero(st.v[j], s);
       }
     } else {
 MXK_UNROLL

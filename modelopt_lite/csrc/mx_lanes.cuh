@@ -169,13 +169,20 @@ struct Where {
   int m, lane;
 };
 
-// Without partial blocks inside the tensor (L.whole), block b starts at b * block and only a single row's last block
-// can be short: shifts and one compare, no division (a 64-bit division is a ~60-instruction software routine on the
-// GPU, more than the element math of a whole 16-byte vector).
+// Where lane `slot` works. FULL (a `full` layout): every block whole, so a block's start is a shift and its length
+// `block`. Otherwise, without partial blocks inside the tensor (L.whole), block b still starts at b * block and only
+// a single row's last block can be short; with them, the 64-bit division by the blocks per row (a ~60-instruction
+// software routine on the GPU, more than the element math of a whole 16-byte vector).
+template <bool FULL>
 MXK_HD Where where(const Layout& L, int64_t slot) {
   Where w;
   w.b = slot >> L.lane_shift;
   w.lane = static_cast<int>(slot & (L.lanes - 1));
+  if (FULL) {
+    w.off = w.b << L.block_shift;
+    w.m = L.block;
+    return w;
+  }
   int64_t left;
   if (L.whole) {
     w.off = w.b << L.block_shift;
@@ -186,16 +193,6 @@ MXK_HD Where where(const Layout& L, int64_t slot) {
     left = L.cols - j * L.block;
   }
   w.m = left < L.block ? static_cast<int>(left) : L.block;
-  return w;
-}
-
-// where() of a `full` layout: every block whole.
-MXK_HD Where where_full(const Layout& L, int64_t slot) {
-  Where w;
-  w.b = slot >> L.lane_shift;
-  w.lane = static_cast<int>(slot & (L.lanes - 1));
-  w.off = w.b << L.block_shift;
-  w.m = L.block;
   return w;
 }
 
@@ -217,16 +214,14 @@ MXK_HD int vec_start(int p, int lane, int lanes) {
 template <class T, int P, bool FULL>
 MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P, FULL>& st) {
   constexpr int N = VecOf<T>::N;
-  st.w = FULL ? where_full(L, slot) : where(L, slot);
+  st.w = where<FULL>(L, slot);
   float a = 0.0f;
 MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (FULL) {
-      load_vec<T>(x + st.w.off + e, N, true, st.v + p * N);
-    } else if (m > 0) {
-      load_vec<T>(x + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
+    if (FULL || m > 0) {  // FULL: every vector whole and aligned (m >= N, L.vec), known at compile time
+      load_vec<T>(x + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), st.v + p * N);
     } else {
 MXK_UNROLL
       for (int j = 0; j < N; ++j) st.v[p * N + j] = 0.0f;
@@ -244,10 +239,7 @@ MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (FULL)
-      store_vec<T>(y + st.w.off + e, N, true, st.v + p * N);
-    else if (m > 0)
-      store_vec<T>(y + st.w.off + e, m, L.vec && m >= N, st.v + p * N);
+    if (FULL || m > 0) store_vec<T>(y + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), st.v + p * N);
   }
 }
 
@@ -259,10 +251,8 @@ MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (FULL) {
-      load_vec<T>(g + st.w.off + e, N, true, out + p * N);
-    } else if (m > 0) {
-      load_vec<T>(g + st.w.off + e, m, L.vec && m >= N, out + p * N);
+    if (FULL || m > 0) {
+      load_vec<T>(g + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), out + p * N);
     } else {
 MXK_UNROLL
       for (int j = 0; j < N; ++j) out[p * N + j] = 0.0f;

@@ -238,8 +238,8 @@ template <class T>
 struct HistElem {
   using raw = typename Elem<T>::raw;
   static constexpr bool kFloat32 = true;
-  static MLQ_HD double value(raw r) { return static_cast<double>(Elem<T>::to_float(r)); }
   static MLQ_HD float value_f32(raw r) { return Elem<T>::to_float(r); }
+  static MLQ_HD double value(raw r) { return static_cast<double>(value_f32(r)); }
 };
 template <>
 struct HistElem<double> {
