@@ -97,6 +97,39 @@ def reference_module():
     )
 
 
+VARIANT_BITS = {1: "wide fp32", 2: "NVFP4 one lane", 4: "prefetch"}  # mx_kernels_api.h MLQ_MX_*
+
+
+def _variant_name(v: int) -> str:
+    return " + ".join(name for bit, name in VARIANT_BITS.items() if v & bit) or "none"
+
+
+def _under_variant(mod, v: int, fn):
+    """fn() with the kernels' work-distribution variant set to v (mx_set_variant), restored after."""
+
+    def run():
+        prev = mod.mx_set_variant(v)
+        try:
+            return fn()
+        finally:
+            mod.mx_set_variant(prev)
+
+    return run
+
+
+def variant_rows(mod, fn, variants, label: str = "modelopt_lite, flag not read") -> list:
+    """One row per work-distribution variant of ``fn`` (a binding call that does not read the kernel's flag back),
+    the default first: what each variant of the same kernel takes, in the same run."""
+    if not hasattr(mod, "mx_set_variant"):
+        return []
+    default = mod.mx_set_variant(-1)
+    rows = [(f"{label}, default variant {default} ({_variant_name(default)})", fn, "")]
+    for v in variants:
+        if v != default:
+            rows.append((f"{label}, variant {v} ({_variant_name(v)})", _under_variant(mod, v, fn), ""))
+    return rows
+
+
 def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     """(case, bytes moved, [(impl, callable or 'n/a ...', note)]) for bench_cuda.py."""
     n, es = x.numel(), x.element_size()
@@ -117,23 +150,40 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
         return impls
 
     ours_nv = [("modelopt_lite", lambda: mod.fake_nvfp4(x2, gs, 16), "")]
+    ours_nv += variant_rows(mod, lambda: mod.fake_nvfp4_flagged(x2, gs, 16)[0], range(8))
     ours_nv.append(("modelopt_lite backward (STE)", lambda: mod.nvfp4_backward(x2, x2, gs, 16), "reads 2, writes 1"))
+    ours_nv += [
+        (f"{name} (backward)", fn, "reads 2, writes 1")
+        for name, fn, _ in variant_rows(mod, lambda: mod.nvfp4_backward_flagged(x2, x2, gs, 16)[0], (0, 4))
+    ]
     cases.append(
         ("NVFP4 fake quant", rw, ours_nv + chain("nvfp4", lambda: MS.fake_nvfp4(x2, gs, 16), torch_nvfp4, x2, gs))
     )
     for elem, label in (("e4m3", "MXFP8 E4M3"), ("e2m1", "MXFP4 E2M1"), ("int8", "MXINT8"), ("e5m2", "MX E5M2")):
         ours = [("modelopt_lite", lambda e=elem: mod.fake_mx(x2, e, 32, "floor"), "")]
+        if elem == "e4m3":
+            ours += variant_rows(mod, lambda: mod.fake_mx_flagged(x2, "e4m3", 32, "floor")[0], (0, 1, 4, 5))
         if elem in ("e4m3", "e2m1"):
             ours.append(("modelopt_lite backward (STE)", lambda e=elem: mod.mx_backward(x2, x2, e, 32, "floor"), ""))
+        if elem == "e4m3":
+            ours += [
+                (f"{name} (backward)", fn, "")
+                for name, fn, _ in variant_rows(
+                    mod, lambda: mod.mx_backward_flagged(x2, x2, "e4m3", 32, "floor")[0], (0, 4)
+                )
+            ]
         ref = lambda e=elem: MS.fake_mx(x2, e, 32, "floor")  # noqa: E731
         cases.append((f"{label} fake quant", rw, ours + chain(elem, ref, torch_mx, x2, elem)))
     for fn, elem, bound in (("fake_e5m2", "e5m2", 57344.0), ("fake_e2m1", "e2m1", 6.0)):
         s = (amax / torch.tensor(bound, device=x.device)).reshape(1)
         ours = [("modelopt_lite", lambda f=fn, s=s: getattr(mod, f)(x2, s), "")]
+        if elem == "e5m2":
+            ours += variant_rows(mod, lambda f=fn, s=s: getattr(mod, f)(x2, s), (0, 4), "modelopt_lite")[1:]
         ref = lambda e=elem, s=s: torch_minifloat(x2, s, e)  # noqa: E731  (the chain is the definition here)
         cases.append((f"{elem.upper()} per-tensor", rw, ours + chain(elem, ref, torch_minifloat, x2, s, elem)))
     bound = torch.tensor(7.0, device=x.device)
     blk = [("modelopt_lite fused kernel", lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], "")]
+    blk += variant_rows(mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 4), "fused kernel")[1:]
     blk.append(
         (
             "modelopt_lite public fake_block_quant",

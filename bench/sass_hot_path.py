@@ -49,7 +49,7 @@ _REGS = re.compile(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", r
 
 # Template parameters of each op (mx_kernels.cu / block_kernels.cu), in order.
 PARAMS = {
-    "Nvfp4Op": ("bwd", "full"),
+    "Nvfp4Op": ("vectors", "bwd", "full"),  # vectors: P (2: MLQ_MX_NVFP4_ONE_LANE)
     "MxOp": ("elem", "bwd", "full"),
     "MinifloatOp": ("elem", "full"),
     "DynBlockOp": ("vectors", "e4m3", "bwd", "full"),
@@ -62,16 +62,23 @@ def label(name: str) -> str | None:
     m = re.search(r"(Nvfp4Op|MxOp|MinifloatOp|DynBlockOp)I(13__nv_bfloat16|6__half|f)((?:L[ib]\d+E)+)", name)
     if m:
         dtype = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32"}[m.group(2)]
-        vals = dict(zip(PARAMS[m.group(1)], (int(v) for v in re.findall(r"L[ib](\d+)E", m.group(3)))))
+        nums = [int(v) for v in re.findall(r"L[ib](\d+)E", m.group(3))]
+        names = PARAMS[m.group(1)]
+        vals = dict(zip(names[len(names) - len(nums) :], nums))  # older builds: fewer leading parameters
         if vals.get("bwd"):
             return None
         parts = [m.group(1), dtype]
         if "elem" in vals:
             parts.append(ELEMS[vals["elem"]])
+        if "e4m3" in vals:
+            parts.append("e4m3" if vals["e4m3"] else "int")
         if "vectors" in vals:
-            parts.append(("e4m3" if vals["e4m3"] else "int") + f" P={vals['vectors']}")
+            parts.append(f"P={vals['vectors']}")
         if "full" in vals:  # builds before 2026-11-27 had one kernel for every layout
             parts.append("FULL" if vals["full"] else "general")
+        u = re.search(r"ELi(\d+)EEEvT_", name)  # lanes_kernel<Op, U>: slots per thread; 4: MLQ_MX_WIDE_FP32
+        if u and int(u.group(1)) > 2:
+            parts.append(f"U={u.group(1)}")
         return " ".join(parts)
     m = re.search(r"histogram_kernelI(13__nv_bfloat16|6__half|f|d)E", name)
     if m:

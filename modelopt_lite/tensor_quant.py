@@ -43,9 +43,9 @@ from .formats import (
     torch_dtype_range,
 )
 from .functional import blocks, library, library_block, library_block_cuda, library_minifloat, reference
+from .functional.amax_scale import checked_scale
 from .functional.checks import (
     as_amax,
-    check_amax_values,
     check_input,
     check_unsigned_input,
 )
@@ -60,16 +60,18 @@ SCALED_FLOAT_OPS = {
 
 
 def _int_scale(inputs, amax, num_bits, unsigned, narrow_range, fusable=True):
-    """``(scale, qmin, qmax, fused)``: ``fused`` when the unsigned input check is left to the kernel's own pass
-    (``fusable`` and :func:`.functional.library.fuses_unsigned_check`: the caller runs a ``*_uint`` op), else it
-    ran here."""
+    """``(scale, qmin, qmax, fused, after)``: ``fused`` when the unsigned input check is left to the kernel's own
+    pass (``fusable`` and :func:`.functional.library.fuses_unsigned_check`: the caller runs a ``*_uint`` op), else it
+    ran here; ``after()``, called once the quantization kernel is launched, queues a deferred amax check
+    (:func:`.functional.amax_scale.checked_scale`)."""
     check_input(inputs)
-    amax = as_amax(amax, inputs)
+    amax = as_amax(amax, inputs, check_values=False)
     bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
     fused = bool(unsigned) and fusable and library.fuses_unsigned_check(inputs)
     if unsigned and not fused:
         check_unsigned_input(inputs)
-    return scale_from_amax(amax, bound), qmin, qmax, fused
+    scale, after = checked_scale(amax, bound)
+    return scale, qmin, qmax, fused, after
 
 
 # --- float64 inputs: computed in float32 (the exact grid every backend and ONNX Runtime share) ---------------------
@@ -183,8 +185,9 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
     if fmt is not None:
         y = fake_float_quant(x, amax, fmt)
     else:
-        scale, qmin, qmax, fused = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
+        scale, qmin, qmax, fused, after = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
         y = (library.fake_quant_uint if fused else library.fake_quant_int)(x, scale, qmin, qmax)
+        after()
     if b is not None:
         y = y + b
     return _back(y, out_dtype or back)
@@ -227,8 +230,9 @@ def tensor_quant(
         check_input(x)
         scale = scale_from_amax(as_amax(amax, x), fmt.bound)
         return float_codes(fmt, x, scale), positive_scale(scale)
-    scale, qmin, qmax, fused = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
+    scale, qmin, qmax, fused, after = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
     q = (library.quantize_uint if fused else library.quantize_int)(x, scale, qmin, qmax)
+    after()
     if want is None:
         return _back(q, back), positive_scale(scale)
     return _cast_codes(q, want, qmin, qmax), positive_scale(scale)
@@ -267,10 +271,11 @@ def fake_float_quant(inputs, amax, fmt: ElementFormat):
     x, back = _to_compute(inputs)
     check_input(x)
     if amax is None:
-        scale = torch.ones((), dtype=torch.float32, device=x.device)
-    else:
-        scale = scale_from_amax(as_amax(amax, x), fmt.bound)
-    return _back(SCALED_FLOAT_OPS[fmt.name](x, scale), back)
+        return _back(SCALED_FLOAT_OPS[fmt.name](x, torch.ones((), dtype=torch.float32, device=x.device)), back)
+    scale, after = checked_scale(as_amax(amax, x, check_values=False), fmt.bound)
+    y = SCALED_FLOAT_OPS[fmt.name](x, scale)
+    after()
+    return _back(y, back)
 
 
 def scaled_e4m3_abstract(input, amax=None):
@@ -342,16 +347,16 @@ def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=Fals
     inputs, _ = _to_compute(inputs)
     check_input(inputs)
     sizes = blocks.normalize(block_sizes, inputs.shape)
+    bound = bound_of(num_bits, unsigned, narrow_range)
     if amax is None:
-        amax = blocks.block_amax(inputs, block_sizes)
+        scale = scale_from_amax(blocks.block_amax(inputs, block_sizes), bound)  # measured here: nothing to check
     else:
         if isinstance(amax, torch.Tensor) and amax.numel() != 1:  # blocks-per-axis shape: no broadcast against x
             if not amax.is_floating_point():
                 raise TypeError(f"block amax must be a floating-point tensor, got {amax.dtype}")
             amax = amax.to(device=inputs.device, dtype=torch.float32)
-            check_amax_values(amax, "block amax")
         else:
-            amax = as_amax(amax, inputs, "block amax")
+            amax = as_amax(amax, inputs, "block amax", check_values=False)
         expected = blocks.blocks_shape(inputs.shape, sizes)
         if amax.dim() == 2 and amax.shape[1] == 1 and amax.numel() == torch.Size(expected).numel() > 1:
             amax = amax.reshape(expected)  # ModelOpt's flat layout (one row per block, in row-major block order)
@@ -360,7 +365,8 @@ def block_scales(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=Fals
                 f"block amax has shape {tuple(amax.shape)}, expected {expected} for block_sizes "
                 f"{block_sizes} on inputs of shape {tuple(inputs.shape)}"
             )
-    scale = scale_from_amax(amax, bound_of(num_bits, unsigned, narrow_range))
+        scale, after = checked_scale(amax, bound, "block amax")
+        after()
     if block_sizes.get("scale_bits") is not None:
         scale = quantize_block_scales(scale, block_sizes["scale_bits"], block_sizes.get("scale_block_sizes"))
     return scale, sizes
@@ -449,7 +455,8 @@ class LegacyFakeTensorQuantFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        scale, qmin, qmax, _ = _int_scale(inputs, amax, num_bits, unsigned, narrow_range, fusable=False)
+        scale, qmin, qmax, _, after = _int_scale(inputs, amax, num_bits, unsigned, narrow_range, fusable=False)
+        after()
         ctx.save_for_backward(inputs, scale)
         ctx.qrange = (qmin, qmax)
         return reference.fake_quant_int(inputs, scale, qmin, qmax)

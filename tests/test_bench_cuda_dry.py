@@ -48,6 +48,9 @@ def test_sass_report_labels_and_rows(bench_path):
     assert sh.label("_ZN3mxk12lanes_kernelINS_4MxOpIfLi2ELb0ELb0EEELi2EEEvT_") == "MxOp fp32 e2m1 general"
     dyn = "_ZN3mxk12lanes_kernelINS_10DynBlockOpI6__halfLi4ELb1ELb0ELb1EEELi1EEEvT_"
     assert sh.label(dyn) == "DynBlockOp fp16 e4m3 P=4 FULL"
+    one_lane = "_ZN3mxk12lanes_kernelINS_7Nvfp4OpI13__nv_bfloat16Li2ELb0ELb1EEELi2EEEvT_"
+    assert sh.label(one_lane) == "Nvfp4Op bf16 P=2 FULL"
+    assert sh.label("_ZN3mxk12lanes_kernelINS_4MxOpIfLi0ELb0ELb1EEELi4EEEvT_") == "MxOp fp32 e4m3 FULL U=4"
     sass = (
         "\n\t\tFunction : " + nv + "\n"
         "        /*0000*/                   I2F.U32.RP R0, R1 ;\n"

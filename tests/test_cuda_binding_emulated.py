@@ -116,6 +116,17 @@ def test_mx_flagged_bindings_return_the_flag_unread(emulated):
     assert not failures, "\n".join(failures)
 
 
+def test_scale_from_amax_equals_reference(emulated):
+    failures = block_cases.scale_failures(emulated, "cpu")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
+def test_mx_every_variant_equals_reference(emulated):
+    assert emulated.mx_set_variant(-1) == mx_cases.DEFAULT_VARIANT
+    failures = mx_cases.variant_failures(emulated, "cpu")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 def test_mx_gradients_equal_reference(emulated, monkeypatch):
     """The public autograd ops with their forward in the emulated binding (routed as the CUDA kernels, argument
     checks of functional/cuda_args.py included) against the reference backend."""

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from modelopt_lite.descriptor import QuantDescriptor
 from modelopt_lite.functional import (
+    amax_scale,
     backend,
     deferred_errors,
     division,
@@ -69,9 +70,9 @@ def emulated():
 @pytest.fixture
 def on_emulated_cuda(emulated, monkeypatch):
     """CPU tensors take the CUDA path: the emulated kernels, their routing and deferred value checks."""
-    for mod in (library, library_mx, library_minifloat, library_block_cuda, library_block):
+    for mod in (library, library_mx, library_minifloat, library_block_cuda, library_block, amax_scale):
         monkeypatch.setattr(mod, "kernels_for", lambda device_type: emulated)
-    for mod in (library, library_mx, library_minifloat, library_block_cuda):
+    for mod in (library, library_mx, library_minifloat, library_block_cuda, amax_scale):
         monkeypatch.setattr(mod, "is_native_cuda", lambda m: m is emulated)
     monkeypatch.setattr(backend, "is_native_cuda", lambda m: m is emulated)
     monkeypatch.setattr(library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda", "cpu"))
@@ -90,14 +91,10 @@ def _mxfp8():
     return QuantDescriptor(num_bits=(4, 3), block_sizes={-1: 32, "type": "dynamic", "scale_bits": (8, 0)})
 
 
-_SCALE = {  # scale_from_amax: amax / bound, dead slices (amax <= 2**-24) to +0 (functional/scales.py)
-    "aten::full": 1,
-    "aten::div": 1,
-    "aten::le": 1,
-    "aten::masked_fill": 1,
-}
-_OVERFLOW_GUARD = {"aten::ge": 1, "aten::mul": 1, "aten::where": 1}  # bounds with an overflowing amax (127: 3.4e38)
-_AMAX_CHECK = {"aten::clamp": 1, "aten::ne": 1, "aten::any": 1}  # checks.check_amax_values on the device
+# the amax check and scale_from_amax in one launch (amax_scale.checked_scale: the binding's scale_from_amax allocates
+# the scale and a zeroed flag), where the torch ops took ten: clamp, ne, any (checks.check_amax_values), full, div,
+# le, masked_fill (scales.scale_from_amax) and ge, mul, where (its overflow guard for bounds such as 127)
+_CHECKED_SCALE = {"aten::empty": 1, "aten::zeros": 1}
 _RING = {"aten::copy_": 1}  # the flag's non_blocking copy into the host ring (deferred_errors.defer)
 _QUANT_BINDING = {"aten::to": 1, "aten::reshape": 1, "aten::expand": 1, "aten::empty": 1}  # quant_cuda_binding
 _FLAGGED_BINDING = {"aten::empty": 1, "aten::zeros": 1}  # output and flag (mx / block bindings)
@@ -116,17 +113,15 @@ def _ops(*parts: dict, **extra: int) -> dict[str, int]:
 FORMATS = {
     "int8_per_tensor": (
         lambda: QuantDescriptor(num_bits=8, amax=2.0),
-        _ops(_AMAX_CHECK, _RING, _SCALE, _OVERFLOW_GUARD, _QUANT_BINDING, modelopt_lite__fake_quant_int=1),
+        _ops(_CHECKED_SCALE, _RING, _QUANT_BINDING, modelopt_lite__fake_quant_int=1),
     ),
     "int8_per_channel": (
         lambda: QuantDescriptor(num_bits=8, axis=0, amax=[0.5 + 0.1 * i for i in range(16)]),
-        _ops(
-            _AMAX_CHECK, _RING, _SCALE, _OVERFLOW_GUARD, _QUANT_BINDING, aten__view=1, modelopt_lite__fake_quant_int=1
-        ),
+        _ops(_CHECKED_SCALE, _RING, _QUANT_BINDING, aten__view=1, modelopt_lite__fake_quant_int=1),
     ),
     "e4m3": (
         lambda: QuantDescriptor(num_bits=(4, 3), amax=2.0),
-        _ops(_AMAX_CHECK, _RING, _SCALE, _QUANT_BINDING, modelopt_lite__fake_e4m3=1),
+        _ops(_CHECKED_SCALE, _RING, _QUANT_BINDING, modelopt_lite__fake_e4m3=1),
     ),
     "nvfp4": (
         _nvfp4,

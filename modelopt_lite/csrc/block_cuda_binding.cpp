@@ -108,6 +108,37 @@ std::tuple<Tensor, Tensor> block_dynamic_backward(const Tensor& grad, const Tens
   return run(&grad, x, block, bound, qmin, qmax, e4m3, {scale_kind, scale_bound, scale_qmax});
 }
 
+// scales.scale_from_amax with checks.check_amax_values' test in one launch: (scale, flag), the flag (int32, one
+// element) non-zero when an amax is NaN, Inf or negative, not read here.
+std::tuple<Tensor, Tensor> scale_from_amax(const Tensor& amax_in, double bound) {
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  MOL_CHECK_VALUE(amax_in.device().is_cpu(), "modelopt_lite CUDA kernels, scale_from_amax: amax must be a CPU "
+                  "tensor in the host-emulated build, got ", amax_in.device());
+#else
+  MOL_CHECK_VALUE(amax_in.is_cuda(), "modelopt_lite CUDA kernels, scale_from_amax: amax must be a CUDA tensor, got ",
+                  amax_in.device());
+#endif
+  MOL_CHECK_TYPE(amax_in.scalar_type() == at::kFloat,
+                 "modelopt_lite CUDA kernels, scale_from_amax: amax must be float32, got ", amax_in.scalar_type());
+  MOL_CHECK_VALUE(bound > 0.0 && bound <= 3.4028234663852886e38,
+                  "modelopt_lite CUDA kernels, scale_from_amax: bound must be finite and > 0, got ", bound);
+  const Tensor amax = amax_in.contiguous();
+  Tensor scale = at::empty(amax.sizes(), amax.options());
+  Tensor flag = at::zeros({1}, amax.options().dtype(at::kInt));
+  if (amax.numel() == 0) return {scale, flag};
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  cudaStream_t stream = nullptr;
+#else
+  const c10::cuda::CUDAGuard guard(amax.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(amax.device().index()).stream();
+#endif
+  const cudaError_t st = mlq_scale_from_amax(amax.data_ptr<float>(), scale.data_ptr<float>(), amax.numel(),
+                                             static_cast<float>(bound), flag.data_ptr<int>(), stream);
+  MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, scale_from_amax: launch failed with status ",
+            static_cast<int>(st));
+  return {scale, flag};
+}
+
 bool block_dynamic_supported(const std::string& dtype, int64_t block) {
   const mlq_dtype d = dtype == "float32" ? MLQ_FLOAT32 : dtype == "float16" ? MLQ_FLOAT16 : MLQ_BFLOAT16;
   return (dtype == "float32" || dtype == "float16" || dtype == "bfloat16") && mlq_dynamic_block_supported(d, block);
@@ -119,6 +150,10 @@ namespace mol {
 
 void register_block_cuda_ops(pybind11::module_& m) {
   namespace py = pybind11;
+  m.def("scale_from_amax", python_errors(&scale_from_amax),
+        "scales.scale_from_amax(amax, bound) and the amax check in one launch -> (scale, flag: 1 when an amax is "
+        "NaN, Inf or negative; not read)",
+        py::arg("amax"), py::arg("bound"));
   m.def("fake_block_dynamic", python_errors(&fake_block_dynamic),
         "fused dynamic block fake quant along the last axis -> (y, nonfinite flag)", py::arg("x"), py::arg("block"),
         py::arg("bound"), py::arg("qmin"), py::arg("qmax"), py::arg("e4m3"), py::arg("scale_kind") = 0,

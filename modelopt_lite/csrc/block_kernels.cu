@@ -29,9 +29,12 @@ MXK_HD float block_scale(float a, float bound) {
   return a <= 5.9604644775390625e-8f ? 0.0f : s;
 }
 
+// checks.check_amax_values: an amax is refused when NaN, Inf or < 0 (-0.0 is fine).
+MXK_HD bool bad_amax(float a) { return !(a >= 0.0f) || mxe::nonfinite(a); }
+
 template <class T, int P, bool E4M3, bool BWD, bool FULL>
 struct DynBlockOp {
-  using State = Lane<T, P, FULL>;
+  using State = OpLane<T, P, BWD, FULL>;
   const T* x;
   const T* grad;
   T* y;
@@ -44,7 +47,8 @@ struct DynBlockOp {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_lane(x, L, slot, st); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_op_lane<T, P, BWD, FULL>(x, grad, L, slot, st); }
+  MXK_HD void prefetch(int64_t slot) const { prefetch_op_lane<T, P, BWD, FULL>(x, grad, L, slot); }
 
   // The block scale, double-quantized when asked: the largest block scale is scale_from_amax(the tensor's amax)
   // (scale_from_amax is monotonic), the scales' own scale is scale_from_amax of that, and the block scale is
@@ -61,14 +65,12 @@ struct DynBlockOp {
     constexpr int N = VecOf<T>::N;
     if (st.w.lane == 0 && mxe::nonfinite(a)) flag_set(flag, 1);
     const float s = scale_of(a);
-    if (BWD) {
-      float g[P * N];
-      load_other(grad, L, st, g);
+    if constexpr (BWD) {  // the gradient's elements were read with x (GradLane)
 MXK_UNROLL
       for (int j = 0; j < P * N; ++j) {
         const bool keep = E4M3 ? mlq::backward_pass<mlq::Bwd::E4m3>(st.v[j], s, 0.0f, qmin, qmax)
                                : mlq::backward_pass<mlq::Bwd::Int>(st.v[j], s, 0.0f, qmin, qmax);
-        st.v[j] = keep ? g[j] : 0.0f;
+        st.v[j] = keep ? st.g[j] : 0.0f;
       }
     } else if (s == 0.0f) {  // a dead block: one test per lane, so the element loop below has no zero test left
 MXK_UNROLL
@@ -169,6 +171,38 @@ cudaError_t abs_max(const T* x, int64_t n, float* out, cudaStream_t stream) {
 #endif
 }
 
+// scales.scale_from_amax of n amaxes and their check (checks.check_amax_values: *bad |= 1 for a NaN, Inf or
+// negative amax): one launch for the ten small torch ops of the public functions' scale, grid-stride.
+#ifndef MODELOPT_LITE_EMULATE_ON_HOST
+__global__ void __launch_bounds__(kThreads)
+    scale_kernel(const float* amax, float* scale, int64_t n, float bound, int* bad) {
+  int b = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float a = load_scalar(amax + i);
+    scale[i] = block_scale(a, bound);
+    b |= bad_amax(a) ? 1 : 0;
+  }
+  if (__syncthreads_or(b) != 0 && threadIdx.x == 0) atomicOr(bad, 1);
+}
+#endif
+
+cudaError_t scales(const float* amax, float* scale, int64_t n, float bound, int* bad, cudaStream_t stream) {
+#ifdef MODELOPT_LITE_EMULATE_ON_HOST
+  (void)stream;
+  for (int64_t i = 0; i < n; ++i) {
+    scale[i] = block_scale(amax[i], bound);
+    if (bad_amax(amax[i])) *bad |= 1;
+  }
+  return cudaSuccess;
+#else
+  const int64_t want = (n + kThreads - 1) / kThreads, cap = static_cast<int64_t>(sm_count()) * 4;
+  const int64_t grid = want < cap ? want : cap;
+  scale_kernel<<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(amax, scale, n, bound, bad);
+  return cudaGetLastError();
+#endif
+}
+
 template <class T, bool E4M3, bool BWD>
 cudaError_t dyn_p(const DynCall& c) {
   constexpr int N = VecOf<T>::N;
@@ -216,4 +250,12 @@ extern "C" cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* 
   if (dtype == MLQ_FLOAT32) return mxk::dyn_typed<float>(c, e4m3 != 0, bwd);
   if (dtype == MLQ_FLOAT16) return mxk::dyn_typed<__half>(c, e4m3 != 0, bwd);
   return mxk::dyn_typed<__nv_bfloat16>(c, e4m3 != 0, bwd);
+}
+
+extern "C" cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, float bound, int* bad,
+                                           cudaStream_t stream) {
+  if (n < 0 || !(bound > 0.0f) || mxe::nonfinite(bound)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (amax == nullptr || scale == nullptr || bad == nullptr) return cudaErrorInvalidValue;
+  return mxk::scales(amax, scale, n, bound, bad, stream);
 }

@@ -13,22 +13,22 @@
 
 namespace mxk {
 
-// The straight-through gradient of one lane: g where |x| <= top, else g * 0 (as the reference's grad * keep: -0.0
-// for a negative g, NaN stays NaN).
-template <class T, bool FULL>
-MXK_HD void ste_lane(const T* grad, T* out, const Layout& L, Lane<T, 1, FULL>& st, float top) {
-  constexpr int N = VecOf<T>::N;
-  float g[N];
-  load_other(grad, L, st, g);
+// The straight-through gradient of one lane (its gradient elements were read with x, GradLane): g where
+// |x| <= top, else g * 0 (as the reference's grad * keep: -0.0 for a negative g, NaN stays NaN).
+template <class T, int P, bool FULL>
+MXK_HD void ste_lane(T* out, const Layout& L, GradLane<T, P, FULL>& st, float top) {
 MXK_UNROLL
-  for (int j = 0; j < N; ++j) st.v[j] = mxe::fabs_bits(st.v[j]) <= top ? g[j] : mxe::fmul(g[j], 0.0f);
+  for (int j = 0; j < P * VecOf<T>::N; ++j) {
+    st.v[j] = mxe::fabs_bits(st.v[j]) <= top ? st.g[j] : mxe::fmul(st.g[j], 0.0f);
+  }
   store_lane(out, L, st);
 }
 
 // NVFP4: per block s = e4m3(amax / (6 gs)), y = e2m1(x / (s gs)) * (s gs) (BWD: the STE mask |x| <= 6 s gs).
-template <class T, bool BWD, bool FULL>
+// P vectors per lane: 1, or a whole 16-element block of a 2-byte type per lane (one_lane: MLQ_MX_NVFP4_ONE_LANE).
+template <class T, int P, bool BWD, bool FULL>
 struct Nvfp4Op {
-  using State = Lane<T, 1, FULL>;
+  using State = OpLane<T, P, BWD, FULL>;
   const T* x;
   const T* grad;  // BWD only
   T* y;
@@ -39,7 +39,8 @@ struct Nvfp4Op {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_lane(x, L, slot, st); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_op_lane<T, P, BWD, FULL>(x, grad, L, slot, st); }
+  MXK_HD void prefetch(int64_t slot) const { prefetch_op_lane<T, P, BWD, FULL>(x, grad, L, slot); }
 
   MXK_HD void finish(int64_t slot, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
@@ -51,15 +52,15 @@ struct Nvfp4Op {
     }
     if (slot == 0 && !(gs >= 0.0f && !mxe::nonfinite(gs))) flag_set(flag, 2);
     const float d = mxe::fmul(s, gs);
-    if (BWD) {
-      ste_lane(grad, y, L, st, mxe::fmul(d, mxe::kE2M1Max));
+    if constexpr (BWD) {
+      ste_lane(y, L, st, mxe::fmul(d, mxe::kE2M1Max));
     } else {
       if (s == 0.0f) {  // one test per vector (a uniform branch), not one select per element
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = 0.0f;
+        for (int j = 0; j < P * N; ++j) st.v[j] = 0.0f;
       } else {
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
+        for (int j = 0; j < P * N; ++j) st.v[j] = mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
       }
       store_lane(y, L, st);
     }
@@ -76,7 +77,7 @@ MXK_HD float elem_max(int elem) {
 // OCP MX: per block X = 2**k (k from the amax), y = elem(x / X) * X (BWD: the STE mask |x| <= elem_max * X).
 template <class T, int ELEM, bool BWD, bool FULL>
 struct MxOp {
-  using State = Lane<T, 1, FULL>;
+  using State = OpLane<T, 1, BWD, FULL>;
   const T* x;
   const T* grad;
   T* y;
@@ -87,7 +88,8 @@ struct MxOp {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_lane(x, L, slot, st); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_op_lane<T, 1, BWD, FULL>(x, grad, L, slot, st); }
+  MXK_HD void prefetch(int64_t slot) const { prefetch_op_lane<T, 1, BWD, FULL>(x, grad, L, slot); }
 
   MXK_HD void finish(int64_t, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
@@ -98,8 +100,8 @@ struct MxOp {
       if (mxe::nonfinite(a)) flag_set(flag, 1);
     }
     const float X = mxe::pow2f(k), inv = mxe::pow2f(-k);
-    if (BWD) {
-      ste_lane(grad, y, L, st, mxe::fmul(X, elem_max(ELEM)));
+    if constexpr (BWD) {
+      ste_lane(y, L, st, mxe::fmul(X, elem_max(ELEM)));
     } else {
       if (nan) {
 MXK_UNROLL
@@ -130,6 +132,7 @@ struct MinifloatOp {
     load_lane(x, L, slot, st);
     return 0.0f;
   }
+  MXK_HD void prefetch(int64_t slot) const { prefetch_lane<T, 1, FULL>(x, L, slot); }
   static MXK_HD float fake_nonzero(float v, float s) { return mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv(v, s)), s); }
   static MXK_HD float fake(float v, float s) { return s == 0.0f ? 0.0f : fake_nonzero(v, s); }
   // The elements of one vector (it starts at a multiple of N) share one scale when there is one channel or `inner`
@@ -174,31 +177,46 @@ Layout call_layout(const Call& c) {
 }
 
 // Each op is built twice: FULL for `full` layouts (whole aligned vectors, whole blocks: the common case, no length
-// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views.
-template <class T, bool BWD, bool FULL>
+// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views. The FULL forward
+// kernels of 4-byte elements take 4 slots per thread with MLQ_MX_WIDE_FP32 (more loads per thread; a float32
+// vector holds only 4 elements), and NVFP4's 16-element blocks of 2-byte elements one lane per block with
+// MLQ_MX_NVFP4_ONE_LANE (the block's scale computed once, not by each of its 2 lanes).
+template <class T, bool BWD, bool FULL, int P = 1, int U = 2>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
-  Nvfp4Op<T, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                           c.side, c.gs, c.flag, L};
-  return run_lanes<2>(op, c.stream);
+  Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                              c.side, c.gs, c.flag, L};
+  return run_lanes<U>(op, c.stream);
 }
 
 template <class T, bool BWD>
 cudaError_t nvfp4_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
-  return L.full ? nvfp4_run<T, BWD, true>(c, L) : nvfp4_run<T, BWD, false>(c, L);
+  if (!L.full) return nvfp4_run<T, BWD, false>(c, L);
+  const int v = variant();
+  if constexpr (!BWD && sizeof(T) == 2) {
+    if (c.block == 16 && (v & MLQ_MX_NVFP4_ONE_LANE)) return nvfp4_run<T, BWD, true, 2>(c, one_lane(L));
+  }
+  if constexpr (!BWD && sizeof(T) == 4) {
+    if (v & MLQ_MX_WIDE_FP32) return nvfp4_run<T, BWD, true, 1, 4>(c, L);
+  }
+  return nvfp4_run<T, BWD, true>(c, L);
 }
 
-template <class T, int ELEM, bool BWD, bool FULL>
+template <class T, int ELEM, bool BWD, bool FULL, int U = 2>
 cudaError_t mx_run(const Call& c, const Layout& L) {
   MxOp<T, ELEM, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
                               c.side, c.flag, L, c.rceil};
-  return run_lanes<2>(op, c.stream);
+  return run_lanes<U>(op, c.stream);
 }
 
 template <class T, int ELEM, bool BWD>
 cudaError_t mx_elem_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
-  return L.full ? mx_run<T, ELEM, BWD, true>(c, L) : mx_run<T, ELEM, BWD, false>(c, L);
+  if (!L.full) return mx_run<T, ELEM, BWD, false>(c, L);
+  if constexpr (!BWD && sizeof(T) == 4) {
+    if (variant() & MLQ_MX_WIDE_FP32) return mx_run<T, ELEM, BWD, true, 4>(c, L);
+  }
+  return mx_run<T, ELEM, BWD, true>(c, L);
 }
 
 template <class T, bool BWD>
@@ -317,4 +335,9 @@ extern "C" cudaError_t mlq_fake_minifloat(mlq_dtype dtype, int elem, const void*
   if (dtype == MLQ_FLOAT32) return mxk::minifloat_typed<float>(elem, x, y, scale, n, channels, inner, stream);
   if (dtype == MLQ_FLOAT16) return mxk::minifloat_typed<__half>(elem, x, y, scale, n, channels, inner, stream);
   return mxk::minifloat_typed<__nv_bfloat16>(elem, x, y, scale, n, channels, inner, stream);
+}
+
+extern "C" int mlq_mx_set_variant(int variant) {
+  if (variant < 0 || variant > MLQ_MX_VARIANT_ALL) return mxk::variant();
+  return mxk::g_variant.exchange(variant);
 }

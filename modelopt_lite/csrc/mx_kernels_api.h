@@ -58,6 +58,31 @@ cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* grad, const
                               float scale_bound, float scale_qmax, float* amax_scratch, int* nonfinite,
                               cudaStream_t stream);
 
+/* scale[i] = scales.scale_from_amax(amax[i], bound) (float32 amax / bound, the float32 just below it where the
+ * grid's end bound * scale would overflow, +0 where amax <= 2**-24) for n float32 amaxes in device memory, and
+ * *bad |= 1 (device memory, zeroed by the caller) when one is NaN, Inf or negative (checks.check_amax_values).
+ * One launch (block_kernels.cu). */
+cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, float bound, int* bad,
+                                cudaStream_t stream);
+
+/* Work-distribution variants of the blocked kernels (NVFP4, MX, E5M2/E2M1, dynamic blocks), one bit each. Every
+ * variant computes the same bits; only the speed differs (bench/bench_cuda.py --cases mx times each).
+ *   MLQ_MX_WIDE_FP32: NVFP4 / MX forward of float32 take 4 slots per thread instead of 2 (more loads per thread, at
+ *     about twice the registers).
+ *   MLQ_MX_NVFP4_ONE_LANE: NVFP4 forward, 16-element blocks of float16/bfloat16: one lane (2 vectors) per block.
+ *   MLQ_MX_PREFETCH: each thread prefetches (into L2) the vectors of its next grid-stride tile.
+ * The first two apply to aligned, whole-block tensors only, the last to every kernel's aligned whole-block build.
+ * mlq_mx_set_variant sets the process-wide variant and returns the previous one; a value outside
+ * [0, MLQ_MX_VARIANT_ALL] only returns the current one. */
+enum {
+  MLQ_MX_WIDE_FP32 = 1,
+  MLQ_MX_NVFP4_ONE_LANE = 2,
+  MLQ_MX_PREFETCH = 4,
+  MLQ_MX_VARIANT_ALL = 7,
+  MLQ_MX_VARIANT_DEFAULT = 2
+};
+int mlq_mx_set_variant(int variant);
+
 #ifdef __cplusplus
 }
 #endif

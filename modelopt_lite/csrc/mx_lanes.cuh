@@ -30,7 +30,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
+#include <type_traits>
+
 #include "mx_elem.h"
+#include "mx_kernels_api.h" /* the MLQ_MX_* variants */
 
 namespace mxk {
 
@@ -161,6 +165,15 @@ Layout make_layout(int64_t rows, int64_t cols, int block, bool aligned) {
   return L;
 }
 
+// The layout with one lane per block (P = block / N vectors each, no reduction between lanes): a variant for
+// short blocks (NVFP4's 16 elements of a 2-byte type), where the per-block work would otherwise be done by every
+// one of the block's lanes.
+inline Layout one_lane(Layout L) {
+  L.lanes = 1;
+  L.lane_shift = 0;
+  return L;
+}
+
 inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Where a lane's elements are: the block's first element, the block's length m, and the lane index.
@@ -203,6 +216,13 @@ struct Lane {
   static constexpr int N = VecOf<T>::N;
   float v[P * N];
   Where w;
+};
+
+// The backward ops' lane state: the incoming gradient's elements at the lane's places too, read in the load phase
+// with x, so that both loads of a slot are in flight together (read after the reduction, they would wait for it).
+template <class T, int P, bool FULL>
+struct GradLane : Lane<T, P, FULL> {
+  float g[P * VecOf<T>::N];
 };
 
 // Element index (within the block) of vector p of lane `lane` for a group of `lanes` lanes.
@@ -260,6 +280,59 @@ MXK_UNROLL
   }
 }
 
+// load_lane, and the gradient's elements at the same places (the backward ops' load phase).
+template <class T, int P, bool FULL>
+MXK_HD float load_lane_grad(const T* x, const T* grad, const Layout& L, int64_t slot, GradLane<T, P, FULL>& st) {
+  const float a = load_lane(x, L, slot, st);
+  load_other(grad, L, st, st.g);
+  return a;
+}
+
+// The lane state of an op: the backward ops carry the gradient's elements too.
+template <class T, int P, bool BWD, bool FULL>
+using OpLane = typename std::conditional<BWD, GradLane<T, P, FULL>, Lane<T, P, FULL>>::type;
+
+template <class T, int P, bool BWD, bool FULL>
+MXK_HD float load_op_lane(const T* x, const T* grad, const Layout& L, int64_t slot, OpLane<T, P, BWD, FULL>& st) {
+  if constexpr (BWD) {
+    return load_lane_grad(x, grad, L, slot, st);
+  } else {
+    (void)grad;
+    return load_lane(x, L, slot, st);
+  }
+}
+
+// The process-wide work-distribution variant (mlq_mx_set_variant, bits MLQ_MX_*): one instance for every file of
+// the extension (an inline variable). The variants change the speed, never a result.
+inline std::atomic<int> g_variant{MLQ_MX_VARIANT_DEFAULT};
+inline int variant() { return g_variant.load(std::memory_order_relaxed); }
+
+// MLQ_MX_PREFETCH: an L2 prefetch of a lane's 16-byte vectors (x, and the gradient for the backward ops), issued one
+// grid-stride tile ahead so that the next tile's reads are in flight while this one computes, holding no registers.
+// FULL layouts only (every vector whole, a block's start a shift); nothing on the host.
+template <class T, int P, bool FULL>
+MXK_HD void prefetch_lane(const T* x, const Layout& L, int64_t slot) {
+#ifdef __CUDA_ARCH__
+  if constexpr (FULL) {
+    const Where w = where<FULL>(L, slot);
+MXK_UNROLL
+    for (int p = 0; p < P; ++p) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(x + w.off + vec_start<T>(p, w.lane, L.lanes)));
+    }
+  }
+#else
+  (void)x;
+  (void)L;
+  (void)slot;
+#endif
+}
+
+template <class T, int P, bool BWD, bool FULL>
+MXK_HD void prefetch_op_lane(const T* x, const T* grad, const Layout& L, int64_t slot) {
+  prefetch_lane<T, P, FULL>(x, L, slot);
+  if constexpr (BWD) prefetch_lane<T, P, FULL>(grad, L, slot);
+}
+
 // *flag |= value (atomically on the device; flags are only ever set, so the order of the writers does not matter).
 MXK_HD void flag_set(int* flag, int value) {
   if (flag == nullptr) return;
@@ -273,11 +346,19 @@ MXK_HD void flag_set(int* flag, int value) {
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
 
 template <class Op, int U>
-__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op) {
+__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
   const int64_t slots = op.slots();
   const int lanes = op.lanes();
   const int64_t tile = static_cast<int64_t>(blockDim.x) * U;
-  for (int64_t base = blockIdx.x * tile; base < slots; base += static_cast<int64_t>(gridDim.x) * tile) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * tile;
+  for (int64_t base = blockIdx.x * tile; base < slots; base += stride) {
+    if (prefetch) {  // the next tile of this thread block (MLQ_MX_PREFETCH)
+MXK_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int64_t slot = base + stride + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+        if (slot < slots) op.prefetch(slot);
+      }
+    }
     typename Op::State st[U];
     float a[U];
 MXK_UNROLL
@@ -344,7 +425,7 @@ cudaError_t run_lanes(const Op& op, cudaStream_t stream) {
   const int64_t cap = static_cast<int64_t>(sm_count()) * kBlocksPerSm;
   if (grid > cap) grid = cap;
   if (grid < 1) grid = 1;
-  lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op);
+  lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op, (variant() & MLQ_MX_PREFETCH) != 0);
   return cudaGetLastError();
 #endif
 }

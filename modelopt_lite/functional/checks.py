@@ -30,8 +30,9 @@ def check_input(x, what: str = "inputs") -> None:
         raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
 
 
-def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
-    """amax as a float32 tensor on x's device, validated (finite, >= 0) and broadcastable to x."""
+def as_amax(amax, x: torch.Tensor, what: str = "amax", check_values: bool = True) -> torch.Tensor:
+    """amax as a float32 tensor on x's device, validated (finite, >= 0; with ``check_values=False`` the caller
+    checks the values, as :func:`.amax_scale.checked_scale` does) and broadcastable to x."""
     if isinstance(amax, bool) or amax is None:
         raise TypeError(f"{what} must be a number or a tensor, got {amax!r}")
     if isinstance(amax, numbers.Real):
@@ -56,7 +57,7 @@ def as_amax(amax, x: torch.Tensor, what: str = "amax") -> torch.Tensor:
     amax = amax.to(device=x.device, dtype=torch.float32)
     if amax.numel() == 1 and amax.dim() > x.dim():
         amax = amax.reshape(())
-    if not _compiling():
+    if check_values and not _compiling():
         check_amax_values(amax, what)
     return amax
 

@@ -175,3 +175,65 @@ def flag_failures(mod, device: str) -> list[str]:
                 if int(flag.item()) == 0:
                     failures.append(f"{fn} {dtype} {v}: flag not raised")
     return failures
+
+
+# --- scale_from_amax (one launch for scales.scale_from_amax and the amax check) -----------------------------------
+SCALE_BOUNDS = (1.0, 6.0, 7.0, 8.0, 15.0, 127.0, 255.0, 448.0, 32767.0, 57344.0, 2147483648.0)
+
+
+def _f32(bits: list[int]) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
+def scale_amaxes(bound: float) -> torch.Tensor:
+    """Edge amaxes for one bound: zeros, the dead-slice threshold 2**-24 and its neighbours, subnormals, float32's
+    largest values, the 64 floats on each side of the bound's overflow threshold (scales._overflow_threshold), and
+    random values over the whole exponent range; all finite and >= 0."""
+    from modelopt_lite.functional.scales import _overflow_threshold
+
+    eps_bits = 0x33800000  # 2**-24
+    top = 0x7F7FFFFF
+    bits = [0, 1, 2, 0x007FFFFF, 0x00800000, eps_bits - 1, eps_bits, eps_bits + 1, 0x3F800000]
+    bits += list(range(top - 64, top + 1))
+    thr = _overflow_threshold(float(bound))
+    if thr is not None:
+        t = int(torch.tensor([thr], dtype=torch.float32).view(torch.int32)[0])
+        bits += list(range(t - 64, min(t + 64, top) + 1))
+    g = torch.Generator().manual_seed(int(bound) % 1000)
+    rnd = torch.randint(0, top + 1, (4096,), generator=g, dtype=torch.int64).tolist()
+    return torch.cat([_f32(bits), torch.tensor([-0.0]), _f32(rnd)])
+
+
+def scale_failures(mod, device: str) -> list[str]:
+    """The binding's scale_from_amax against scales.scale_from_amax bit for bit (shapes kept: a per-channel
+    amax, a scalar, an amax longer than one launch's threads), and its flag: 0 for good amaxes, 1 for NaN, Inf,
+    -Inf or a negative one anywhere."""
+    from modelopt_lite.functional.scales import scale_from_amax
+
+    out = []
+    for bound in SCALE_BOUNDS:
+        a = scale_amaxes(bound)
+        for what, amax in (
+            ("edges", a),
+            ("per-channel", a[:96].reshape(96, 1)),
+            ("scalar", a[7].reshape(())),
+            ("long", a.repeat(64)),
+        ):
+            try:
+                scale, flag = mod.scale_from_amax(amax.to(device), bound)
+                assert_same(scale, scale_from_amax(amax, bound), f"scale_from_amax {what} bound={bound}")
+                assert flag.dtype == torch.int32 and int(flag.cpu()[0]) == 0, f"{what} bound={bound}: flag raised"
+            except AssertionError as e:
+                out.append(str(e))
+        for bad in (math.nan, math.inf, -math.inf, -1e-30, -3.0):
+            amax = a[:300].clone()
+            amax[257] = bad
+            scale, flag = mod.scale_from_amax(amax.to(device), bound)
+            if int(flag.cpu()[0]) != 1:
+                out.append(f"scale_from_amax bound={bound}: amax {bad} did not raise the flag")
+            want = scale_from_amax(amax, bound)
+            try:
+                assert_same(scale, want, f"scale_from_amax with {bad} bound={bound}")
+            except AssertionError as e:
+                out.append(str(e))
+    return out

@@ -147,6 +147,46 @@ def nvfp4_checks(dtypes=DTYPES):
     return out
 
 
+VARIANTS = 8  # mx_kernels_api.h: MLQ_MX_VARIANT_ALL + 1 (bits: 1 wide float32, 2 NVFP4 one lane, 4 prefetch)
+DEFAULT_VARIANT = 2  # MLQ_MX_VARIANT_DEFAULT
+VARIANT_SHAPES = {
+    "4x64 full blocks": (4, 64),
+    "67x256 full blocks, many warp tiles": (67, 256),
+    "2x3x48 3-D": (2, 3, 48),
+}
+
+
+def variant_failures(mod, device: str) -> list[str]:
+    """The forward kernels under every work-distribution variant (``mx_set_variant``: 4 float32 slots per thread,
+    NVFP4 one lane per block, prefetch) against the reference, on aligned whole-block inputs (the layouts the variants take)
+    and a partial one; the process-wide variant is restored after."""
+    failures = []
+    default = mod.mx_set_variant(-1)
+    try:
+        for variant in range(VARIANTS):
+            if mod.mx_set_variant(variant) not in range(VARIANTS):
+                failures.append(f"variant {variant}: mx_set_variant returned an unknown previous variant")
+            if mod.mx_set_variant(-1) != variant:
+                failures.append(f"variant {variant}: mx_set_variant(-1) does not read it back")
+            for dtype in DTYPES:
+                for si, (name, shape) in enumerate({**VARIANT_SHAPES, "6x83 partial": (6, 83)}.items()):
+                    x = _data(shape, dtype, 300 + si)
+                    gs = ms.nvfp4_global_scale(_amax(x))
+                    checks = [(f"nvfp4 block={b}", "fake_nvfp4", (gs, b)) for b in (16, 32)]
+                    checks += [(f"mx {e}", "fake_mx", (e, 32, "floor")) for e in ELEMS]
+                    for what, fn, rest in checks:
+                        got = getattr(mod, fn)(x.to(device), *[r.to(device) if torch.is_tensor(r) else r for r in rest])
+                        try:
+                            assert_same(got, REFERENCE[fn](x, *rest), f"variant {variant} {what} {name} {dtype}")
+                        except AssertionError as e:
+                            failures.append(str(e))
+    finally:
+        mod.mx_set_variant(default)
+    if mod.mx_set_variant(-1) != default:
+        failures.append("the variant was not restored")
+    return failures
+
+
 def mx_checks(dtypes=DTYPES):
     out = []
     for dtype in dtypes:

@@ -44,3 +44,9 @@ def test_errors_are_raised_on_the_host(cuda_module, function):
 def test_flagged_bindings_return_the_flag_unread(cuda_module):
     failures = mx_cases.flagged_failures(cuda_module, "cuda")
     assert not failures, "\n".join(failures)
+
+
+def test_every_variant_equals_reference(cuda_module):
+    assert cuda_module.mx_set_variant(-1) == mx_cases.DEFAULT_VARIANT
+    failures = mx_cases.variant_failures(cuda_module, "cuda")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])

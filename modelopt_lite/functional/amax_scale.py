@@ -1,0 +1,45 @@
+"""The scale of a validated amax, in one launch on a GPU: the public functions' path from amax to scale.
+
+:func:`checked_scale` is :func:`.checks.check_amax_values` followed by :func:`.scales.scale_from_amax`. On CUDA in
+the deferred error mode (:mod:`.deferred_errors`) both run in one kernel of the extension (``scale_from_amax``,
+block_kernels.cu, bit-exact against the torch expression), where the torch ops take ten small launches, and the
+check's flag is queued by the returned ``after`` callable: the caller runs it once it has launched its quantization
+kernel, so that the host work of queuing overlaps the kernel. A learnable amax (``requires_grad``), torch.compile /
+torch.export tracing, the sync error mode and the CPU take the torch ops, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import deferred_errors
+from .backend import is_native_cuda, kernels_for
+from .checks import check_amax_values
+from .scales import scale_from_amax
+
+
+def _nothing() -> None:
+    return None
+
+
+def checked_scale(amax: torch.Tensor, bound: float, what: str = "amax") -> tuple[torch.Tensor, Callable[[], None]]:
+    """``(scale, after)`` for a float32 ``amax`` shaped by :func:`.checks.as_amax` with ``check_values=False``:
+    ``scale = scale_from_amax(amax, bound)`` once ``amax`` passed the value check (finite, >= 0; ValueError
+    otherwise). Call ``after()`` after launching the kernel that uses ``scale``: it queues the deferred check."""
+    if amax.requires_grad or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+            check_amax_values(amax, what)
+        return scale_from_amax(amax, bound), _nothing
+    mod = kernels_for(amax.device.type)
+    if is_native_cuda(mod) and deferred_errors.deferring(amax) and hasattr(mod, "scale_from_amax"):
+        scale, flag = mod.scale_from_amax(amax, float(bound))
+        message = {1: f"{what} must be finite and >= 0 (NaN, Inf or < 0)"}  # as check_amax_values' deferred check
+
+        def after() -> None:
+            deferred_errors.defer(flag, f"{what} check", message, amax)
+
+        return scale, after
+    check_amax_values(amax, what)
+    return scale_from_amax(amax, bound), _nothing
