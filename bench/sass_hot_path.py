@@ -76,7 +76,7 @@ def label(name: str) -> str | None:
             parts.append(f"P={vals['vectors']}")
         if "full" in vals:  # builds before 2026-11-27 had one kernel for every layout
             parts.append("FULL" if vals["full"] else "general")
-        u = re.search(r"ELi(\d+)EEEvT_", name)  # lanes_kernel<Op, U>: slots per thread; 4: MLQ_MX_WIDE_FP32
+        u = re.search(r"ELi(\d+)EEEvT_", name)  # lanes_kernel<Op, U>: slots per thread (1 or 2 today)
         if u and int(u.group(1)) > 2:
             parts.append(f"U={u.group(1)}")
         return " ".join(parts)

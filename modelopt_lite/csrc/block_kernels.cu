@@ -35,6 +35,7 @@ MXK_HD bool bad_amax(float a) { return !(a >= 0.0f) || mxe::nonfinite(a); }
 template <class T, int P, bool E4M3, bool BWD, bool FULL>
 struct DynBlockOp {
   using State = OpLane<T, P, BWD, FULL>;
+  static constexpr bool kPrefetch16 = !BWD && sizeof(T) == 2;  // MLQ_MX_PREFETCH_16BIT takes this kernel
   const T* x;
   const T* grad;
   T* y;

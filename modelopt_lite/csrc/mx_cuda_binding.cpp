@@ -262,9 +262,10 @@ void register_mx_cuda_ops(pybind11::module_& m) {
   m.def("mx_backward_flagged", python_errors(&mx_backward_flagged), "mx_backward -> (grad_x, flag)",
         py::arg("grad"), py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
   m.def("mx_set_variant", &mlq_mx_set_variant,
-        "set the process-wide work-distribution variant of the NVFP4/MX forward kernels (bits: 1 = 4 float32 slots "
-        "per thread, 2 = NVFP4 one lane per 16-element block of float16/bfloat16; every variant computes the same "
-        "bits) and return the previous one; -1 only returns the current one",
+        "set the process-wide work-distribution variant of the blocked kernels (bits, mx_kernels_api.h: 1 = NVFP4 "
+        "one lane per 16-element block of float16/bfloat16, 2 = 16-bit NVFP4/dynamic-block forward kernels "
+        "prefetch their next tile, 4 = every kernel does; every variant computes the same bits) and return the "
+        "previous one; -1 only returns the current one",
         py::arg("variant"));
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
         py::arg("scale"));

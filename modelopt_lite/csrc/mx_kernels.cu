@@ -29,6 +29,7 @@ MXK_UNROLL
 template <class T, int P, bool BWD, bool FULL>
 struct Nvfp4Op {
   using State = OpLane<T, P, BWD, FULL>;
+  static constexpr bool kPrefetch16 = !BWD && sizeof(T) == 2;  // MLQ_MX_PREFETCH_16BIT takes this kernel
   const T* x;
   const T* grad;  // BWD only
   T* y;
@@ -78,6 +79,7 @@ MXK_HD float elem_max(int elem) {
 template <class T, int ELEM, bool BWD, bool FULL>
 struct MxOp {
   using State = OpLane<T, 1, BWD, FULL>;
+  static constexpr bool kPrefetch16 = false;
   const T* x;
   const T* grad;
   T* y;
@@ -120,6 +122,7 @@ MXK_UNROLL
 template <class T, int ELEM, bool FULL>
 struct MinifloatOp {
   using State = Lane<T, 1, FULL>;
+  static constexpr bool kPrefetch16 = false;
   const T* x;
   T* y;
   const float* scale;
@@ -177,46 +180,37 @@ Layout call_layout(const Call& c) {
 }
 
 // Each op is built twice: FULL for `full` layouts (whole aligned vectors, whole blocks: the common case, no length
-// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views. The FULL forward
-// kernels of 4-byte elements take 4 slots per thread with MLQ_MX_WIDE_FP32 (more loads per thread; a float32
-// vector holds only 4 elements), and NVFP4's 16-element blocks of 2-byte elements one lane per block with
-// MLQ_MX_NVFP4_ONE_LANE (the block's scale computed once, not by each of its 2 lanes).
-template <class T, bool BWD, bool FULL, int P = 1, int U = 2>
+// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views. NVFP4's 16-element
+// blocks of 2-byte elements take one lane per block with MLQ_MX_NVFP4_ONE_LANE (the block's scale computed once, not
+// by each of its 2 lanes).
+template <class T, bool BWD, bool FULL, int P = 1>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
   Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
                               c.side, c.gs, c.flag, L};
-  return run_lanes<U>(op, c.stream);
+  return run_lanes<2>(op, c.stream);
 }
 
 template <class T, bool BWD>
 cudaError_t nvfp4_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
   if (!L.full) return nvfp4_run<T, BWD, false>(c, L);
-  const int v = variant();
   if constexpr (!BWD && sizeof(T) == 2) {
-    if (c.block == 16 && (v & MLQ_MX_NVFP4_ONE_LANE)) return nvfp4_run<T, BWD, true, 2>(c, one_lane(L));
-  }
-  if constexpr (!BWD && sizeof(T) == 4) {
-    if (v & MLQ_MX_WIDE_FP32) return nvfp4_run<T, BWD, true, 1, 4>(c, L);
+    if (c.block == 16 && (variant() & MLQ_MX_NVFP4_ONE_LANE)) return nvfp4_run<T, BWD, true, 2>(c, one_lane(L));
   }
   return nvfp4_run<T, BWD, true>(c, L);
 }
 
-template <class T, int ELEM, bool BWD, bool FULL, int U = 2>
+template <class T, int ELEM, bool BWD, bool FULL>
 cudaError_t mx_run(const Call& c, const Layout& L) {
   MxOp<T, ELEM, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
                               c.side, c.flag, L, c.rceil};
-  return run_lanes<U>(op, c.stream);
+  return run_lanes<2>(op, c.stream);
 }
 
 template <class T, int ELEM, bool BWD>
 cudaError_t mx_elem_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
-  if (!L.full) return mx_run<T, ELEM, BWD, false>(c, L);
-  if constexpr (!BWD && sizeof(T) == 4) {
-    if (variant() & MLQ_MX_WIDE_FP32) return mx_run<T, ELEM, BWD, true, 4>(c, L);
-  }
-  return mx_run<T, ELEM, BWD, true>(c, L);
+  return L.full ? mx_run<T, ELEM, BWD, true>(c, L) : mx_run<T, ELEM, BWD, false>(c, L);
 }
 
 template <class T, bool BWD>

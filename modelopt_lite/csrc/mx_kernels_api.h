@@ -67,19 +67,22 @@ cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, floa
 
 /* Work-distribution variants of the blocked kernels (NVFP4, MX, E5M2/E2M1, dynamic blocks), one bit each. Every
  * variant computes the same bits; only the speed differs (bench/bench_cuda.py --cases mx times each).
- *   MLQ_MX_WIDE_FP32: NVFP4 / MX forward of float32 take 4 slots per thread instead of 2 (more loads per thread, at
- *     about twice the registers).
- *   MLQ_MX_NVFP4_ONE_LANE: NVFP4 forward, 16-element blocks of float16/bfloat16: one lane (2 vectors) per block.
- *   MLQ_MX_PREFETCH: each thread prefetches (into L2) the vectors of its next grid-stride tile.
- * The first two apply to aligned, whole-block tensors only, the last to every kernel's aligned whole-block build.
- * mlq_mx_set_variant sets the process-wide variant and returns the previous one; a value outside
- * [0, MLQ_MX_VARIANT_ALL] only returns the current one. */
+ *   MLQ_MX_NVFP4_ONE_LANE: NVFP4 forward, 16-element blocks of float16/bfloat16: one lane (2 vectors) per block,
+ *     not two.
+ *   MLQ_MX_PREFETCH_16BIT: the forward NVFP4 and dynamic-block kernels of float16/bfloat16 prefetch (into L2) the
+ *     vectors of each thread's next grid-stride tile.
+ *   MLQ_MX_PREFETCH_ALL: every kernel prefetches so.
+ * The default (one lane, 16-bit prefetch) is what an H100 ran fastest on 2026-11-27 (bench/REPORT.md): one lane
+ * 81% -> 87% of copy for NVFP4 bf16, the prefetch 87% -> 92% there and 90% -> 101% for dynamic int4 blocks of bf16,
+ * while prefetching cost 5-17% of copy in the float32 kernels and the light bf16 ones (MX, E5M2).
+ * The variants apply to aligned, whole-block tensors. mlq_mx_set_variant sets the process-wide variant and returns
+ * the previous one; a value outside [0, MLQ_MX_VARIANT_ALL] only returns the current one. */
 enum {
-  MLQ_MX_WIDE_FP32 = 1,
-  MLQ_MX_NVFP4_ONE_LANE = 2,
-  MLQ_MX_PREFETCH = 4,
+  MLQ_MX_NVFP4_ONE_LANE = 1,
+  MLQ_MX_PREFETCH_16BIT = 2,
+  MLQ_MX_PREFETCH_ALL = 4,
   MLQ_MX_VARIANT_ALL = 7,
-  MLQ_MX_VARIANT_DEFAULT = 2
+  MLQ_MX_VARIANT_DEFAULT = 3
 };
 int mlq_mx_set_variant(int variant);
 

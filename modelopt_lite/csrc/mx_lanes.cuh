@@ -307,7 +307,8 @@ MXK_HD float load_op_lane(const T* x, const T* grad, const Layout& L, int64_t sl
 inline std::atomic<int> g_variant{MLQ_MX_VARIANT_DEFAULT};
 inline int variant() { return g_variant.load(std::memory_order_relaxed); }
 
-// MLQ_MX_PREFETCH: an L2 prefetch of a lane's 16-byte vectors (x, and the gradient for the backward ops), issued one
+// MLQ_MX_PREFETCH_ALL / MLQ_MX_PREFETCH_16BIT (the ops whose kPrefetch16 is true): an L2 prefetch of a lane's 16-byte
+// vectors (x, and the gradient for the backward ops), issued one
 // grid-stride tile ahead so that the next tile's reads are in flight while this one computes, holding no registers.
 // FULL layouts only (every vector whole, a block's start a shift); nothing on the host.
 template <class T, int P, bool FULL>
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool
   const int64_t tile = static_cast<int64_t>(blockDim.x) * U;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * tile;
   for (int64_t base = blockIdx.x * tile; base < slots; base += stride) {
-    if (prefetch) {  // the next tile of this thread block (MLQ_MX_PREFETCH)
+    if (prefetch) {  // the next tile of this thread block (prefetch_of)
 MXK_UNROLL
       for (int u = 0; u < U; ++u) {
         const int64_t slot = base + stride + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -391,6 +392,12 @@ inline int sm_count() {
 }
 #endif
 
+// Whether the kernel of Op prefetches its next tile under the variant v.
+template <class Op>
+bool prefetch_of(int v) {
+  return (v & MLQ_MX_PREFETCH_ALL) != 0 || (Op::kPrefetch16 && (v & MLQ_MX_PREFETCH_16BIT) != 0);
+}
+
 // Launch (or, host-emulated, run warp by warp) the two phases of `op` over all its slots, U slots per thread.
 template <int U, class Op>
 cudaError_t run_lanes(const Op& op, cudaStream_t stream) {
@@ -425,7 +432,7 @@ cudaError_t run_lanes(const Op& op, cudaStream_t stream) {
   const int64_t cap = static_cast<int64_t>(sm_count()) * kBlocksPerSm;
   if (grid > cap) grid = cap;
   if (grid < 1) grid = 1;
-  lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op, (variant() & MLQ_MX_PREFETCH) != 0);
+  lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op, prefetch_of<Op>(variant()));
   return cudaGetLastError();
 #endif
 }

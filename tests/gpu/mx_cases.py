@@ -147,8 +147,8 @@ def nvfp4_checks(dtypes=DTYPES):
     return out
 
 
-VARIANTS = 8  # mx_kernels_api.h: MLQ_MX_VARIANT_ALL + 1 (bits: 1 wide float32, 2 NVFP4 one lane, 4 prefetch)
-DEFAULT_VARIANT = 2  # MLQ_MX_VARIANT_DEFAULT
+VARIANTS = 8  # mx_kernels_api.h: MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch)
+DEFAULT_VARIANT = 3  # MLQ_MX_VARIANT_DEFAULT
 VARIANT_SHAPES = {
     "4x64 full blocks": (4, 64),
     "67x256 full blocks, many warp tiles": (67, 256),
@@ -157,8 +157,8 @@ VARIANT_SHAPES = {
 
 
 def variant_failures(mod, device: str) -> list[str]:
-    """The forward kernels under every work-distribution variant (``mx_set_variant``: 4 float32 slots per thread,
-    NVFP4 one lane per block, prefetch) against the reference, on aligned whole-block inputs (the layouts the variants take)
+    """The forward kernels under every work-distribution variant (``mx_set_variant``: NVFP4 one lane per block,
+    prefetch) against the reference, on aligned whole-block inputs (the layouts the variants take)
     and a partial one; the process-wide variant is restored after."""
     failures = []
     default = mod.mx_set_variant(-1)
