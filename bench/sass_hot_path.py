@@ -50,7 +50,7 @@ _REGS = re.compile(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", r
 # Template parameters of each op (mx_kernels.cu / block_kernels.cu), in order.
 PARAMS = {
     "Nvfp4Op": ("vectors", "bwd", "full"),  # vectors: P (2: MLQ_MX_NVFP4_ONE_LANE)
-    "MxOp": ("elem", "bwd", "full"),
+    "MxOp": ("vectors", "elem", "bwd", "full"),
     "MinifloatOp": ("elem", "full"),
     "DynBlockOp": ("vectors", "e4m3", "bwd", "full"),
 }

@@ -40,6 +40,7 @@ DEPS = (
             "mx_elem.h",
             "mx_checks.h",
             "binding_errors.h",
+            "launch_scope.h",
             "check_msg.h",
         )
     ]

@@ -12,21 +12,13 @@
 #include <string>
 #include <tuple>
 
-#ifndef MODELOPT_LITE_EMULATE_ON_HOST
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 #include "binding_errors.h"
+#include "launch_scope.h"
 #include "mx_kernels_api.h"
 
 namespace {
 
 using at::Tensor;
-
-mlq_dtype dtype_code(const Tensor& t) {
-  return t.scalar_type() == at::kFloat ? MLQ_FLOAT32 : t.scalar_type() == at::kHalf ? MLQ_FLOAT16 : MLQ_BFLOAT16;
-}
 
 void check_tensor(const Tensor& t, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
@@ -54,7 +46,7 @@ struct ScaleQuant {
 std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_t block, double bound, int64_t qmin,
                                int64_t qmax, bool e4m3, const ScaleQuant& sq) {
   check_tensor(x_in, "x");
-  MOL_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
+  MOL_CHECK_VALUE(mlq_dynamic_block_supported(mol::dtype_code(x_in), block) != 0,
                   "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
                   x_in.scalar_type(), " (see block_dynamic_supported)");
   MOL_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
@@ -78,19 +70,14 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
   const int64_t cols = x.size(-1);
   if (x.numel() == 0) return {y, flag};
   const int64_t rows = x.numel() / cols;
-#ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  cudaStream_t stream = nullptr;
-#else
-  const c10::cuda::CUDAGuard guard(x.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-#endif
-  const cudaError_t st = mlq_dynamic_block(dtype_code(x), e4m3 ? 1 : 0, grad_in ? grad.data_ptr() : nullptr,
+  const mol::LaunchScope scope(x);
+  const cudaError_t st = mlq_dynamic_block(mol::dtype_code(x), e4m3 ? 1 : 0, grad_in ? grad.data_ptr() : nullptr,
                                            x.data_ptr(), y.data_ptr(), rows, cols, static_cast<int>(block),
                                            static_cast<float>(bound), static_cast<float>(qmin),
                                            static_cast<float>(qmax), static_cast<int>(sq.kind),
                                            static_cast<float>(sq.bound), static_cast<float>(sq.qmax),
                                            sq.kind != 0 ? gmax.data_ptr<float>() : nullptr, flag.data_ptr<int>(),
-                                           stream);
+                                           scope.stream());
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, fake_block_dynamic: launch failed with status ",
             static_cast<int>(st));
   return {y, flag};
@@ -126,14 +113,9 @@ std::tuple<Tensor, Tensor> scale_from_amax(const Tensor& amax_in, double bound) 
   Tensor scale = at::empty(amax.sizes(), amax.options());
   Tensor flag = at::zeros({1}, amax.options().dtype(at::kInt));
   if (amax.numel() == 0) return {scale, flag};
-#ifdef MODELOPT_LITE_EMULATE_ON_HOST
-  cudaStream_t stream = nullptr;
-#else
-  const c10::cuda::CUDAGuard guard(amax.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(amax.device().index()).stream();
-#endif
+  const mol::LaunchScope scope(amax);
   const cudaError_t st = mlq_scale_from_amax(amax.data_ptr<float>(), scale.data_ptr<float>(), amax.numel(),
-                                             static_cast<float>(bound), flag.data_ptr<int>(), stream);
+                                             static_cast<float>(bound), flag.data_ptr<int>(), scope.stream());
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, scale_from_amax: launch failed with status ",
             static_cast<int>(st));
   return {scale, flag};

@@ -17,12 +17,8 @@
 #include <tuple>
 #include <vector>
 
-#ifndef MODELOPT_LITE_EMULATE_ON_HOST
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 #include "binding_errors.h"
+#include "launch_scope.h"
 #include "mx_checks.h"
 #include "mx_kernels_api.h"
 
@@ -39,10 +35,6 @@ void check_device(const Tensor& t, const std::string& what) {
 #endif
 }
 
-mlq_dtype code(const Tensor& t) {
-  return t.scalar_type() == at::kFloat ? MLQ_FLOAT32 : t.scalar_type() == at::kHalf ? MLQ_FLOAT16 : MLQ_BFLOAT16;
-}
-
 void check_status(cudaError_t st, const char* fn) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", fn, ": launcher failed with status ",
@@ -51,19 +43,6 @@ void check_status(cudaError_t st, const char* fn) {
   MOL_CHECK(st == cudaSuccess, "modelopt_lite CUDA kernels, ", fn, ": kernel launch failed: ", cudaGetErrorString(st));
 #endif
 }
-
-#ifdef MODELOPT_LITE_EMULATE_ON_HOST
-struct Scope {
-  explicit Scope(const Tensor&) {}
-  cudaStream_t stream() const { return nullptr; }
-};
-#else
-struct Scope {
-  c10::cuda::CUDAGuard guard;
-  explicit Scope(const Tensor& x) : guard(x.device()) {}
-  cudaStream_t stream() const { return c10::cuda::getCurrentCUDAStream(guard.current_device().index()).stream(); }
-};
-#endif
 
 struct Blocked {
   Tensor x, y, grad, flag;
@@ -117,15 +96,15 @@ Flagged nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block,
   Blocked b = prepare(x, what, grad);
   const Tensor gs = device_global_scale(global_scale, b.x);
   if (b.x.numel() == 0) return {b.y, b.flag};
-  Scope scope(b.x);
+  const mol::LaunchScope scope(b.x);
   const float* g = gs.data_ptr<float>();
   int* flag = b.flag.data_ptr<int>();
   if (grad == nullptr) {
-    check_status(mlq_fake_nvfp4(code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+    check_status(mlq_fake_nvfp4(mol::dtype_code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
                                 static_cast<int>(block), g, flag, scope.stream()),
                  "fake_nvfp4");
   } else {
-    check_status(mlq_nvfp4_backward(code(b.x), b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols,
+    check_status(mlq_nvfp4_backward(mol::dtype_code(b.x), b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols,
                                     static_cast<int>(block), g, flag, scope.stream()),
                  "nvfp4_backward");
   }
@@ -158,14 +137,14 @@ Flagged mx_common(const Tensor& x, const std::string& elem, int64_t block, const
   mol::mxchk::check_block(block, {32}, "MX");
   Blocked b = prepare(x, what, grad);
   if (b.x.numel() == 0) return {b.y, b.flag};
-  Scope scope(b.x);
+  const mol::LaunchScope scope(b.x);
   int* flag = b.flag.data_ptr<int>();
   if (grad == nullptr) {
-    check_status(mlq_fake_mx(code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+    check_status(mlq_fake_mx(mol::dtype_code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
                              static_cast<int>(block), flag, scope.stream()),
                  "fake_mx");
   } else {
-    check_status(mlq_mx_backward(code(b.x), e, rceil ? 1 : 0, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(),
+    check_status(mlq_mx_backward(mol::dtype_code(b.x), e, rceil ? 1 : 0, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(),
                                  b.rows, b.cols, static_cast<int>(block), flag, scope.stream()),
                  "mx_backward");
   }
@@ -225,8 +204,8 @@ Tensor fake_minifloat(const Tensor& x_in, const Tensor& scale, int elem, const c
   }
   Tensor y = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return y;
-  Scope scope(x);
-  check_status(mlq_fake_minifloat(code(x), elem, x.data_ptr(), y.data_ptr(), s.data_ptr<float>(), x.numel(),
+  const mol::LaunchScope scope(x);
+  check_status(mlq_fake_minifloat(mol::dtype_code(x), elem, x.data_ptr(), y.data_ptr(), s.data_ptr<float>(), x.numel(),
                                   channels, inner, scope.stream()),
                fn);
   return y;
@@ -264,7 +243,8 @@ void register_mx_cuda_ops(pybind11::module_& m) {
   m.def("mx_set_variant", &mlq_mx_set_variant,
         "set the process-wide work-distribution variant of the blocked kernels (bits, mx_kernels_api.h: 1 = NVFP4 "
         "one lane per 16-element block of float16/bfloat16, 2 = 16-bit NVFP4/dynamic-block forward kernels "
-        "prefetch their next tile, 4 = every kernel does; every variant computes the same bits) and return the "
+        "prefetch their next tile, 4 = every kernel does, 8 = float32 NVFP4/MX with 2 vectors per lane; every "
+        "variant computes the same bits) and return the "
         "previous one; -1 only returns the current one",
         py::arg("variant"));
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),

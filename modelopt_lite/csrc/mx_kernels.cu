@@ -25,7 +25,7 @@ MXK_UNROLL
 }
 
 // NVFP4: per block s = e4m3(amax / (6 gs)), y = e2m1(x / (s gs)) * (s gs) (BWD: the STE mask |x| <= 6 s gs).
-// P vectors per lane: 1, or a whole 16-element block of a 2-byte type per lane (one_lane: MLQ_MX_NVFP4_ONE_LANE).
+// P vectors per lane: 1, or a whole 16-element block of a 2-byte type per lane (MLQ_MX_NVFP4_ONE_LANE), or 2 for float32 (MLQ_MX_FP32_TWO_VECTORS).
 template <class T, int P, bool BWD, bool FULL>
 struct Nvfp4Op {
   using State = OpLane<T, P, BWD, FULL>;
@@ -76,9 +76,10 @@ MXK_HD float elem_max(int elem) {
 }
 
 // OCP MX: per block X = 2**k (k from the amax), y = elem(x / X) * X (BWD: the STE mask |x| <= elem_max * X).
-template <class T, int ELEM, bool BWD, bool FULL>
+// P vectors per lane: 1, or 2 (MLQ_MX_FP32_TWO_VECTORS: half the lanes per block).
+template <class T, int P, int ELEM, bool BWD, bool FULL>
 struct MxOp {
-  using State = OpLane<T, 1, BWD, FULL>;
+  using State = OpLane<T, P, BWD, FULL>;
   static constexpr bool kPrefetch16 = false;
   const T* x;
   const T* grad;
@@ -90,8 +91,8 @@ struct MxOp {
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_op_lane<T, 1, BWD, FULL>(x, grad, L, slot, st); }
-  MXK_HD void prefetch(int64_t slot) const { prefetch_op_lane<T, 1, BWD, FULL>(x, grad, L, slot); }
+  MXK_HD float load(int64_t slot, State& st) const { return load_op_lane<T, P, BWD, FULL>(x, grad, L, slot, st); }
+  MXK_HD void prefetch(int64_t slot) const { prefetch_op_lane<T, P, BWD, FULL>(x, grad, L, slot); }
 
   MXK_HD void finish(int64_t, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
@@ -107,10 +108,10 @@ struct MxOp {
     } else {
       if (nan) {
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = a;
+        for (int j = 0; j < P * N; ++j) st.v[j] = a;
       } else {
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
+        for (int j = 0; j < P * N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
       }
       store_lane(y, L, st);
     }
@@ -180,9 +181,10 @@ Layout call_layout(const Call& c) {
 }
 
 // Each op is built twice: FULL for `full` layouts (whole aligned vectors, whole blocks: the common case, no length
-// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views. NVFP4's 16-element
-// blocks of 2-byte elements take one lane per block with MLQ_MX_NVFP4_ONE_LANE (the block's scale computed once, not
-// by each of its 2 lanes).
+// checks in the lanes), and the general one for partial blocks, misaligned or odd-length views. The FULL forward
+// kernels have variants (mx_kernels_api.h): NVFP4's 16-element blocks of 2-byte elements take one lane per block
+// with MLQ_MX_NVFP4_ONE_LANE (the block's scale computed once, not by each of its 2 lanes), and the float32 NVFP4 / MX
+// kernels 2 vectors per lane with MLQ_MX_FP32_TWO_VECTORS (half the lanes per block, one shuffle step fewer).
 template <class T, bool BWD, bool FULL, int P = 1>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
   Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
@@ -195,22 +197,29 @@ cudaError_t nvfp4_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
   if (!L.full) return nvfp4_run<T, BWD, false>(c, L);
   if constexpr (!BWD && sizeof(T) == 2) {
-    if (c.block == 16 && (variant() & MLQ_MX_NVFP4_ONE_LANE)) return nvfp4_run<T, BWD, true, 2>(c, one_lane(L));
+    if (c.block == 16 && (variant() & MLQ_MX_NVFP4_ONE_LANE)) return nvfp4_run<T, BWD, true, 2>(c, with_lanes(L, 1));
+  }
+  if constexpr (!BWD && sizeof(T) == 4) {
+    if (variant() & MLQ_MX_FP32_TWO_VECTORS) return nvfp4_run<T, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
   }
   return nvfp4_run<T, BWD, true>(c, L);
 }
 
-template <class T, int ELEM, bool BWD, bool FULL>
+template <class T, int ELEM, bool BWD, bool FULL, int P = 1>
 cudaError_t mx_run(const Call& c, const Layout& L) {
-  MxOp<T, ELEM, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                              c.side, c.flag, L, c.rceil};
+  MxOp<T, P, ELEM, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+                                 c.side, c.flag, L, c.rceil};
   return run_lanes<2>(op, c.stream);
 }
 
 template <class T, int ELEM, bool BWD>
 cudaError_t mx_elem_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
-  return L.full ? mx_run<T, ELEM, BWD, true>(c, L) : mx_run<T, ELEM, BWD, false>(c, L);
+  if (!L.full) return mx_run<T, ELEM, BWD, false>(c, L);
+  if constexpr (!BWD && sizeof(T) == 4) {
+    if (variant() & MLQ_MX_FP32_TWO_VECTORS) return mx_run<T, ELEM, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
+  }
+  return mx_run<T, ELEM, BWD, true>(c, L);
 }
 
 template <class T, bool BWD>

@@ -72,6 +72,8 @@ cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, floa
  *   MLQ_MX_PREFETCH_16BIT: the forward NVFP4 and dynamic-block kernels of float16/bfloat16 prefetch (into L2) the
  *     vectors of each thread's next grid-stride tile.
  *   MLQ_MX_PREFETCH_ALL: every kernel prefetches so.
+ *   MLQ_MX_FP32_TWO_VECTORS: NVFP4 / MX forward of float32: 2 vectors per lane, half the lanes per block (not yet
+ *     timed on a GPU).
  * The default (one lane, 16-bit prefetch) is what an H100 ran fastest on 2026-11-27 (bench/REPORT.md): one lane
  * 81% -> 87% of copy for NVFP4 bf16, the prefetch 87% -> 92% there and 90% -> 101% for dynamic int4 blocks of bf16,
  * while prefetching cost 5-17% of copy in the float32 kernels and the light bf16 ones (MX, E5M2).
@@ -81,7 +83,8 @@ enum {
   MLQ_MX_NVFP4_ONE_LANE = 1,
   MLQ_MX_PREFETCH_16BIT = 2,
   MLQ_MX_PREFETCH_ALL = 4,
-  MLQ_MX_VARIANT_ALL = 7,
+  MLQ_MX_FP32_TWO_VECTORS = 8,
+  MLQ_MX_VARIANT_ALL = 15,
   MLQ_MX_VARIANT_DEFAULT = 3
 };
 int mlq_mx_set_variant(int variant);

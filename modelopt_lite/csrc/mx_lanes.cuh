@@ -165,12 +165,12 @@ Layout make_layout(int64_t rows, int64_t cols, int block, bool aligned) {
   return L;
 }
 
-// The layout with one lane per block (P = block / N vectors each, no reduction between lanes): a variant for
-// short blocks (NVFP4's 16 elements of a 2-byte type), where the per-block work would otherwise be done by every
-// one of the block's lanes.
-inline Layout one_lane(Layout L) {
-  L.lanes = 1;
-  L.lane_shift = 0;
+// The layout with `lanes` lanes per block (a power of two dividing make_layout's), each holding P = block / (N *
+// lanes) vectors: the variants that give a lane more of a block (fewer lanes to reduce over, the per-block work done
+// by fewer lanes).
+inline Layout with_lanes(Layout L, int lanes) {
+  L.lanes = lanes;
+  L.lane_shift = log2_exact(lanes);
   return L;
 }
 

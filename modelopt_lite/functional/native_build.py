@@ -74,6 +74,7 @@ HEADERS = {
         "mx_elem.h",
         "mx_checks.h",
         "binding_errors.h",
+        "launch_scope.h",
         "check_msg.h",
         "real_kernels_api.h",
     ],

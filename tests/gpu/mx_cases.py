@@ -147,7 +147,7 @@ def nvfp4_checks(dtypes=DTYPES):
     return out
 
 
-VARIANTS = 8  # mx_kernels_api.h: MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch)
+VARIANTS = 16  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors)
 DEFAULT_VARIANT = 3  # MLQ_MX_VARIANT_DEFAULT
 VARIANT_SHAPES = {
     "4x64 full blocks": (4, 64),
@@ -158,7 +158,7 @@ VARIANT_SHAPES = {
 
 def variant_failures(mod, device: str) -> list[str]:
     """The forward kernels under every work-distribution variant (``mx_set_variant``: NVFP4 one lane per block,
-    prefetch) against the reference, on aligned whole-block inputs (the layouts the variants take)
+    prefetch, 2 float32 vectors per lane) against the reference, on aligned whole-block inputs (the layouts the variants take)
     and a partial one; the process-wide variant is restored after."""
     failures = []
     default = mod.mx_set_variant(-1)
