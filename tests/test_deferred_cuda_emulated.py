@@ -272,3 +272,24 @@ def test_bad_amax_raises_at_check_errors_or_at_the_call(on_emulated_cuda):
         pytest.raises(ValueError, match=r"^TensorQuantizer 'w': amax must be finite and >= 0, got -1.0$"),
     ):
         q(_x())
+
+
+def test_checked_scale_keeps_a_learnable_amax_differentiable(on_emulated_cuda):
+    """amax_scale.checked_scale: a plain amax takes the one-launch native scale (no torch scale ops), a learnable one
+    (requires_grad) the torch expression, so that its gradient flows; both give the sync mode's output."""
+    from modelopt_lite import tensor_quant as tq
+
+    x, fixed = _x(), torch.tensor(2.0)
+    tq.fake_tensor_quant(x, fixed, 8)  # warm-up: the ring of the device is allocated at the first deferred check
+    with OpCounter() as c:
+        y = tq.fake_tensor_quant(x, fixed, 8)
+    assert "aten::div" not in c.ops and c.ops["aten::zeros"] == 1
+    amax = torch.tensor(2.0, requires_grad=True)
+    with OpCounter() as c:
+        y_learn = tq.fake_tensor_quant(x, amax, 8)
+    assert c.ops["aten::div"] == 1  # scales.scale_from_amax on the device
+    y_learn.sum().backward()
+    assert amax.grad is not None and amax.grad.dtype == torch.float32 and amax.grad.shape == ()
+    with deferred_errors.error_checks("sync"):
+        want = tq.fake_tensor_quant(x, fixed, 8)
+    assert torch.equal(y, want) and torch.equal(y_learn.detach(), want)

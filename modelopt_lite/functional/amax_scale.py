@@ -5,7 +5,8 @@ the deferred error mode (:mod:`.deferred_errors`) both run in one kernel of the 
 block_kernels.cu, bit-exact against the torch expression), where the torch ops take ten small launches, and the
 check's flag is queued by the returned ``after`` callable: the caller runs it once it has launched its quantization
 kernel, so that the host work of queuing overlaps the kernel. A learnable amax (``requires_grad``), torch.compile /
-torch.export tracing, the sync error mode and the CPU take the torch ops, as before.
+torch.export / torch.jit tracing (the scale stays an expression of amax in the traced graph), the sync error mode and
+the CPU take the torch ops, as before.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def checked_scale(amax: torch.Tensor, bound: float, what: str = "amax") -> tuple
     """``(scale, after)`` for a float32 ``amax`` shaped by :func:`.checks.as_amax` with ``check_values=False``:
     ``scale = scale_from_amax(amax, bound)`` once ``amax`` passed the value check (finite, >= 0; ValueError
     otherwise). Call ``after()`` after launching the kernel that uses ``scale``: it queues the deferred check."""
-    if amax.requires_grad or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if amax.requires_grad or torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
         if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
             check_amax_values(amax, what)
         return scale_from_amax(amax, bound), _nothing
