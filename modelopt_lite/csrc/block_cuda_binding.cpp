@@ -19,6 +19,7 @@
 namespace {
 
 using at::Tensor;
+using mol::dtype_code;
 
 void check_tensor(const Tensor& t, const char* what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
@@ -46,7 +47,7 @@ struct ScaleQuant {
 std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_t block, double bound, int64_t qmin,
                                int64_t qmax, bool e4m3, const ScaleQuant& sq) {
   check_tensor(x_in, "x");
-  MOL_CHECK_VALUE(mlq_dynamic_block_supported(mol::dtype_code(x_in), block) != 0,
+  MOL_CHECK_VALUE(mlq_dynamic_block_supported(dtype_code(x_in), block) != 0,
                   "modelopt_lite CUDA kernels, fake_block_dynamic: block size ", block, " is not supported for ",
                   x_in.scalar_type(), " (see block_dynamic_supported)");
   MOL_CHECK_VALUE(bound > 0.0 && qmin <= qmax, "modelopt_lite CUDA kernels, fake_block_dynamic: bad range bound=",
@@ -71,7 +72,7 @@ std::tuple<Tensor, Tensor> run(const Tensor* grad_in, const Tensor& x_in, int64_
   if (x.numel() == 0) return {y, flag};
   const int64_t rows = x.numel() / cols;
   const mol::LaunchScope scope(x);
-  const cudaError_t st = mlq_dynamic_block(mol::dtype_code(x), e4m3 ? 1 : 0, grad_in ? grad.data_ptr() : nullptr,
+  const cudaError_t st = mlq_dynamic_block(dtype_code(x), e4m3 ? 1 : 0, grad_in ? grad.data_ptr() : nullptr,
                                            x.data_ptr(), y.data_ptr(), rows, cols, static_cast<int>(block),
                                            static_cast<float>(bound), static_cast<float>(qmin),
                                            static_cast<float>(qmax), static_cast<int>(sq.kind),

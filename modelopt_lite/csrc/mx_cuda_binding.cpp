@@ -25,6 +25,7 @@
 namespace {
 
 using at::Tensor;
+using mol::dtype_code;
 
 void check_device(const Tensor& t, const std::string& what) {
 #ifdef MODELOPT_LITE_EMULATE_ON_HOST
@@ -100,11 +101,11 @@ Flagged nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block,
   const float* g = gs.data_ptr<float>();
   int* flag = b.flag.data_ptr<int>();
   if (grad == nullptr) {
-    check_status(mlq_fake_nvfp4(mol::dtype_code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+    check_status(mlq_fake_nvfp4(dtype_code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
                                 static_cast<int>(block), g, flag, scope.stream()),
                  "fake_nvfp4");
   } else {
-    check_status(mlq_nvfp4_backward(mol::dtype_code(b.x), b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols,
+    check_status(mlq_nvfp4_backward(dtype_code(b.x), b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols,
                                     static_cast<int>(block), g, flag, scope.stream()),
                  "nvfp4_backward");
   }
@@ -140,11 +141,11 @@ Flagged mx_common(const Tensor& x, const std::string& elem, int64_t block, const
   const mol::LaunchScope scope(b.x);
   int* flag = b.flag.data_ptr<int>();
   if (grad == nullptr) {
-    check_status(mlq_fake_mx(mol::dtype_code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
+    check_status(mlq_fake_mx(dtype_code(b.x), e, rceil ? 1 : 0, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
                              static_cast<int>(block), flag, scope.stream()),
                  "fake_mx");
   } else {
-    check_status(mlq_mx_backward(mol::dtype_code(b.x), e, rceil ? 1 : 0, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(),
+    check_status(mlq_mx_backward(dtype_code(b.x), e, rceil ? 1 : 0, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(),
                                  b.rows, b.cols, static_cast<int>(block), flag, scope.stream()),
                  "mx_backward");
   }
@@ -205,7 +206,7 @@ Tensor fake_minifloat(const Tensor& x_in, const Tensor& scale, int elem, const c
   Tensor y = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return y;
   const mol::LaunchScope scope(x);
-  check_status(mlq_fake_minifloat(mol::dtype_code(x), elem, x.data_ptr(), y.data_ptr(), s.data_ptr<float>(), x.numel(),
+  check_status(mlq_fake_minifloat(dtype_code(x), elem, x.data_ptr(), y.data_ptr(), s.data_ptr<float>(), x.numel(),
                                   channels, inner, scope.stream()),
                fn);
   return y;
@@ -244,8 +245,7 @@ void register_mx_cuda_ops(pybind11::module_& m) {
         "set the process-wide work-distribution variant of the blocked kernels (bits, mx_kernels_api.h: 1 = NVFP4 "
         "one lane per 16-element block of float16/bfloat16, 2 = 16-bit NVFP4/dynamic-block forward kernels "
         "prefetch their next tile, 4 = every kernel does, 8 = float32 NVFP4/MX with 2 vectors per lane; every "
-        "variant computes the same bits) and return the "
-        "previous one; -1 only returns the current one",
+        "variant computes the same bits) and return the previous one; -1 only returns the current one",
         py::arg("variant"));
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),
         py::arg("scale"));

@@ -25,7 +25,8 @@ MXK_UNROLL
 }
 
 // NVFP4: per block s = e4m3(amax / (6 gs)), y = e2m1(x / (s gs)) * (s gs) (BWD: the STE mask |x| <= 6 s gs).
-// P vectors per lane: 1, or a whole 16-element block of a 2-byte type per lane (MLQ_MX_NVFP4_ONE_LANE), or 2 for float32 (MLQ_MX_FP32_TWO_VECTORS).
+// P vectors per lane: 1, a whole 16-element block of a 2-byte type (MLQ_MX_NVFP4_ONE_LANE), or 2 of float32
+// (MLQ_MX_FP32_TWO_VECTORS).
 template <class T, int P, bool BWD, bool FULL>
 struct Nvfp4Op {
   using State = OpLane<T, P, BWD, FULL>;

@@ -307,10 +307,10 @@ MXK_HD float load_op_lane(const T* x, const T* grad, const Layout& L, int64_t sl
 inline std::atomic<int> g_variant{MLQ_MX_VARIANT_DEFAULT};
 inline int variant() { return g_variant.load(std::memory_order_relaxed); }
 
-// MLQ_MX_PREFETCH_ALL / MLQ_MX_PREFETCH_16BIT (the ops whose kPrefetch16 is true): an L2 prefetch of a lane's 16-byte
-// vectors (x, and the gradient for the backward ops), issued one
-// grid-stride tile ahead so that the next tile's reads are in flight while this one computes, holding no registers.
-// FULL layouts only (every vector whole, a block's start a shift); nothing on the host.
+// MLQ_MX_PREFETCH_ALL / MLQ_MX_PREFETCH_16BIT (the ops whose kPrefetch16 is true): an L2 prefetch of a lane's
+// 16-byte vectors (x, and the gradient for the backward ops), issued one grid-stride tile ahead so that the next
+// tile's reads are in flight while this one computes, holding no registers. FULL layouts only (every vector whole, a
+// block's start a shift); nothing on the host.
 template <class T, int P, bool FULL>
 MXK_HD void prefetch_lane(const T* x, const Layout& L, int64_t slot) {
 #ifdef __CUDA_ARCH__

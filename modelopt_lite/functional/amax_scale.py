@@ -17,7 +17,7 @@ import torch
 
 from . import deferred_errors
 from .backend import is_native_cuda, kernels_for
-from .checks import check_amax_values
+from .checks import check_amax_values, deferred_amax_messages
 from .scales import scale_from_amax
 
 
@@ -29,18 +29,16 @@ def checked_scale(amax: torch.Tensor, bound: float, what: str = "amax") -> tuple
     """``(scale, after)`` for a float32 ``amax`` shaped by :func:`.checks.as_amax` with ``check_values=False``:
     ``scale = scale_from_amax(amax, bound)`` once ``amax`` passed the value check (finite, >= 0; ValueError
     otherwise). Call ``after()`` after launching the kernel that uses ``scale``: it queues the deferred check."""
-    if amax.requires_grad or torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
-        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
-            check_amax_values(amax, what)
-        return scale_from_amax(amax, bound), _nothing
-    mod = kernels_for(amax.device.type)
-    if is_native_cuda(mod) and deferred_errors.deferring(amax) and hasattr(mod, "scale_from_amax"):
-        scale, flag = mod.scale_from_amax(amax, float(bound))
-        message = {1: f"{what} must be finite and >= 0 (NaN, Inf or < 0)"}  # as check_amax_values' deferred check
+    # deferring(): CUDA, the deferred mode, not under torch.compile / torch.export (check_amax_values skips its check
+    # there); a learnable amax and torch.jit tracing keep the differentiable, traceable torch expression
+    if deferred_errors.deferring(amax) and not (amax.requires_grad or torch.jit.is_tracing()):
+        mod = kernels_for(amax.device.type)
+        if is_native_cuda(mod):
+            scale, flag = mod.scale_from_amax(amax, float(bound))
 
-        def after() -> None:
-            deferred_errors.defer(flag, f"{what} check", message, amax)
+            def after() -> None:
+                deferred_errors.defer(flag, f"{what} check", deferred_amax_messages(what), amax)
 
-        return scale, after
+            return scale, after
     check_amax_values(amax, what)
     return scale_from_amax(amax, bound), _nothing

@@ -79,6 +79,11 @@ def check_broadcast(t: torch.Tensor, x: torch.Tensor, what: str) -> None:
             )
 
 
+def deferred_amax_messages(what: str = "amax") -> dict[int, str]:
+    """The deferred amax check's message per flag bit (here and in :func:`.amax_scale.checked_scale`)."""
+    return {1: f"{what} must be finite and >= 0 (NaN, Inf or < 0)"}
+
+
 def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
     if _compiling():  # data-dependent: cannot run on the fake tensors of torch.compile / torch.export
         return
@@ -86,9 +91,7 @@ def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
     # == +0.0): two ops, where ~isfinite | < 0 took five on the CPU
     bad = amax.clamp(0.0, torch.finfo(amax.dtype).max) != amax
     if deferred_errors.deferring(amax):  # CUDA: the flag computed on the device, read asynchronously
-        deferred_errors.defer(
-            bad.any(), f"{what} check", {1: f"{what} must be finite and >= 0 (NaN, Inf or < 0)"}, amax
-        )
+        deferred_errors.defer(bad.any(), f"{what} check", deferred_amax_messages(what), amax)
         return
     if bool(bad.any()):
         raise ValueError(f"{what} must be finite and >= 0, got {first_bad(amax, bad)!r}")

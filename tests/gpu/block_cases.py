@@ -19,6 +19,7 @@ from cuda_cases import DTYPES, assert_same
 from mx_cases import Check
 
 from modelopt_lite.functional import library_block_cuda as lb
+from modelopt_lite.functional.scales import _overflow_threshold, scale_from_amax
 
 ELEMENTS = {  # name: (bound, qmin, qmax, e4m3)
     "int4": (7.0, -8, 7, False),
@@ -189,8 +190,6 @@ def scale_amaxes(bound: float) -> torch.Tensor:
     """Edge amaxes for one bound: zeros, the dead-slice threshold 2**-24 and its neighbours, subnormals, float32's
     largest values, the 64 floats on each side of the bound's overflow threshold (scales._overflow_threshold), and
     random values over the whole exponent range; all finite and >= 0."""
-    from modelopt_lite.functional.scales import _overflow_threshold
-
     eps_bits = 0x33800000  # 2**-24
     top = 0x7F7FFFFF
     bits = [0, 1, 2, 0x007FFFFF, 0x00800000, eps_bits - 1, eps_bits, eps_bits + 1, 0x3F800000]
@@ -208,8 +207,6 @@ def scale_failures(mod, device: str) -> list[str]:
     """The binding's scale_from_amax against scales.scale_from_amax bit for bit (shapes kept: a per-channel
     amax, a scalar, an amax longer than one launch's threads), and its flag: 0 for good amaxes, 1 for NaN, Inf,
     -Inf or a negative one anywhere."""
-    from modelopt_lite.functional.scales import scale_from_amax
-
     out = []
     for bound in SCALE_BOUNDS:
         a = scale_amaxes(bound)
