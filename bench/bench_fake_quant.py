@@ -7,9 +7,10 @@
     python bench/bench_fake_quant.py --formats mx --compile  # NVFP4 / MXFP8 rows only (issue 15 formats)
 
 Prints one markdown table: median ms over interleaved rounds (every case once per round, so a noisy neighbour hits
-all cases alike), GB/s counting the bytes read plus written, the ratio to ``y.copy_(x)`` into a preallocated buffer
-(the memory-bandwidth floor) and to ``x.clone()``, and for every modelopt_lite row how many times faster it is than
-torch's op and nvidia-modelopt's op for the same job, all in the same run (``n/a`` where nvidia-modelopt is not
+all cases alike; each round starts one row later, so no row always follows the same one), GB/s counting the bytes
+read plus written, the ratio to ``y.copy_(x)`` into a preallocated buffer (the memory-bandwidth floor) and to
+``x.clone()``, and for every modelopt_lite row how many times faster it is than torch's op and nvidia-modelopt's op
+for the same job, all in the same run (``n/a`` where nvidia-modelopt is not
 importable: run it with the peer's interpreter, e.g. ``/tmp/venv-peer/bin/python``). A summary line per shape checks
 the CPU targets of issue 24 (integer/E4M3/int4 rows <= 1.3x the copy floor, >= 5x torch's and nvidia-modelopt's ops).
 Outputs are fresh tensors as a quantizer's forward produces them: every native CPU kernel takes its large outputs
@@ -17,7 +18,9 @@ from one pool of released output memory (csrc/output_pool.h), so a call pays no 
 caller has released (``clone()`` and torch's ops pay them every call). The NVFP4/MX rows "into torch.empty_like(x)"
 time the kernel into a fresh torch allocation (the path without the pool). New pooled blocks are advised as
 transparent huge pages only with ``MODELOPT_LITE_HUGEPAGES=1``; ``--huge-pages on|off`` forces it for this run.
-``--faults`` notes the minor page faults per call of every row.
+``--faults`` notes the minor page faults per call of every row. ``--also-impl avx2`` (CPU) adds, for every
+modelopt_lite integer/E4M3/int4 row, the same row with that kernel set forced (``avx512``, ``avx2`` or ``scalar``),
+timed in the same interleaved rounds: whether the AVX-512 kernels help on this CPU, in one run.
 """
 
 from __future__ import annotations
@@ -222,7 +225,20 @@ class Timer:
         return ms
 
 
-def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show_faults=False):
+def forced(native, impl: str, fn):
+    """fn with the native CPU kernel set ``impl`` forced for the call (back to "auto" after)."""
+
+    def call():
+        native.set_kernel_impl(impl)
+        try:
+            return fn()
+        finally:
+            native.set_kernel_impl("auto")
+
+    return call
+
+
+def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show_faults=False, also=()):
     x = torch.randn(shape, dtype=dtype, device=device)
     if formats == "mx":
         y = torch.empty_like(x)
@@ -234,6 +250,9 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show
         table = cases(x, include_compile)
     if formats in ("all", "mx"):
         table += mx_cases(x, include_compile)
+    native = backend._load("cpu") if also else None
+    for impl in also:
+        table += [(f"{n} [{impl}]", forced(native, impl, fn), note) for n, fn, note in list(table) if n in PEERS]
     timer = Timer(device)
     times: dict[str, list[float]] = {name: [] for name, _, _ in table}
     faults: dict[str, list[int]] = {name: [] for name, _, _ in table}
@@ -244,8 +263,9 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show
                 errors[name] = "n/a"
         except Exception as e:  # noqa: BLE001
             errors[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
-    for _ in range(rounds):
-        for name, fn, _ in table:
+    for r in range(rounds):
+        k = r % len(table)  # each round starts one row later: no row always runs right after the same one
+        for name, fn, _ in table[k:] + table[:k]:
             if name not in errors:
                 times[name].append(timer(fn))
                 faults[name].append(timer.faults)
@@ -312,9 +332,18 @@ def main(argv=None):
         default="default",
         help="huge-page advice of the native CPU kernels' outputs (default: MODELOPT_LITE_HUGEPAGES, else off)",
     )
+    p.add_argument(
+        "--also-impl",
+        action="append",
+        default=[],
+        choices=["avx512", "avx2", "scalar"],
+        help="CPU: also time every modelopt_lite integer/E4M3/int4 row with this kernel set forced (repeatable)",
+    )
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
+    if args.also_impl and args.device != "cpu":
+        p.error("--also-impl: CPU kernel sets only (--device cpu)")
     default = ["256x1024x1024", "16384x16384"] if args.device == "cuda" else ["64x1024x1024", "4096x4096"]
     shapes = [
         parse_shape(s) for s in (args.shapes.split(",") if args.shapes else default[-1:] if args.quick else default)
@@ -323,6 +352,8 @@ def main(argv=None):
     native = backend._load("cuda" if args.device == "cuda" else "cpu")
     if native is not None and hasattr(native, "set_huge_page_advice"):
         native.set_huge_page_advice({"on": True, "off": False}.get(args.huge_pages))
+    if args.also_impl and native is None:
+        p.error(f"--also-impl: the native CPU kernels are unavailable ({backend.native_error('cpu')})")
     if native is not None:
         backend.set_backend("native")
     else:  # still runs: the modelopt_lite rows then time the pure-torch reference (named in the machine line)
@@ -338,7 +369,9 @@ def main(argv=None):
     for shape in shapes:
         print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | | | | |")
         compile_rows = args.compile or args.device == "cuda"
-        rows, med = run_shape(shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats, args.faults)
+        rows, med = run_shape(
+            shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats, args.faults, args.also_impl
+        )
         for row in rows:
             print(row)
         summaries.append(("x".join(map(str, shape)), med))

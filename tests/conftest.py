@@ -70,14 +70,17 @@ def native():
     return mod
 
 
-@pytest.fixture(params=["avx2", "scalar"])
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
 def impl(request, native):
-    """Each CPU kernel path forced in turn (the AVX2 one skipped on a CPU without AVX2), then back to "auto"."""
+    """Each CPU kernel path forced in turn (one the CPU lacks is skipped, naming it), then back to "auto".
+
+    The AVX-512 set runs the MX kernels of the AVX2 one (mx_avx2.cpp has no 16-lane form)."""
     try:
         native.set_kernel_impl(request.param)
-    except ValueError:
-        pytest.skip("AVX2 kernels unavailable on this CPU")
-    assert native.kernel_impl() == request.param and native.mx_kernel_impl() == request.param
+    except ValueError as e:
+        pytest.skip(f"{request.param} kernels unavailable on this CPU: {e}")
+    assert native.kernel_impl() == request.param
+    assert native.mx_kernel_impl() == ("avx2" if request.param == "avx512" else request.param)
     yield request.param
     native.set_kernel_impl("auto")
 

@@ -40,7 +40,7 @@ def assert_bits(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
     assert not bool(bad.any()), f"{what}: got {got[bad].tolist()} want {want[bad].tolist()}"
 
 
-@pytest.fixture(params=["reference", "avx2", "scalar"])
+@pytest.fixture(params=["reference", "avx512", "avx2", "scalar"])
 def impl(request):
     """Run under the reference, or the native CPU kernels with a forced implementation."""
     if request.param == "reference":
@@ -52,8 +52,8 @@ def impl(request):
         pytest.skip(f"native CPU kernels unavailable: {backend.native_error('cpu')}")
     try:
         mod.set_kernel_impl(request.param)
-    except ValueError:
-        pytest.skip("AVX2 kernels unavailable on this CPU")
+    except ValueError as e:
+        pytest.skip(f"{request.param} kernels unavailable on this CPU: {e}")
     try:
         with backend.use_backend("native"):
             yield request.param

@@ -29,6 +29,7 @@
 
 namespace mol {
 const Kernels& active_kernels();  // quant_cpu.cpp: the implementation in force (set_kernel_impl)
+const MxKernels& mx_kernels_of(const Kernels& K);  // quant_cpu.cpp: the blocked-format kernels paired with K
 }
 
 namespace {
@@ -36,11 +37,6 @@ namespace {
 using mol::Kernels;
 using mol::MxKernels;
 constexpr int64_t kChunk = 2048;  // floats per staging buffer
-
-const MxKernels& mx_kernels(const Kernels& K) {
-  const MxKernels* a = mol::mx_avx2_kernels();
-  return (a != nullptr && std::string(K.name) == "avx2") ? *a : mol::mx_scalar_kernels();
-}
 
 void to_f32(const Kernels& K, const void* p, at::ScalarType dt, int64_t n, float* buf) {
   if (dt == at::kHalf) {
@@ -97,7 +93,7 @@ BlockedResult blocked(const at::Tensor& x_in, int64_t block, bool need_scales, c
   char* yp = static_cast<char*>(y.data_ptr());
   float* sp = need_scales ? scales->data_ptr<float>() : nullptr;
   const Kernels& Kn = mol::active_kernels();
-  const MxKernels& M = mx_kernels(Kn);
+  const MxKernels& M = mol::mx_kernels_of(Kn);
   const int64_t cap = std::max<int64_t>(1, kChunk / block);  // blocks per chunk
   const int64_t grain = std::max<int64_t>(1, 32768 / block);
   std::atomic<bool> bad{false};
@@ -263,7 +259,7 @@ std::tuple<at::Tensor, at::Tensor, bool> fake_block_last(const at::Tensor& x, co
   return {r.y, *r.scales, r.nonfinite};
 }
 
-std::string mx_kernel_impl() { return mx_kernels(mol::active_kernels()).name; }
+std::string mx_kernel_impl() { return mol::mx_kernels_of(mol::active_kernels()).name; }
 
 }  // namespace
 

@@ -268,21 +268,32 @@ void affine_bwd(const float* g, const float* x, const float* s, int sinc, const 
   }
 }
 
-// vmaxps of |x| plus a separate NaN mask (vmaxps alone would drop a NaN); the maxima are exact in any order.
+// max |x| as a signed-int32 max of the |x| bit patterns: non-negative floats order like their bits, and a NaN's
+// pattern is above Inf's, so one vpmaxsd per vector tracks both (4 accumulators: no single dependency chain). A NaN
+// rescans with the scalar kernel, whose NaN is the one returned (the first one met).
+MOL_TGT inline __m256i abs_bits(const float* p) {
+  return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi32(0x7FFFFFFF));
+}
+
 MOL_TGT float absmax(const float* x, int64_t n) {
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  __m256 acc = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_max_ps(acc, _mm256_and_ps(v, absmask));
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_max_epi32(a0, abs_bits(x + i));
+    a1 = _mm256_max_epi32(a1, abs_bits(x + i + 8));
+    a2 = _mm256_max_epi32(a2, abs_bits(x + i + 16));
+    a3 = _mm256_max_epi32(a3, abs_bits(x + i + 24));
   }
-  if (_mm256_movemask_ps(nan) != 0) return scalar::absmax(x, i);  // NaN
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-  const float a = _mm_cvtss_f32(h), t = scalar::absmax(x + i, n - i);
+  for (; i + 8 <= n; i += 8) a0 = _mm256_max_epi32(a0, abs_bits(x + i));
+  a0 = _mm256_max_epi32(_mm256_max_epi32(a0, a1), _mm256_max_epi32(a2, a3));
+  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+  const uint32_t m = static_cast<uint32_t>(_mm_cvtsi128_si32(h));
+  if (m > 0x7F800000u) return scalar::absmax(x, n);  // NaN
+  float a;
+  __builtin_memcpy(&a, &m, sizeof(a));
+  const float t = scalar::absmax(x + i, n - i);
   return (t > a || t != t) ? t : a;
 }
 

@@ -32,6 +32,7 @@
 
 namespace mol {
 void register_mx_ops(pybind11::module_& m);  // mx_cpu.cpp: the blocked 4-bit / microscaling ops
+const MxKernels& mx_kernels_of(const Kernels& K);  // defined below, beside active_kernels()
 }
 
 namespace {
@@ -44,7 +45,8 @@ std::atomic<const Kernels*> g_kernels{nullptr};
 const Kernels& kernels() {
   const Kernels* k = g_kernels.load(std::memory_order_acquire);
   if (k == nullptr) {
-    k = mol::avx2_kernels();
+    k = mol::avx512_kernels();
+    if (k == nullptr) k = mol::avx2_kernels();
     if (k == nullptr) k = &mol::scalar_kernels();
     g_kernels.store(k, std::memory_order_release);
   }
@@ -264,8 +266,7 @@ at::Tensor fake_minifloat(const at::Tensor& x, const at::Tensor& scale, int64_t 
   at::Tensor y = empty_out(at::infer_size_dimvector(x.sizes(), s.sizes()), x.options());
   if (y.numel() == 0) return y;
   auto iter = make_iter({y}, {x, s});
-  const mol::MxKernels* a = mol::mx_avx2_kernels();
-  const mol::MxKernels& M = (a != nullptr && kernels().name == std::string("avx2")) ? *a : mol::mx_scalar_kernels();
+  const mol::MxKernels& M = mol::mx_kernels_of(kernels());
   const int e = static_cast<int>(elem);
   drive<3>(iter, {kOut, kIn, kBcast}, [&](const Kernels&, const auto& in, const auto& inc, const auto& out, int64_t n) {
     M.minifloat_fwd(e, in[1], in[2], inc[2], out[0], n);
@@ -390,14 +391,15 @@ std::string kernel_impl() { return kernels().name; }
 void set_kernel_impl(const std::string& name) {
   if (name == "scalar") {
     g_kernels.store(&mol::scalar_kernels(), std::memory_order_release);
-  } else if (name == "avx2") {
-    const Kernels* k = mol::avx2_kernels();
-    TORCH_CHECK_VALUE(k != nullptr, "modelopt_lite cpu kernels: avx2 is not available on this CPU/build");
+  } else if (name == "avx2" || name == "avx512") {
+    const Kernels* k = name == "avx2" ? mol::avx2_kernels() : mol::avx512_kernels();
+    TORCH_CHECK_VALUE(k != nullptr, "modelopt_lite cpu kernels: ", name, " is not available on this CPU/build");
     g_kernels.store(k, std::memory_order_release);
   } else if (name == "auto") {
     g_kernels.store(nullptr, std::memory_order_release);
   } else {
-    TORCH_CHECK_VALUE(false, "modelopt_lite cpu kernels: kernel impl must be 'auto', 'avx2' or 'scalar', got '",
+    TORCH_CHECK_VALUE(false,
+                      "modelopt_lite cpu kernels: kernel impl must be 'auto', 'avx512', 'avx2' or 'scalar', got '",
                       name, "'");
   }
 }
@@ -411,6 +413,13 @@ void set_output_pool_limit(std::optional<int64_t> mib) {
 
 namespace mol {
 const Kernels& active_kernels() { return kernels(); }
+
+// The blocked-format kernels to run beside K: the AVX2 ones for the AVX2 and AVX-512 sets (mx_avx2.cpp), else the
+// scalar ones.
+const MxKernels& mx_kernels_of(const Kernels& K) {
+  const MxKernels* a = mx_avx2_kernels();
+  return (a != nullptr && &K != &scalar_kernels()) ? *a : mx_scalar_kernels();
+}
 }  // namespace mol
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -441,7 +450,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"), rel());
   m.def("round_float32", &round_float32, "x (float32) rounded to float16/bfloat16 by the kernels' conversion",
         py::arg("x"), py::arg("bfloat16"), rel());
-  m.def("kernel_impl", &kernel_impl, "name of the kernel implementation in use: 'avx2' or 'scalar'");
+  m.def("kernel_impl", &kernel_impl, "name of the kernel implementation in use: 'avx512', 'avx2' or 'scalar'");
   m.def("huge_page_advice", &mol::outpool::huge_page_advice,
         "whether large fresh outputs are advised as transparent huge pages (see set_huge_page_advice)");
   m.def("set_huge_page_advice", &mol::outpool::set_huge_page_advice,
@@ -459,6 +468,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release_output_pool", &mol::outpool::release, "free the kept output memory");
   m.def("output_pool_stats", &mol::outpool::stats, "(bytes kept, blocks kept, limit bytes, hits, misses)");
   mol::register_mx_ops(m);
-  m.def("set_kernel_impl", &set_kernel_impl, "force 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
+  m.def("set_kernel_impl", &set_kernel_impl, "force 'avx512', 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
         py::arg("name"));
 }

@@ -5,8 +5,9 @@
 // dead slice: forward outputs are exact zeros there (the zero point for affine codes). Formulas: see
 // functional/reference.py; the element definitions are in quant_elem.h.
 //
-// Two implementations exist: a portable scalar one (quant_scalar.cpp) and an AVX2+F16C one (quant_avx2.cpp,
-// compiled with per-function target attributes and selected at run time). Both are bit-identical.
+// Three implementations exist: a portable scalar one (quant_scalar.cpp), an AVX2+F16C one (quant_avx2.cpp) and an
+// AVX-512 one (quant_avx512.cpp, the hot forwards over the AVX2 table), compiled with per-function target attributes
+// and selected at run time. All are bit-identical.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,10 @@ const Kernels& scalar_kernels();
 
 // The AVX2+F16C implementation, or nullptr when it was not compiled in or the CPU lacks AVX2/F16C.
 const Kernels* avx2_kernels();
+
+// The AVX-512 (F/BW/VL/DQ) implementation: avx2_kernels() with the integer/E4M3 forwards and absmax in 16-lane
+// form (quant_avx512.cpp); nullptr when not compiled in or the CPU lacks those features.
+const Kernels* avx512_kernels();
 
 // Scalar helpers the AVX2 kernels use for their last n % 8 elements.
 namespace scalar {

@@ -37,6 +37,7 @@ SOURCES = {
         "quant_cpu.cpp",
         "quant_scalar.cpp",
         "quant_avx2.cpp",
+        "quant_avx512.cpp",
         "mx_cpu.cpp",
         "mx_scalar.cpp",
         "mx_avx2.cpp",
