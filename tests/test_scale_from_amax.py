@@ -8,6 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import modelopt_lite.tensor_quant as tq
+from modelopt_lite.functional import amax_scale, backend
 from modelopt_lite.functional.checks import check_amax_values
 from modelopt_lite.functional.scales import _overflow_threshold, scale_from_amax
 
@@ -71,13 +72,17 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_per_tensor_fake_quant_issues_twelve_ops_on_the_cpu():
-    """The amax check (clamp, ne, any, the host read), the scale (scalar, div, the 127 overflow guard: ge, mul,
-    where; the dead-slice fill: le, masked_fill) and the kernel: 12 ops, 23 before."""
+def test_per_tensor_fake_quant_issues_two_ops_on_the_cpu(native):
+    """The amax check and the scale in one native call (amax_scale.checked_scale: its output is the one op seen),
+    then the kernel: 2 ops, where the torch ops took 12 (clamp, ne, any, the host read; the scalar, div, the 127
+    overflow guard ge, mul, where; the dead-slice fill le, masked_fill) and 23 before them."""
     x = torch.randn(8, 16)
     amax = x.abs().amax()
-    tq.fake_tensor_quant(x, amax, 8)  # the threshold of 127 computed outside the count
+    tq.fake_tensor_quant(x, amax, 8)
     with _Ops() as c:
+        tq.fake_tensor_quant(x, amax, 8)
+    assert c.ops == ["empty", "fake_quant_int"]
+    with backend.use_backend("reference"), _Ops() as c:  # the torch expression (the reference has no native call)
         tq.fake_tensor_quant(x, amax, 8)
     assert c.ops == [
         "clamp",
@@ -93,3 +98,45 @@ def test_per_tensor_fake_quant_issues_twelve_ops_on_the_cpu():
         "masked_fill",
         "fake_quant_int",
     ]
+
+
+@pytest.mark.parametrize("bound", [0.5, 1.0, 6.0, 7.0, 127.0, 255.0, 448.0, 57344.0])
+def test_native_checked_scale_is_the_definition_bit_for_bit(native, bound):
+    a = _amaxes()
+    ok = (a >= 0) & (a <= FLT_MAX)
+    scale, bad = native.checked_scale(a[ok], bound)
+    want = definition(a[ok], bound)
+    assert bad == -1 and scale.dtype == torch.float32 and scale.shape == want.shape
+    assert torch.equal(scale.view(torch.int32), want.view(torch.int32))
+    good = a[ok]
+    view = good[: good.numel() // 7 * 7].reshape(-1, 7)[:, ::2]  # not contiguous
+    got, after = amax_scale.checked_scale(view, bound)  # the public path
+    assert after() is None and torch.equal(got, scale_from_amax(view, bound))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1.0, -1e-30])
+def test_native_checked_scale_raises_the_torch_check_message(native, value):
+    """The first bad amax in the flattened order (of a non-contiguous amax too), quoted as check_amax_values does."""
+    base = torch.tensor([[1.0, 2.0, 3.0], [4.0, value, -5.0]])
+    for amax in (base, base.t(), base[:, 1:]):
+        with pytest.raises(ValueError) as native_err:
+            amax_scale.checked_scale(amax, 127.0, what="amax of q")
+        with pytest.raises(ValueError) as torch_err:
+            check_amax_values(amax, "amax of q")
+        assert str(native_err.value) == str(torch_err.value)
+        assert str(native_err.value).startswith("amax of q must be finite and >= 0, got ")
+    _, bad = native.checked_scale(base, 127.0)
+    assert bad == 4
+
+
+def test_native_checked_scale_is_not_taken_where_the_expression_is_needed(native):
+    """A learnable amax keeps the differentiable torch expression; a float16 amax and other devices never reach it."""
+    amax = torch.tensor([2.0, 3.0], requires_grad=True)
+    scale, _ = amax_scale.checked_scale(amax, 127.0)
+    assert scale.requires_grad
+    scale.sum().backward()
+    assert torch.equal(amax.grad, torch.full((2,), 1.0 / 127.0))
+    with pytest.raises(TypeError, match="amax must be float32, got Half"):
+        native.checked_scale(torch.ones(2, dtype=torch.float16), 127.0)
+    with pytest.raises(ValueError, match="amax must be on the CPU, got meta"):
+        native.checked_scale(torch.ones(2, device="meta"), 127.0)

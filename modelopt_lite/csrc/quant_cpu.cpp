@@ -373,6 +373,29 @@ at::Tensor affine_backward(const at::Tensor& grad, const at::Tensor& x, const at
   return gx;
 }
 
+// ---- amax check and scale ------------------------------------------------------------------------------------
+// amax_scale.checked_scale on the CPU in one call, where the torch ops take twelve: (scale, bad) with scale =
+// scales.scale_from_amax(amax, bound) (a contiguous float32 tensor of amax's shape; 0 where amax is bad) and bad the
+// flat index of the first amax that is NaN, Inf or < 0 (-0.0 is fine), or -1. The caller raises the error.
+std::tuple<at::Tensor, int64_t> checked_scale(const at::Tensor& amax, double bound) {
+  TORCH_CHECK_VALUE(amax.device().is_cpu(), "modelopt_lite cpu kernels: amax must be on the CPU, got ", amax.device());
+  TORCH_CHECK_TYPE(amax.scalar_type() == at::kFloat, "modelopt_lite cpu kernels: amax must be float32, got ",
+                   amax.scalar_type());
+  const at::Tensor a = amax.contiguous();
+  at::Tensor s = at::empty(a.sizes(), a.options());
+  const float* ap = a.const_data_ptr<float>();
+  float* sp = s.data_ptr<float>();
+  const float b = static_cast<float>(bound);
+  int64_t bad = -1;
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) {
+    const float v = ap[i];
+    const bool ok = v >= 0.0f && v <= std::numeric_limits<float>::max();  // false for NaN
+    if (!ok && bad < 0) bad = i;
+    sp[i] = ok ? mol::scale_from_amax_elem(v, b) : 0.0f;
+  }
+  return {s, bad};
+}
+
 // ---- implementation selection and conversion check (for tests and benchmarks) -------------------------------
 // x (float32) rounded to float16 or bfloat16 by the kernels' own output conversion.
 at::Tensor round_float32(const at::Tensor& x, bool bfloat16) {
@@ -450,6 +473,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), py::arg("zero_point"), py::arg("qmin"), py::arg("qmax"), rel());
   m.def("round_float32", &round_float32, "x (float32) rounded to float16/bfloat16 by the kernels' conversion",
         py::arg("x"), py::arg("bfloat16"), rel());
+  m.def("checked_scale", &checked_scale,
+        "(scale, index of the first NaN/Inf/negative amax or -1): amax_scale.checked_scale in one call",
+        py::arg("amax"), py::arg("bound"));
   m.def("kernel_impl", &kernel_impl, "name of the kernel implementation in use: 'avx512', 'avx2' or 'scalar'");
   m.def("huge_page_advice", &mol::outpool::huge_page_advice,
         "whether large fresh outputs are advised as transparent huge pages (see set_huge_page_advice)");

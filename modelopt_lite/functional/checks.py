@@ -94,7 +94,12 @@ def check_amax_values(amax: torch.Tensor, what: str = "amax") -> None:
         deferred_errors.defer(bad.any(), f"{what} check", deferred_amax_messages(what), amax)
         return
     if bool(bad.any()):
-        raise ValueError(f"{what} must be finite and >= 0, got {first_bad(amax, bad)!r}")
+        raise ValueError(amax_error(what, first_bad(amax, bad)))
+
+
+def amax_error(what: str, value: float) -> str:
+    """The message of a rejected amax (NaN, Inf or negative ``value``, the first one in memory order)."""
+    return f"{what} must be finite and >= 0, got {value!r}"
 
 
 class NegativeUnsignedInputError(ValueError, TypeError):
