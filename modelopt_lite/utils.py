@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from .functional.abs_max import abs_max
 from .functional.blocks import block_amax
 from .nn import SequentialQuantizer, TensorQuantizer
 
@@ -58,8 +59,8 @@ def reduce_amax(input: torch.Tensor, axis=None, keepdims: bool = True, squeeze_s
     dims = _dims(input, axis, "reduce_amax")
     x = input.detach()
     if dims is None:  # every dimension: a 0-d tensor, as ModelOpt
-        return torch.maximum(x.amax().abs(), x.amin().abs())
-    out = torch.maximum(x.amax(dim=dims, keepdim=keepdims).abs(), x.amin(dim=dims, keepdim=keepdims).abs())
+        return abs_max(x).abs()
+    out = abs_max(x, dims, keepdim=keepdims).abs()
     if squeeze_scalar and out.numel() == 1:
         out = out.squeeze()
     return out

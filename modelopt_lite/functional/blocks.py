@@ -18,6 +18,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from .abs_max import abs_max
 from .checks import _compiling, check_axes
 
 #: The string keys of a block_sizes dict that are settings, not axes.
@@ -134,8 +135,7 @@ def block_amax(x: torch.Tensor, block_sizes: dict, what: str = "the input") -> t
         xd = xd.to(torch.float64)  # integer data: exact, and -min cannot overflow
     xb, _ = to_blocks(xd, sizes)
     red = inner_dims(x.dim(), sizes)
-    hi = torch.amax(xb, dim=red)
-    a = torch.maximum(hi, torch.amin(xb, dim=red).neg_()).float()
+    a = abs_max(xb, red).float()
     if not _compiling():
         bad = ~torch.isfinite(a)
         if bool(bad.any()):

@@ -7,6 +7,7 @@ gradient through them (the kernels supply ``dy/dscale``).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..formats import AMAX_EPS, format_range, int_range
@@ -24,14 +25,18 @@ def _overflow_threshold(bound: float) -> float | None:
     """The smallest float32 ``a`` whose grid end ``float32(float32(a / bound) * bound)`` overflows to Inf, or None
     when no finite ``a`` does (most bounds: 448, 255, 6, ...; 127 only at float32's largest value). Both roundings
     are monotone in ``a``, so the overflowing amaxes are exactly ``a >= threshold``: a bisection over the bit
-    patterns of the non-negative finite float32 values, in float32 torch arithmetic on the CPU, once per bound."""
+    patterns of the non-negative finite float32 values, once per bound, in numpy float32 arithmetic (IEEE, as the
+    kernels'; no torch op, so a first call during torch.jit tracing records nothing in the traced graph)."""
     if bound in _THRESHOLDS:
         return _THRESHOLDS[bound]
-    b = torch.tensor(bound, dtype=torch.float32)
+    b = np.float32(bound)
+
+    def as_f32(bits: int) -> np.float32:
+        return np.array([bits], dtype=np.int32).view(np.float32)[0]
 
     def overflows(bits: int) -> bool:
-        a = torch.tensor([bits], dtype=torch.int32).view(torch.float32)[0]
-        return bool(torch.isinf((a / b) * b))
+        with np.errstate(over="ignore"):
+            return bool(np.isinf((as_f32(bits) / b) * b))
 
     lo, hi = 0, 0x7F7FFFFF  # +0.0 .. float32's largest finite value
     found = None
@@ -39,7 +44,7 @@ def _overflow_threshold(bound: float) -> float | None:
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if overflows(mid) else (mid + 1, hi)
-        found = float(torch.tensor([lo], dtype=torch.int32).view(torch.float32)[0])
+        found = float(as_f32(lo))
     if len(_THRESHOLDS) >= 256:  # bounds come from bit widths and formats: a handful in practice
         _THRESHOLDS.clear()
     _THRESHOLDS[bound] = found

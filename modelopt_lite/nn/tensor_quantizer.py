@@ -28,6 +28,7 @@ import torch
 from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
 from ..formats import element_format
 from ..functional import deferred_errors
+from ..functional.abs_max import abs_max
 from ..functional.checks import check_axes
 from ..functional.library_mx import scheme_fake_quant
 from ..tensor_quant import (
@@ -343,9 +344,7 @@ class TensorQuantizer(
         xd = x.detach()
         red = None if axes is None else [d for d in range(x.dim()) if d not in axes]
         if red is None or red:
-            hi = xd.amax() if red is None else xd.amax(dim=red, keepdim=True)
-            lo = xd.amin() if red is None else xd.amin(dim=red, keepdim=True)
-            a = torch.maximum(hi, -lo).float()
+            a = abs_max(xd, red, keepdim=True).float()
         else:
             a = xd.abs().float()
         if deferred_errors.deferring(a):  # CUDA: the flag is read asynchronously (no host sync)
