@@ -79,11 +79,12 @@ step bench_real_gpu_full 300 python3 bench/bench_real_gpu.py --device cuda
 # where the real layers' time goes at M = 4096, K = N = 8192 (torch.profiler, per op): the ours/raw gap of issue 25
 step profile_real 90 python3 bench/bench_real_gpu.py --device cuda --m 4096 --kn 8192 --no-e2e --repeats 5 --profile
 # issue 24's CPU target on the GPU host's AVX-512 CPU, as on the 2-core development machines: 2 threads on 2 cores
-# (the CPU build is the one cpu_suite made). Not a default step: STEPS="bench_cpu" as a second command.
+# (the CPU build is the one cpu_suite made), every modelopt_lite row also with the AVX2 kernels forced (the AVX-512
+# set is the default there). Not a default step: STEPS="bench_cpu" as a second command.
 pin=()
 command -v taskset >/dev/null 2>&1 && pin=(taskset -c 0,1)
 step bench_cpu 120 env OMP_NUM_THREADS=2 "${pin[@]}" python3 bench/bench_fake_quant.py --formats classic \
-  --shapes 64x1024x1024,4096x4096 --rounds 5
+  --shapes 64x1024x1024,4096x4096 --rounds 5 --also-impl avx2
 echo "=== summary"
 cat "$summary"
 exit "$failed"
