@@ -7,9 +7,9 @@
     python bench/bench_fake_quant.py --formats mx --compile  # NVFP4 / MXFP8 rows only (issue 15 formats)
 
 Prints one markdown table: median ms over interleaved rounds (every case once per round, so a noisy neighbour hits
-all cases alike; each round starts one row later, so no row always follows the same one), GB/s counting the bytes
-read plus written, the ratio to ``y.copy_(x)`` into a preallocated buffer (the memory-bandwidth floor) and to
-``x.clone()``, and for every modelopt_lite row how many times faster it is than torch's op and nvidia-modelopt's op
+all cases alike; each round in its own seeded random order, so no row always follows the same one), GB/s counting
+the bytes read plus written, the ratio to ``y.copy_(x)`` into a preallocated buffer (the memory-bandwidth floor)
+and to ``x.clone()``, and for every modelopt_lite row how many times faster it is than torch's op and nvidia-modelopt's op
 for the same job, all in the same run (``n/a`` where nvidia-modelopt is not
 importable: run it with the peer's interpreter, e.g. ``/tmp/venv-peer/bin/python``). A summary line per shape checks
 the CPU targets of issue 24 (integer/E4M3/int4 rows <= 1.3x the copy floor, >= 5x torch's and nvidia-modelopt's ops).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -264,8 +265,9 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show
         except Exception as e:  # noqa: BLE001
             errors[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
     for r in range(rounds):
-        k = r % len(table)  # each round starts one row later: no row always runs right after the same one
-        for name, fn, _ in table[k:] + table[:k]:
+        # each round in its own order (seeded): a row's time then does not depend on which row ran before it (a
+        # slow peer op that leaves the caches cold, frees memory, ...), which a fixed cyclic order would repeat
+        for name, fn, _ in random.Random(r).sample(table, len(table)):
             if name not in errors:
                 times[name].append(timer(fn))
                 faults[name].append(timer.faults)
@@ -282,10 +284,15 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show
             note = f"{statistics.median(faults[name]):.0f} faults/call; {note}"
         peers = [_speedup(med, p, ms) for p in PEERS.get(name, ())] or ["", ""]
         rows.append(
-            f"| {name} | {ms:.1f} | {bytes_rw / ms / 1e6:.1f} | {ms / copy:.2f} | {ms / clone:.2f} | "
+            f"| {name} | {_ms(ms)} | {bytes_rw / ms / 1e6:.1f} | {ms / copy:.2f} | {ms / clone:.2f} | "
             f"{peers[0]} | {peers[1]} | {note} |"
         )
     return rows, med
+
+
+def _ms(ms: float) -> str:
+    """Three significant digits from 1 ms down (cache-sized shapes), one decimal above."""
+    return f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}" if ms >= 1 else f"{ms:.3f}"
 
 
 def _speedup(med: dict, peer: str, ms: float) -> str:
