@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_names import OpNames as _Ops
 
 from modelopt_lite.descriptor import QuantDescriptor
 from modelopt_lite.functional.abs_max import abs_max
@@ -13,16 +13,6 @@ from modelopt_lite.nn import TensorQuantizer
 from modelopt_lite.utils import reduce_amax
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _two_pass(x, dims, keepdim):

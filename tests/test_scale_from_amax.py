@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_names import OpNames as _Ops
 
 import modelopt_lite.tensor_quant as tq
 from modelopt_lite.functional import amax_scale, backend
@@ -60,16 +60,6 @@ def test_amax_check_rejects_nonfinite_and_negative(dtype, value):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_amax_check_accepts_zero_signed_zero_and_the_largest_value(dtype):
     check_amax_values(torch.tensor([0.0, -0.0, torch.finfo(dtype).max, 1.0], dtype=dtype))
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def test_per_tensor_fake_quant_issues_two_ops_on_the_cpu(native):

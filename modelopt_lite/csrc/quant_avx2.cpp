@@ -5,6 +5,7 @@
 // CPU at run time. IEEE division (vdivps), explicit round-to-nearest-even (vroundps imm 8), NaN-propagating clamp
 // (vmaxps/vminps operand order = torch.clamp), no FMA.
 #include "quant_kernels.h"
+#include "quant_vec_dispatch.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -35,10 +36,6 @@ MOL_TGT inline __m256 e4m3v(__m256 c) {
   return _mm256_blendv_ps(r, c, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
 }
 
-void fill_zero(float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
-}
-
 // Scale lanes: the 8 values of a per-element scale, or the broadcast one.
 template <bool VS>
 MOL_TGT inline __m256 lanes(const float* p, int64_t i, __m256 bcast) {
@@ -57,100 +54,74 @@ MOL_TGT inline float hmin(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
-// MIN: also fold min(x) into *xmin (vminps with x first drops a NaN lane, so NaN lanes are or-ed into a mask).
-template <bool VS, bool CODES, bool MIN>
-MOL_TGT void int_fwd_t(const float* x, const float* s, float qmin, float qmax, float* out, int64_t n, float* xmin) {
-  const __m256 lo = _mm256_set1_ps(qmin), hi = _mm256_set1_ps(qmax), one = _mm256_set1_ps(1.0f);
-  const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
-  __m256 mn = _mm256_set1_ps(__builtin_inff()), nan = zero;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 ss = sb, dead = zero;  // a broadcast scale is never 0 here (dead rows return early)
-    if constexpr (VS) {
-      const __m256 sv = _mm256_loadu_ps(s + i);
-      dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
-      ss = _mm256_blendv_ps(sv, one, dead);
+// The vector set of this file (quant_vec_dispatch.h): its kernels, dispatched by vecdispatch::Entries<Vec>.
+struct Vec {
+  // MIN: also fold min(x) into *xmin (vminps with x first drops a NaN lane, so NaN lanes are or-ed into a mask).
+  template <bool VS, bool CODES, bool MIN>
+  static MOL_TGT void int_fwd(const float* x, const float* s, float qmin, float qmax, float* out, int64_t n,
+                              float* xmin) {
+    const __m256 lo = _mm256_set1_ps(qmin), hi = _mm256_set1_ps(qmax), one = _mm256_set1_ps(1.0f);
+    const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
+    __m256 mn = _mm256_set1_ps(__builtin_inff()), nan = zero;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256 ss = sb, dead = zero;  // a broadcast scale is never 0 here (dead rows return early)
+      if constexpr (VS) {
+        const __m256 sv = _mm256_loadu_ps(s + i);
+        dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
+        ss = _mm256_blendv_ps(sv, one, dead);
+      }
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      if constexpr (MIN) {
+        mn = _mm256_min_ps(xv, mn);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
+      }
+      // + 0.0 turns a -0.0 code into +0.0 (int_code_elem)
+      const __m256 q = _mm256_add_ps(clampv(rintv(_mm256_div_ps(xv, ss)), lo, hi), zero);
+      const __m256 r = CODES ? q : _mm256_mul_ps(q, ss);
+      _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
     }
-    const __m256 xv = _mm256_loadu_ps(x + i);
     if constexpr (MIN) {
+      const float m = _mm256_movemask_ps(nan) != 0 ? __builtin_nanf("") : hmin(mn);
+      *xmin = scalar::fold_min(*xmin, m);
+      scalar::int_fwd_min(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES, xmin);
+    } else {
+      scalar::int_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES);
+    }
+  }
+
+  // min(x) folded into *xmin, NaN-aware (a dead slice still reads x for the check).
+  static MOL_TGT void min_into(const float* x, int64_t n, float* xmin) {
+    __m256 mn = _mm256_set1_ps(__builtin_inff()), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + i);
       mn = _mm256_min_ps(xv, mn);
       nan = _mm256_or_ps(nan, _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
     }
-    // + 0.0 turns a -0.0 code into +0.0 (int_code_elem)
-    const __m256 q = _mm256_add_ps(clampv(rintv(_mm256_div_ps(xv, ss)), lo, hi), zero);
-    const __m256 r = CODES ? q : _mm256_mul_ps(q, ss);
-    _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
+    float m = scalar::fold_min(*xmin, _mm256_movemask_ps(nan) != 0 ? __builtin_nanf("") : hmin(mn));
+    for (; i < n; ++i) m = scalar::fold_min(m, x[i]);
+    *xmin = m;
   }
-  if constexpr (MIN) {
-    const float m = _mm256_movemask_ps(nan) != 0 ? __builtin_nanf("") : hmin(mn);
-    *xmin = scalar::fold_min(*xmin, m);
-    scalar::int_fwd_min(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES, xmin);
-  } else {
-    scalar::int_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, qmin, qmax, out + i, n - i, CODES);
-  }
-}
 
-// min(x) folded into *xmin, NaN-aware (a dead slice still reads x for the check).
-MOL_TGT void min_into(const float* x, int64_t n, float* xmin) {
-  __m256 mn = _mm256_set1_ps(__builtin_inff()), nan = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + i);
-    mn = _mm256_min_ps(xv, mn);
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
-  }
-  float m = scalar::fold_min(*xmin, _mm256_movemask_ps(nan) != 0 ? __builtin_nanf("") : hmin(mn));
-  for (; i < n; ++i) m = scalar::fold_min(m, x[i]);
-  *xmin = m;
-}
-
-template <bool MIN>
-void int_fwd_c(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
-               float* xmin) {
-  if (sinc == 0 && s[0] == 0.0f) {  // a dead slice: exact zeros
-    if constexpr (MIN) min_into(x, n, xmin);
-    return fill_zero(out, n);
-  }
-  if (sinc) {
-    codes ? int_fwd_t<true, true, MIN>(x, s, qmin, qmax, out, n, xmin)
-          : int_fwd_t<true, false, MIN>(x, s, qmin, qmax, out, n, xmin);
-  } else {
-    codes ? int_fwd_t<false, true, MIN>(x, s, qmin, qmax, out, n, xmin)
-          : int_fwd_t<false, false, MIN>(x, s, qmin, qmax, out, n, xmin);
-  }
-}
-
-void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes) {
-  int_fwd_c<false>(x, s, sinc, qmin, qmax, out, n, codes, nullptr);
-}
-
-void int_fwd_min(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
-                 float* xmin) {
-  int_fwd_c<true>(x, s, sinc, qmin, qmax, out, n, codes, xmin);
-}
-
-template <bool VS>
-MOL_TGT void e4m3_fwd_t(const float* x, const float* s, float* out, int64_t n) {
-  const __m256 lo = _mm256_set1_ps(-448.0f), hi = _mm256_set1_ps(448.0f), one = _mm256_set1_ps(1.0f);
-  const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 ss = sb, dead = zero;
-    if constexpr (VS) {
-      const __m256 sv = _mm256_loadu_ps(s + i);
-      dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
-      ss = _mm256_blendv_ps(sv, one, dead);
+  template <bool VS>
+  static MOL_TGT void e4m3_fwd(const float* x, const float* s, float* out, int64_t n) {
+    const __m256 lo = _mm256_set1_ps(-448.0f), hi = _mm256_set1_ps(448.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256 ss = sb, dead = zero;
+      if constexpr (VS) {
+        const __m256 sv = _mm256_loadu_ps(s + i);
+        dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
+        ss = _mm256_blendv_ps(sv, one, dead);
+      }
+      const __m256 r = _mm256_mul_ps(e4m3v(clampv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss), lo, hi)), ss);
+      _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
     }
-    const __m256 r = _mm256_mul_ps(e4m3v(clampv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss), lo, hi)), ss);
-    _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
+    scalar::e4m3_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, out + i, n - i);
   }
-  scalar::e4m3_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, out + i, n - i);
-}
-
-void e4m3_fwd(const float* x, const float* s, int sinc, float* out, int64_t n) {
-  if (sinc == 0 && s[0] == 0.0f) return fill_zero(out, n);
-  sinc ? e4m3_fwd_t<true>(x, s, out, n) : e4m3_fwd_t<false>(x, s, out, n);
-}
+};
 
 template <bool VS, bool VZ, bool CODES>
 MOL_TGT void affine_fwd_t(const float* x, const float* s, const float* zp, float qmin, float qmax, float* out,
@@ -342,8 +313,9 @@ MOL_TGT void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  static const Kernels k{"avx2",   int_fwd,    int_fwd_min, e4m3_fwd,   affine_fwd,  int_bwd,    e4m3_bwd,
-                         affine_bwd, absmax,     f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16};
+  using E = vecdispatch::Entries<Vec>;
+  static const Kernels k{"avx2",     E::int_fwd, E::int_fwd_min, E::e4m3_fwd,  affine_fwd,  int_bwd,    e4m3_bwd,
+                         affine_bwd, absmax,     f16_to_f32,     f32_to_f16,   bf16_to_f32, f32_to_bf16};
   return ok ? &k : nullptr;
 }
 

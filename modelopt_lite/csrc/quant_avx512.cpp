@@ -6,6 +6,7 @@
 // Only the per-tensor/per-channel integer and E4M3 forwards and the block amax are here (what a fake-quant forward
 // and a dynamic block spend their time in); the rest of the table is quant_avx2.cpp's.
 #include "quant_kernels.h"
+#include "quant_vec_dispatch.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -69,56 +70,6 @@ MOL_TGT512 inline void int_step(const float* x, const float* s, int64_t i, __mma
   _mm512_mask_storeu_ps(out + i, k, VS ? _mm512_maskz_mov_ps(static_cast<__mmask16>(~dead), r) : r);
 }
 
-template <bool VS, bool CODES, bool MIN>
-MOL_TGT512 void int_fwd_t(const float* x, const float* s, float qmin, float qmax, float* out, int64_t n,
-                          float* xmin) {
-  const __m512 lo = _mm512_set1_ps(qmin), hi = _mm512_set1_ps(qmax), sb = _mm512_set1_ps(s[0]);
-  __m512 mn = _mm512_set1_ps(__builtin_inff());
-  __mmask16 nan = 0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) int_step<VS, CODES, MIN>(x, s, i, 0xFFFF, sb, lo, hi, out, &mn, &nan);
-  if (i < n) int_step<VS, CODES, MIN>(x, s, i, head(n - i), sb, lo, hi, out, &mn, &nan);
-  if constexpr (MIN) *xmin = scalar::fold_min(*xmin, nan != 0 ? __builtin_nanf("") : _mm512_reduce_min_ps(mn));
-}
-
-MOL_TGT512 void min_into(const float* x, int64_t n, float* xmin) {
-  __m512 mn = _mm512_set1_ps(__builtin_inff());
-  __mmask16 nan = 0;
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = head(n - i);
-    const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
-    mn = _mm512_mask_min_ps(mn, k, xv, mn);
-    nan = static_cast<__mmask16>(nan | _mm512_mask_cmp_ps_mask(k, xv, xv, _CMP_UNORD_Q));
-  }
-  *xmin = scalar::fold_min(*xmin, nan != 0 ? __builtin_nanf("") : _mm512_reduce_min_ps(mn));
-}
-
-template <bool MIN>
-void int_fwd_c(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
-               float* xmin) {
-  if (sinc == 0 && s[0] == 0.0f) {  // a dead slice: exact zeros
-    if constexpr (MIN) min_into(x, n, xmin);
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
-    return;
-  }
-  if (sinc) {
-    codes ? int_fwd_t<true, true, MIN>(x, s, qmin, qmax, out, n, xmin)
-          : int_fwd_t<true, false, MIN>(x, s, qmin, qmax, out, n, xmin);
-  } else {
-    codes ? int_fwd_t<false, true, MIN>(x, s, qmin, qmax, out, n, xmin)
-          : int_fwd_t<false, false, MIN>(x, s, qmin, qmax, out, n, xmin);
-  }
-}
-
-void int_fwd(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes) {
-  int_fwd_c<false>(x, s, sinc, qmin, qmax, out, n, codes, nullptr);
-}
-
-void int_fwd_min(const float* x, const float* s, int sinc, float qmin, float qmax, float* out, int64_t n, bool codes,
-                 float* xmin) {
-  int_fwd_c<true>(x, s, sinc, qmin, qmax, out, n, codes, xmin);
-}
-
 template <bool VS>
 MOL_TGT512 inline void e4m3_step(const float* x, const float* s, int64_t i, __mmask16 k, __m512 sb, float* out) {
   const __m512 lo = _mm512_set1_ps(-448.0f), hi = _mm512_set1_ps(448.0f);
@@ -128,21 +79,40 @@ MOL_TGT512 inline void e4m3_step(const float* x, const float* s, int64_t i, __mm
   _mm512_mask_storeu_ps(out + i, k, VS ? _mm512_maskz_mov_ps(static_cast<__mmask16>(~dead), r) : r);
 }
 
-template <bool VS>
-MOL_TGT512 void e4m3_fwd_t(const float* x, const float* s, float* out, int64_t n) {
-  const __m512 sb = _mm512_set1_ps(s[0]);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) e4m3_step<VS>(x, s, i, 0xFFFF, sb, out);
-  if (i < n) e4m3_step<VS>(x, s, i, head(n - i), sb, out);
-}
-
-void e4m3_fwd(const float* x, const float* s, int sinc, float* out, int64_t n) {
-  if (sinc == 0 && s[0] == 0.0f) {
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
-    return;
+// The vector set of this file (quant_vec_dispatch.h): its kernels, dispatched by vecdispatch::Entries<Vec>.
+struct Vec {
+  template <bool VS, bool CODES, bool MIN>
+  static MOL_TGT512 void int_fwd(const float* x, const float* s, float qmin, float qmax, float* out, int64_t n,
+                                 float* xmin) {
+    const __m512 lo = _mm512_set1_ps(qmin), hi = _mm512_set1_ps(qmax), sb = _mm512_set1_ps(s[0]);
+    __m512 mn = _mm512_set1_ps(__builtin_inff());
+    __mmask16 nan = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) int_step<VS, CODES, MIN>(x, s, i, 0xFFFF, sb, lo, hi, out, &mn, &nan);
+    if (i < n) int_step<VS, CODES, MIN>(x, s, i, head(n - i), sb, lo, hi, out, &mn, &nan);
+    if constexpr (MIN) *xmin = scalar::fold_min(*xmin, nan != 0 ? __builtin_nanf("") : _mm512_reduce_min_ps(mn));
   }
-  sinc ? e4m3_fwd_t<true>(x, s, out, n) : e4m3_fwd_t<false>(x, s, out, n);
-}
+
+  static MOL_TGT512 void min_into(const float* x, int64_t n, float* xmin) {
+    __m512 mn = _mm512_set1_ps(__builtin_inff());
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 k = head(n - i);
+      const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
+      mn = _mm512_mask_min_ps(mn, k, xv, mn);
+      nan = static_cast<__mmask16>(nan | _mm512_mask_cmp_ps_mask(k, xv, xv, _CMP_UNORD_Q));
+    }
+    *xmin = scalar::fold_min(*xmin, nan != 0 ? __builtin_nanf("") : _mm512_reduce_min_ps(mn));
+  }
+
+  template <bool VS>
+  static MOL_TGT512 void e4m3_fwd(const float* x, const float* s, float* out, int64_t n) {
+    const __m512 sb = _mm512_set1_ps(s[0]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) e4m3_step<VS>(x, s, i, 0xFFFF, sb, out);
+    if (i < n) e4m3_step<VS>(x, s, i, head(n - i), sb, out);
+  }
+};
 
 // max |x| as a signed-int32 max of the |x| bit patterns (see quant_avx2.cpp's absmax); a NaN rescans with the
 // scalar kernel, whose NaN is the one returned.
@@ -179,9 +149,10 @@ const Kernels* avx512_kernels() {
     }
     static Kernels t = *base;
     t.name = "avx512";
-    t.int_fwd = int_fwd;
-    t.int_fwd_min = int_fwd_min;
-    t.e4m3_fwd = e4m3_fwd;
+    using E = vecdispatch::Entries<Vec>;
+    t.int_fwd = E::int_fwd;
+    t.int_fwd_min = E::int_fwd_min;
+    t.e4m3_fwd = E::e4m3_fwd;
     t.absmax = absmax;
     return &t;
   }();

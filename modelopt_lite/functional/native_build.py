@@ -59,6 +59,7 @@ HEADERS = {
     "cpu": [
         "quant_kernels.h",
         "quant_elem.h",
+        "quant_vec_dispatch.h",
         "mx_kernels.h",
         "mx_elem.h",
         "mx_checks.h",
