@@ -9,9 +9,9 @@
 Prints one markdown table: median ms over interleaved rounds (every case once per round, so a noisy neighbour hits
 all cases alike; each round in its own seeded random order, so no row always follows the same one), GB/s counting
 the bytes read plus written, the ratio to ``y.copy_(x)`` into a preallocated buffer (the memory-bandwidth floor)
-and to ``x.clone()``, and for every modelopt_lite row how many times faster it is than torch's op and nvidia-modelopt's op
-for the same job, all in the same run (``n/a`` where nvidia-modelopt is not
-importable: run it with the peer's interpreter, e.g. ``/tmp/venv-peer/bin/python``). A summary line per shape checks
+and to ``x.clone()``, and for every modelopt_lite row how many times faster it is than torch's op and
+nvidia-modelopt's op for the same job, all in the same run (``n/a`` where nvidia-modelopt is not importable: run it
+with the peer's interpreter, e.g. ``/tmp/venv-peer/bin/python``). A summary line per shape checks
 the CPU targets of issue 24 (integer/E4M3/int4 rows <= 1.3x the copy floor, >= 5x torch's and nvidia-modelopt's ops).
 Outputs are fresh tensors as a quantizer's forward produces them: every native CPU kernel takes its large outputs
 from one pool of released output memory (csrc/output_pool.h), so a call pays no page faults for an output the

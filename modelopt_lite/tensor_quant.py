@@ -228,8 +228,10 @@ def tensor_quant(
     fmt = scaled_float_format(nb)
     if fmt is not None:
         check_input(x)
-        scale = scale_from_amax(as_amax(amax, x), fmt.bound)
-        return float_codes(fmt, x, scale), positive_scale(scale)
+        scale, after = checked_scale(as_amax(amax, x, check_values=False), fmt.bound)
+        codes = float_codes(fmt, x, scale)
+        after()
+        return codes, positive_scale(scale)
     scale, qmin, qmax, fused, after = _int_scale(x, amax, nb, p["unsigned"], p["narrow_range"])
     q = (library.quantize_uint if fused else library.quantize_int)(x, scale, qmin, qmax)
     after()

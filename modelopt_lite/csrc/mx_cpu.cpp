@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <string>
 #include <optional>
 #include <tuple>
@@ -241,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor, bool> fake_block_last(const at::Tensor& x, co
       const int64_t m = std::min(block, n - e);
       const float a = dynamic ? Kn.absmax(in + e, m) : ap[(s - s0) + j];
       float sc = 0.0f;
-      if (std::isfinite(a) && a >= 0.0f) {
+      if (mol::amax_ok_elem(a)) {
         sc = mol::scale_from_amax_elem(a, b);
       } else {
         bad = true;

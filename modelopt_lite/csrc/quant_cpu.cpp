@@ -388,10 +388,9 @@ std::tuple<at::Tensor, int64_t> checked_scale(const at::Tensor& amax, double bou
   const float b = static_cast<float>(bound);
   int64_t bad = -1;
   for (int64_t i = 0, n = a.numel(); i < n; ++i) {
-    const float v = ap[i];
-    const bool ok = v >= 0.0f && v <= std::numeric_limits<float>::max();  // false for NaN
+    const bool ok = mol::amax_ok_elem(ap[i]);
     if (!ok && bad < 0) bad = i;
-    sp[i] = ok ? mol::scale_from_amax_elem(v, b) : 0.0f;
+    sp[i] = ok ? mol::scale_from_amax_elem(ap[i], b) : 0.0f;
   }
   return {s, bad};
 }
@@ -494,6 +493,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release_output_pool", &mol::outpool::release, "free the kept output memory");
   m.def("output_pool_stats", &mol::outpool::stats, "(bytes kept, blocks kept, limit bytes, hits, misses)");
   mol::register_mx_ops(m);
-  m.def("set_kernel_impl", &set_kernel_impl, "force 'avx512', 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)",
-        py::arg("name"));
+  m.def("set_kernel_impl", &set_kernel_impl,
+        "force 'avx512', 'avx2' or 'scalar' kernels, or 'auto' (for tests/benchmarks)", py::arg("name"));
 }

@@ -56,6 +56,9 @@ static inline float e4m3_elem(float c) {
   return u2f(r | sign);
 }
 
+// checks.check_amax_values for one amax: finite and >= 0 (-0.0 passes; NaN, Inf and negatives do not).
+static inline bool amax_ok_elem(float a) { return a >= 0.0f && a <= 3.40282346638528859811704183484516925e38f; }
+
 // scales.scale_from_amax for a finite amax a >= 0: a / bound (true division), one float32 step down where the grid's
 // end bound * scale would overflow, 0 for a dead amax (a <= 2**-24).
 static inline float scale_from_amax_elem(float a, float bound) {
