@@ -4,12 +4,14 @@
 // headers, so no inline function compiled for AVX2 can leak into the generic code path. avx2_kernels() checks the
 // CPU at run time. IEEE division (vdivps), explicit round-to-nearest-even (vroundps imm 8), NaN-propagating clamp
 // (vmaxps/vminps operand order = torch.clamp), no FMA.
+#include "mx_kernels.h"
 #include "quant_kernels.h"
 #include "quant_vec_dispatch.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 
+#include "mx_elem.h"
 #include "quant_elem.h"
 
 #define MOL_TGT __attribute__((target("avx2,f16c")))
@@ -103,25 +105,13 @@ struct Vec {
     for (; i < n; ++i) m = scalar::fold_min(m, x[i]);
     *xmin = m;
   }
-
-  template <bool VS>
-  static MOL_TGT void e4m3_fwd(const float* x, const float* s, float* out, int64_t n) {
-    const __m256 lo = _mm256_set1_ps(-448.0f), hi = _mm256_set1_ps(448.0f), one = _mm256_set1_ps(1.0f);
-    const __m256 zero = _mm256_setzero_ps(), sb = _mm256_set1_ps(s[0]);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      __m256 ss = sb, dead = zero;
-      if constexpr (VS) {
-        const __m256 sv = _mm256_loadu_ps(s + i);
-        dead = _mm256_cmp_ps(sv, zero, _CMP_EQ_OQ);
-        ss = _mm256_blendv_ps(sv, one, dead);
-      }
-      const __m256 r = _mm256_mul_ps(e4m3v(clampv(_mm256_div_ps(_mm256_loadu_ps(x + i), ss), lo, hi)), ss);
-      _mm256_storeu_ps(out + i, VS ? _mm256_andnot_ps(dead, r) : r);
-    }
-    scalar::e4m3_fwd(x + i, s + (VS ? i : 0), VS ? 1 : 0, out + i, n - i);
-  }
 };
+
+// The E4M3 forward, e4m3(clamp(x / s, -448, 448)) * s: the E4M3 minifloat kernel of mx_avx2.cpp, the same formula
+// (its 16-lane form is quant_avx512.cpp's).
+void e4m3_fwd(const float* x, const float* s, int sinc, float* out, int64_t n) {
+  mx_avx2_kernels()->minifloat_fwd(mxe::kE4M3, x, s, sinc, out, n);
+}
 
 template <bool VS, bool VZ, bool CODES>
 MOL_TGT void affine_fwd_t(const float* x, const float* s, const float* zp, float qmin, float qmax, float* out,
@@ -314,7 +304,7 @@ MOL_TGT void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   using E = vecdispatch::Entries<Vec>;
-  static const Kernels k{"avx2",     E::int_fwd, E::int_fwd_min, E::e4m3_fwd,  affine_fwd,  int_bwd,    e4m3_bwd,
+  static const Kernels k{"avx2",     E::int_fwd, E::int_fwd_min, e4m3_fwd,     affine_fwd,  int_bwd,    e4m3_bwd,
                          affine_bwd, absmax,     f16_to_f32,     f32_to_f16,   bf16_to_f32, f32_to_bf16};
   return ok ? &k : nullptr;
 }

@@ -2,7 +2,7 @@
 // quant_avx512.cpp: a dead broadcast slice (its one scale exactly 0) gives exact zeros (min(x) still folded), else
 // the instantiation for a per-element or broadcast scale, codes or values. V is a vector set, a struct of:
 //   template <bool VS, bool CODES, bool MIN> static void int_fwd(x, s, qmin, qmax, out, n, xmin);
-//   template <bool VS> static void e4m3_fwd(x, s, out, n);
+//   template <bool VS> static void e4m3_fwd(x, s, out, n);  (only where Entries<V>::e4m3_fwd is used)
 //   static void min_into(x, n, xmin);
 // and Entries<V> are its functions of the Kernels table.
 // No target attributes here: these only branch and call V's (target-attributed, never inlined into them) kernels.
