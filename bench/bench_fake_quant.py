@@ -202,8 +202,13 @@ def _minflt() -> int:
 
 
 class Timer:
-    def __init__(self, device: str):
+    """One call's time. CUDA: between two events recorded around the call on an idle GPU (the call's whole latency:
+    its Python and launches before the first kernel count), or with ``burst`` > 1 the mean of that many calls back
+    to back (the throughput of a stream of calls: host time overlaps earlier calls' kernels)."""
+
+    def __init__(self, device: str, burst: int = 1):
         self.cuda = device == "cuda"
+        self.burst = burst
         self.faults = 0  #: minor page faults of the last call (CPU)
 
     def __call__(self, fn) -> float | None:
@@ -212,9 +217,14 @@ class Timer:
             torch.cuda.synchronize()
             start.record()
             r = fn()
+            for _ in range(self.burst - 1):
+                if r is None:
+                    break
+                del r
+                r = fn()
             end.record()
             torch.cuda.synchronize()
-            ms = start.elapsed_time(end)
+            ms = start.elapsed_time(end) / self.burst
         else:
             f0, t0 = _minflt(), time.perf_counter()
             r = fn()
@@ -239,7 +249,7 @@ def forced(native, impl: str, fn):
     return call
 
 
-def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show_faults=False, also=()):
+def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show_faults=False, also=(), burst=1):
     x = torch.randn(shape, dtype=dtype, device=device)
     if formats == "mx":
         y = torch.empty_like(x)
@@ -254,7 +264,7 @@ def run_shape(shape, dtype, device, rounds, include_compile, formats="all", show
     native = backend._load("cpu") if also else None
     for impl in also:
         table += [(f"{n} [{impl}]", forced(native, impl, fn), note) for n, fn, note in list(table) if n in PEERS]
-    timer = Timer(device)
+    timer = Timer(device, burst)
     times: dict[str, list[float]] = {name: [] for name, _, _ in table}
     faults: dict[str, list[int]] = {name: [] for name, _, _ in table}
     errors: dict[str, str] = {}
@@ -318,6 +328,18 @@ def target_summary(shape: str, med: dict) -> str:
     return "; ".join(parts)
 
 
+def profile_rows(shape, dtype) -> None:
+    """torch.profiler of each modelopt_lite row on CUDA: its kernels and the GPU's idle time per call."""
+    from cuda_profile import profile_call  # bench/cuda_profile.py
+
+    torch.manual_seed(0)
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    print()
+    for name, fn, _ in cases(x, include_compile=False):
+        if name.startswith("modelopt_lite") or name.startswith("y.copy_"):
+            print(profile_call(name, fn))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -346,7 +368,22 @@ def main(argv=None):
         choices=["avx512", "avx2", "scalar"],
         help="CPU: also time every modelopt_lite integer/E4M3/int4 row with this kernel set forced (repeatable)",
     )
+    p.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="CUDA: time this many calls back to back per sample (mean per call; default 1: one call on an idle GPU)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="CUDA: after the table, torch.profiler of each modelopt_lite row of the first shape (kernels, GPU idle)",
+    )
     args = p.parse_args(argv)
+    if args.profile and args.device != "cuda":
+        p.error("--profile: CUDA only (--device cuda)")
+    if args.burst < 1 or (args.burst > 1 and args.device != "cuda"):
+        p.error("--burst: a positive count, CUDA only (--device cuda)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
     if args.also_impl and args.device != "cpu":
@@ -367,7 +404,10 @@ def main(argv=None):
         backend.set_backend("reference")
     print(f"Machine: {machine(args.device)}")
     print(f"Load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print(f"Settings: {args.dtype}, median of {rounds} interleaved rounds, GB/s = (read + write bytes) / time\n")
+    timing = f", {args.burst} calls back to back per sample (mean per call)" if args.burst > 1 else ""
+    print(
+        f"Settings: {args.dtype}, median of {rounds} interleaved rounds{timing}, GB/s = (read + write bytes) / time\n"
+    )
     print(
         "| shape / case | median ms | GB/s | x copy_ | x clone | torch op / this | nvidia-modelopt op / this | note |"
     )
@@ -377,12 +417,22 @@ def main(argv=None):
         print(f"| **{'x'.join(map(str, shape))} {args.dtype}** | | | | | | | |")
         compile_rows = args.compile or args.device == "cuda"
         rows, med = run_shape(
-            shape, DTYPES[args.dtype], args.device, rounds, compile_rows, args.formats, args.faults, args.also_impl
+            shape,
+            DTYPES[args.dtype],
+            args.device,
+            rounds,
+            compile_rows,
+            args.formats,
+            args.faults,
+            args.also_impl,
+            args.burst,
         )
         for row in rows:
             print(row)
         summaries.append(("x".join(map(str, shape)), med))
         sys.stdout.flush()
+    if args.profile:
+        profile_rows(shapes[0], DTYPES[args.dtype])
     print(f"\nLoad average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if native is not None and hasattr(native, "output_pool_stats"):
         held, nblocks, limit, hits, misses = native.output_pool_stats()

@@ -28,11 +28,12 @@ from cuda_mx_rows import torch_mx, torch_nvfp4  # noqa: E402
 
 from modelopt_lite.functional import library_mx  # noqa: E402
 from modelopt_lite.functional import microscaling as MS  # noqa: E402
+from modelopt_lite.functional.abs_max import abs_max  # noqa: E402
 
 
 def _ours(fmt: str):
-    if fmt == "nvfp4":
-        return lambda w: library_mx.nvfp4_fake_quant(w, w.detach().float().abs().amax(), 16)
+    if fmt == "nvfp4":  # the global amax as a dynamic quantizer takes it: max |w| in one pass, in w's dtype
+        return lambda w: library_mx.nvfp4_fake_quant(w, abs_max(w.detach()).float(), 16)
     return lambda w: library_mx.mx_fake_quant(w, "e4m3", 32, "floor")
 
 
@@ -71,14 +72,19 @@ class Block(torch.nn.Module):
         return x + F.linear(F.gelu(F.linear(x, q(self.up.weight))), q(self.down.weight))
 
 
-def time_step(model, x, repeats: int, cuda: bool) -> float:
-    """Median seconds of one forward + backward step (3 warm-up steps), timed as bench_cuda's rows are."""
+def _stepper(model, x):
+    """One forward + backward step of ``model`` on ``x``."""
 
     def step():
         model.zero_grad(set_to_none=True)
         model(x).float().square().mean().backward()
 
-    return Timer("cuda" if cuda else "cpu", repeats)(step)
+    return step
+
+
+def time_step(model, x, repeats: int, cuda: bool) -> float:
+    """Median seconds of one forward + backward step (3 warm-up steps), timed as bench_cuda's rows are."""
+    return Timer("cuda" if cuda else "cpu", repeats)(_stepper(model, x))
 
 
 def main(argv=None) -> int:
@@ -89,6 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--formats", default="nvfp4,mxfp8")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--dry-run-cpu", action="store_true", help="tiny sizes on the CPU, no torch.compile")
+    p.add_argument(
+        "--profile", action="store_true", help="CUDA: torch.profiler of one step of every row after the table"
+    )
     args = p.parse_args(argv)
     cuda = not args.dry_run_cpu
     if cuda and not torch.cuda.is_available():
@@ -105,6 +114,7 @@ def main(argv=None) -> int:
     x = torch.randn(args.tokens, args.d, device=device, dtype=dtype)
     base = Block(args.d, None, device, dtype)
     print(f"| {dtype} (no quantization) | eager | {time_step(base, x, args.repeats, cuda) * 1e3:.3f} | |", flush=True)
+    profiles = []
     for fmt in args.formats.split(","):
         rows = [("modelopt_lite eager", Block(args.d, _ours(fmt), device, dtype))]
         if args.compile:
@@ -126,6 +136,13 @@ def main(argv=None) -> int:
         for label, t in times.items():
             rel = f"{ref / t:.2f}x" if ref else ""
             print(f"| {fmt} | {label} | {t * 1e3:.3f} | {rel} |", flush=True)
+        profiles += [(f"{fmt}, {label}", model) for label, model in rows if label in times]
+    if args.profile:
+        from cuda_profile import profile_call  # bench/cuda_profile.py
+
+        print()
+        for label, model in profiles:
+            print(profile_call(label, _stepper(model, x), top=10), flush=True)
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from modelopt_lite.functional import library_block_cuda as LB
+from modelopt_lite.functional import library_mx as LMX
 from modelopt_lite.functional import microscaling as MS
 
 _EMAX = {"e4m3": 8, "e5m2": 15, "e2m1": 2, "int8": 0}
@@ -97,7 +98,13 @@ def reference_module():
     )
 
 
-VARIANT_BITS = {1: "NVFP4 one lane", 2: "16-bit prefetch", 4: "prefetch", 8: "fp32 2 vectors"}  # MLQ_MX_*
+VARIANT_BITS = {  # MLQ_MX_* (mx_kernels_api.h)
+    1: "NVFP4 one lane",
+    2: "16-bit prefetch",
+    4: "prefetch",
+    8: "fp32 2 vectors",
+    16: "one wave",
+}
 
 
 def _variant_name(v: int) -> str:
@@ -150,26 +157,33 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
         return impls
 
     ours_nv = [("modelopt_lite", lambda: mod.fake_nvfp4(x2, gs, 16), "")]
-    ours_nv += variant_rows(mod, lambda: mod.fake_nvfp4_flagged(x2, gs, 16)[0], (0, 1, 2, 4, 8, 10, 11))
+    if x.is_cuda:  # the public op in its default (deferred) error-check mode: no host read per call
+        ours_nv.append(("public nvfp4_fake_quant", lambda: LMX.nvfp4_fake_quant(x2, amax, 16), "checks deferred"))
+    ours_nv += variant_rows(mod, lambda: mod.fake_nvfp4_flagged(x2, gs, 16)[0], (0, 1, 3, 8, 27))
     ours_nv.append(("modelopt_lite backward (STE)", lambda: mod.nvfp4_backward(x2, x2, gs, 16), "reads 2, writes 1"))
     ours_nv += [
         (f"{name} (backward)", fn, "reads 2, writes 1")
-        for name, fn, _ in variant_rows(mod, lambda: mod.nvfp4_backward_flagged(x2, x2, gs, 16)[0], (0, 4))
+        for name, fn, _ in variant_rows(mod, lambda: mod.nvfp4_backward_flagged(x2, x2, gs, 16)[0], (0, 16))
     ]
     cases.append(
         ("NVFP4 fake quant", rw, ours_nv + chain("nvfp4", lambda: MS.fake_nvfp4(x2, gs, 16), torch_nvfp4, x2, gs))
     )
     for elem, label in (("e4m3", "MXFP8 E4M3"), ("e2m1", "MXFP4 E2M1"), ("int8", "MXINT8"), ("e5m2", "MX E5M2")):
         ours = [("modelopt_lite", lambda e=elem: mod.fake_mx(x2, e, 32, "floor"), "")]
-        if elem == "e4m3":
-            ours += variant_rows(mod, lambda: mod.fake_mx_flagged(x2, "e4m3", 32, "floor")[0], (0, 4, 8, 12))
+        if x.is_cuda:
+            ours.append(("public mx_fake_quant", lambda e=elem: LMX.mx_fake_quant(x2, e), "checks deferred"))
+        ours += variant_rows(
+            mod,
+            lambda e=elem: mod.fake_mx_flagged(x2, e, 32, "floor")[0],
+            (0, 3, 16, 24) if elem == "e4m3" else (0, 3, 24),
+        )
         if elem in ("e4m3", "e2m1"):
             ours.append(("modelopt_lite backward (STE)", lambda e=elem: mod.mx_backward(x2, x2, e, 32, "floor"), ""))
         if elem == "e4m3":
             ours += [
                 (f"{name} (backward)", fn, "")
                 for name, fn, _ in variant_rows(
-                    mod, lambda: mod.mx_backward_flagged(x2, x2, "e4m3", 32, "floor")[0], (0, 4)
+                    mod, lambda: mod.mx_backward_flagged(x2, x2, "e4m3", 32, "floor")[0], (0, 16)
                 )
             ]
         ref = lambda e=elem: MS.fake_mx(x2, e, 32, "floor")  # noqa: E731
@@ -177,13 +191,14 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     for fn, elem, bound in (("fake_e5m2", "e5m2", 57344.0), ("fake_e2m1", "e2m1", 6.0)):
         s = (amax / torch.tensor(bound, device=x.device)).reshape(1)
         ours = [("modelopt_lite", lambda f=fn, s=s: getattr(mod, f)(x2, s), "")]
-        if elem == "e5m2":
-            ours += variant_rows(mod, lambda f=fn, s=s: getattr(mod, f)(x2, s), (0, 4), "modelopt_lite")[1:]
+        ours += variant_rows(mod, lambda f=fn, s=s: getattr(mod, f)(x2, s), (16,), "modelopt_lite")[1:]
         ref = lambda e=elem, s=s: torch_minifloat(x2, s, e)  # noqa: E731  (the chain is the definition here)
         cases.append((f"{elem.upper()} per-tensor", rw, ours + chain(elem, ref, torch_minifloat, x2, s, elem)))
     bound = torch.tensor(7.0, device=x.device)
     blk = [("modelopt_lite fused kernel", lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], "")]
-    blk += variant_rows(mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 4), "fused kernel")[1:]
+    blk += variant_rows(mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 8, 27), "fused kernel")[
+        1:
+    ]
     blk.append(
         (
             "modelopt_lite public fake_block_quant",

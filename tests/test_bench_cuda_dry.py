@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def bench_path(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their helper module (cuda_mx_rows) by name
     yield
-    for name in ("bench_cuda", "bench_qat_cuda", "cuda_mx_rows", "sass_hot_path"):
+    for name in ("bench_cuda", "bench_qat_cuda", "cuda_mx_rows", "cuda_profile", "sass_hot_path"):
         sys.modules.pop(name, None)
 
 
@@ -36,6 +36,18 @@ def test_bench_qat_dry_run(bench_path, capsys):
     out = capsys.readouterr().out
     for fmt in ("nvfp4", "mxfp8"):
         assert f"| {fmt} | modelopt_lite eager |" in out and f"| {fmt} | model with pure-torch chain (eager) |" in out
+
+
+def test_bench_qat_profile_dry_run(bench_path, capsys):
+    """--profile prints one torch.profiler table per row (bench/cuda_profile.py; on the CPU without kernels)."""
+    import bench_qat_cuda
+
+    assert bench_qat_cuda.main(["--dry-run-cpu", "--formats", "mxfp8", "--profile"]) == 0
+    out = capsys.readouterr().out
+    for row in ("mxfp8, modelopt_lite eager", "mxfp8, model with pure-torch chain (eager)"):
+        assert f"#### {row}: " in out and " ms per call" in out, row
+    assert out.count("| host op | per call | self CPU ms per call |") == 2
+    assert "| modelopt_lite::fake_mx | 2 |" in out  # the quantizer op of each of the 2 weights, per step
 
 
 def test_sass_report_labels_and_rows(bench_path):

@@ -111,6 +111,11 @@ def test_mx_matrix_equals_reference(emulated, group):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
+def test_unsigned_flagged_bindings_flag_negative_inputs(emulated):
+    failures = cases.unsigned_flag_failures(emulated, "cpu")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 def test_mx_flagged_bindings_return_the_flag_unread(emulated):
     failures = mx_cases.flagged_failures(emulated, "cpu")
     assert not failures, "\n".join(failures)

@@ -293,3 +293,34 @@ def test_checked_scale_keeps_a_learnable_amax_differentiable(on_emulated_cuda):
     with deferred_errors.error_checks("sync"):
         want = tq.fake_tensor_quant(x, fixed, 8)
     assert torch.equal(y, want) and torch.equal(y_learn.detach(), want)
+
+
+def _uint8():
+    return QuantDescriptor(num_bits=8, unsigned=True, amax=2.0)
+
+
+def test_unsigned_input_check_is_the_kernels_own_pass(on_emulated_cuda):
+    """An unsigned quantizer on CUDA: the kernel flags a negative or NaN element in its quantizing pass (no amin
+    over the input, no host read); the flag raises asynchronously when deferred, at the call in sync mode, with the
+    messages of the separate check (checks.check_unsigned_input)."""
+    q = TensorQuantizer(_uint8())
+    x = _x().abs()
+    q(x)
+    y, ops = _count(q, x)
+    with deferred_errors.error_checks("sync"):
+        assert torch.equal(y, TensorQuantizer(_uint8())(x))
+    # the binding's flag and its deferral (a second ring slot); no aten::amin over the input
+    assert ops == _ops(_CHECKED_SCALE, _RING, _RING, _QUANT_BINDING, aten__zeros=1, modelopt_lite__fake_quant_uint=1)
+    for bad, sync_error in ((-0.5, "Negative values encountered"), (float("nan"), "contains NaN")):
+        x2 = x.clone()
+        x2[3, 17] = bad
+        # raised by a later deferred check or check_errors() (the host emulation's copies complete at once)
+        with pytest.raises(deferred_errors.DeferredValueError, match="negative value or NaN.*unsigned input check"):
+            q(x2)
+            deferred_errors.check_errors()
+        with deferred_errors.error_checks("sync"), pytest.raises(ValueError, match=sync_error):
+            q(x2)
+    x3 = x.clone()
+    x3[0, 0] = -0.0
+    q(x3)
+    deferred_errors.check_errors()  # -0.0 passes

@@ -35,7 +35,10 @@ MXK_HD bool bad_amax(float a) { return !(a >= 0.0f) || mxe::nonfinite(a); }
 template <class T, int P, bool E4M3, bool BWD, bool FULL>
 struct DynBlockOp {
   using State = OpLane<T, P, BWD, FULL>;
-  static constexpr bool kPrefetch16 = !BWD && sizeof(T) == 2;  // MLQ_MX_PREFETCH_16BIT takes this kernel
+  // MLQ_MX_PREFETCH_16BIT does not take this kernel: since the lanes hold their 16-bit elements packed (32
+  // registers, full occupancy) the prefetch cost 13 points of copy bandwidth on bf16 (H100, 2026-11-27: 101-102%
+  // without, 86-88% with); MLQ_MX_PREFETCH_ALL still does.
+  static constexpr bool kPrefetch16 = false;
   const T* x;
   const T* grad;
   T* y;
@@ -69,18 +72,19 @@ struct DynBlockOp {
     if constexpr (BWD) {  // the gradient's elements were read with x (GradLane)
 MXK_UNROLL
       for (int j = 0; j < P * N; ++j) {
-        const bool keep = E4M3 ? mlq::backward_pass<mlq::Bwd::E4m3>(st.v[j], s, 0.0f, qmin, qmax)
-                               : mlq::backward_pass<mlq::Bwd::Int>(st.v[j], s, 0.0f, qmin, qmax);
-        st.v[j] = keep ? st.g[j] : 0.0f;
+        const bool keep = E4M3 ? mlq::backward_pass<mlq::Bwd::E4m3>(st.v.get(j), s, 0.0f, qmin, qmax)
+                               : mlq::backward_pass<mlq::Bwd::Int>(st.v.get(j), s, 0.0f, qmin, qmax);
+        st.v.set(j, keep ? st.g.get(j) : 0.0f);
       }
     } else if (s == 0.0f) {  // a dead block: one test per lane, so the element loop below has no zero test left
 MXK_UNROLL
-      for (int j = 0; j < P * N; ++j) st.v[j] = 0.0f;
+      for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
     } else {
 MXK_UNROLL
       for (int j = 0; j < P * N; ++j) {
-        st.v[j] = E4M3 ? mlq::forward_elem<mlq::Fwd::E4m3Fake>(st.v[j], s, 0.0f, qmin, qmax)
-                       : mlq::forward_elem<mlq::Fwd::IntFake>(st.v[j], s, 0.0f, qmin, qmax);
+        const float v = st.v.get(j);
+        st.v.set(j, E4M3 ? mlq::forward_elem<mlq::Fwd::E4m3Fake>(v, s, 0.0f, qmin, qmax)
+                         : mlq::forward_elem<mlq::Fwd::IntFake>(v, s, 0.0f, qmin, qmax));
       }
     }
     store_lane(y, L, st);

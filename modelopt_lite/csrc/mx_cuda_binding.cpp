@@ -243,8 +243,9 @@ void register_mx_cuda_ops(pybind11::module_& m) {
         py::arg("grad"), py::arg("x"), py::arg("elem"), py::arg("block") = 32, py::arg("rounding") = "floor");
   m.def("mx_set_variant", &mlq_mx_set_variant,
         "set the process-wide work-distribution variant of the blocked kernels (bits, mx_kernels_api.h: 1 = NVFP4 "
-        "one lane per 16-element block of float16/bfloat16, 2 = 16-bit NVFP4/dynamic-block forward kernels "
-        "prefetch their next tile, 4 = every kernel does, 8 = float32 NVFP4/MX with 2 vectors per lane; every "
+        "one lane per 16-element block of float16/bfloat16, 2 = the 16-bit NVFP4 forward kernels "
+        "prefetch their next tile, 4 = every kernel does, 8 = float32 NVFP4/MX with 2 vectors per lane, 16 = one "
+        "wave of thread blocks (the occupancy); every "
         "variant computes the same bits) and return the previous one; -1 only returns the current one",
         py::arg("variant"));
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),

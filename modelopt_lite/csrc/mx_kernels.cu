@@ -19,7 +19,7 @@ template <class T, int P, bool FULL>
 MXK_HD void ste_lane(T* out, const Layout& L, GradLane<T, P, FULL>& st, float top) {
 MXK_UNROLL
   for (int j = 0; j < P * VecOf<T>::N; ++j) {
-    st.v[j] = mxe::fabs_bits(st.v[j]) <= top ? st.g[j] : mxe::fmul(st.g[j], 0.0f);
+    st.v.set(j, mxe::fabs_bits(st.v.get(j)) <= top ? st.g.get(j) : mxe::fmul(st.g.get(j), 0.0f));
   }
   store_lane(out, L, st);
 }
@@ -59,10 +59,10 @@ struct Nvfp4Op {
     } else {
       if (s == 0.0f) {  // one test per vector (a uniform branch), not one select per element
 MXK_UNROLL
-        for (int j = 0; j < P * N; ++j) st.v[j] = 0.0f;
+        for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
       } else {
 MXK_UNROLL
-        for (int j = 0; j < P * N; ++j) st.v[j] = mxe::fmul(mxe::e2m1(mxe::fdiv(st.v[j], d)), d);
+        for (int j = 0; j < P * N; ++j) st.v.set(j, mxe::fmul(mxe::e2m1(mxe::fdiv(st.v.get(j), d)), d));
       }
       store_lane(y, L, st);
     }
@@ -109,10 +109,12 @@ struct MxOp {
     } else {
       if (nan) {
 MXK_UNROLL
-        for (int j = 0; j < P * N; ++j) st.v[j] = a;
+        for (int j = 0; j < P * N; ++j) st.v.set(j, a);
       } else {
 MXK_UNROLL
-        for (int j = 0; j < P * N; ++j) st.v[j] = mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v[j], inv)), X);
+        for (int j = 0; j < P * N; ++j) {
+          st.v.set(j, mxe::fmul(mxe::elem_round<ELEM>(mxe::fmul(st.v.get(j), inv)), X));
+        }
       }
       store_lane(y, L, st);
     }
@@ -149,14 +151,16 @@ struct MinifloatOp {
       const float s = load_scalar(scale + (channels == 1 ? 0 : (st.w.off / inner) % channels));
       if (s == 0.0f) {
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = 0.0f;
+        for (int j = 0; j < N; ++j) st.v.set(j, 0.0f);
       } else {
 MXK_UNROLL
-        for (int j = 0; j < N; ++j) st.v[j] = fake_nonzero(st.v[j], s);
+        for (int j = 0; j < N; ++j) st.v.set(j, fake_nonzero(st.v.get(j), s));
       }
     } else {
 MXK_UNROLL
-      for (int j = 0; j < N; ++j) st.v[j] = fake(st.v[j], load_scalar(scale + ((st.w.off + j) / inner) % channels));
+      for (int j = 0; j < N; ++j) {
+        st.v.set(j, fake(st.v.get(j), load_scalar(scale + ((st.w.off + j) / inner) % channels)));
+      }
     }
     store_lane(y, L, st);
   }

@@ -69,14 +69,19 @@ cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, floa
  * variant computes the same bits; only the speed differs (bench/bench_cuda.py --cases mx times each).
  *   MLQ_MX_NVFP4_ONE_LANE: NVFP4 forward, 16-element blocks of float16/bfloat16: one lane (2 vectors) per block,
  *     not two.
- *   MLQ_MX_PREFETCH_16BIT: the forward NVFP4 and dynamic-block kernels of float16/bfloat16 prefetch (into L2) the
- *     vectors of each thread's next grid-stride tile.
+ *   MLQ_MX_PREFETCH_16BIT: the forward NVFP4 kernel of float16/bfloat16 prefetches (into L2) the vectors of each
+ *     thread's next grid-stride tile.
  *   MLQ_MX_PREFETCH_ALL: every kernel prefetches so.
- *   MLQ_MX_FP32_TWO_VECTORS: NVFP4 / MX forward of float32: 2 vectors per lane, half the lanes per block (not yet
- *     timed on a GPU).
- * The default (one lane, 16-bit prefetch) is what an H100 ran fastest on 2026-11-27 (bench/REPORT.md): one lane
- * 81% -> 87% of copy for NVFP4 bf16, the prefetch 87% -> 92% there and 90% -> 101% for dynamic int4 blocks of bf16,
- * while prefetching cost 5-17% of copy in the float32 kernels and the light bf16 ones (MX, E5M2).
+ *   MLQ_MX_FP32_TWO_VECTORS: NVFP4 / MX forward of float32: 2 vectors per lane, half the lanes per block (32 bytes
+ *     of each lane's loads in flight instead of 16).
+ *   MLQ_MX_ONE_WAVE: the grid is the number of thread blocks the GPU holds at once (the occupancy calculator),
+ *     not 16 per multiprocessor: one wave of blocks, each looping over its grid-stride tiles.
+ * The default (one lane, 16-bit prefetch, float32 two vectors) is what H100s ran fastest (bench/REPORT.md):
+ * 2026-11-27 (session 7), one lane 81% -> 87% of copy for NVFP4 bf16 and the prefetch 87% -> 92% there, while
+ * prefetching cost 5-17% of copy in the float32 kernels and the light bf16 ones (MX, E5M2); 2026-11-27 (session
+ * 9), float32 two vectors 89-90% -> 92-94% for NVFP4 and the four MX elements. Tried the same day and removed:
+ * evict-first (.cs) loads and stores (no gain), float32 NVFP4 with registers capped for 5 resident blocks (92% ->
+ * 89%). One wave was within the run's noise (kept as a variant).
  * The variants apply to aligned, whole-block tensors. mlq_mx_set_variant sets the process-wide variant and returns
  * the previous one; a value outside [0, MLQ_MX_VARIANT_ALL] only returns the current one. */
 enum {
@@ -84,8 +89,9 @@ enum {
   MLQ_MX_PREFETCH_16BIT = 2,
   MLQ_MX_PREFETCH_ALL = 4,
   MLQ_MX_FP32_TWO_VECTORS = 8,
-  MLQ_MX_VARIANT_ALL = 15,
-  MLQ_MX_VARIANT_DEFAULT = 3
+  MLQ_MX_ONE_WAVE = 16,
+  MLQ_MX_VARIANT_ALL = 31,
+  MLQ_MX_VARIANT_DEFAULT = 11
 };
 int mlq_mx_set_variant(int variant);
 

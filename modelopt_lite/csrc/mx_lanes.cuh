@@ -17,7 +17,11 @@
 // An Op supplies the per-lane work in two phases around the group reduction:
 //   float load(int64_t slot, Lane& st) const     read the lane's elements, return its partial amax
 //   void finish(int64_t slot, Lane& st, float a) const   a = the group's amax: quantize and store
-// and `int64_t slots() const` (groups * G) and `int lanes() const` (G). The reduction is mxe::amax_join (a NaN wins).
+// and `int64_t slots() const` (groups * G), `int lanes() const` (G) and `kPrefetch16` (whether
+// MLQ_MX_PREFETCH_16BIT prefetches for it). The reduction is mxe::amax_join (a NaN wins).
+//
+// A lane keeps its elements as loaded (Packs: T's bits), so a 2-byte type holds 8 elements in 4 registers while the
+// lane waits for the reduction (bf16 MX E4M3: 32 registers instead of 48, full occupancy).
 //
 // Built with MODELOPT_LITE_EMULATE_ON_HOST, run_lanes executes the same two phases on the host one warp at a time,
 // the 32 lanes in order, with each shuffle emulated as the lanes' values exchanged (b[l] = a[l ^ offset] from a
@@ -108,13 +112,28 @@ MXK_UNROLL
   for (int j = 0; j < N; ++j) v[j] = j < m ? Conv<T>::to(p[j]) : 0.0f;
 }
 
+// The N elements at p as T's bits (a Pack): one 16-byte load when `vec`, else element loads of the first m (the
+// rest +0.0).
 template <class T>
-MXK_HD void store_vec(T* p, int m, bool vec, const float* v) {
+MXK_HD void load_pack(const T* p, int m, bool vec, Pack<T>& pk) {
   constexpr int N = VecOf<T>::N;
   if (vec) {
-    Pack<T> pk;
+#ifdef __CUDA_ARCH__
+    pk.u = __ldg(reinterpret_cast<const uint4*>(p));
+#else
+    memcpy(&pk.u, p, sizeof pk.u);
+#endif
+    return;
+  }
 MXK_UNROLL
-    for (int j = 0; j < N; ++j) pk.t[j] = Conv<T>::from(v[j]);
+  for (int j = 0; j < N; ++j) pk.t[j] = j < m ? p[j] : Conv<T>::from(0.0f);
+}
+
+// The first m elements of a Pack to p: one 16-byte store when `vec` (m == N).
+template <class T>
+MXK_HD void store_pack(T* p, int m, bool vec, const Pack<T>& pk) {
+  constexpr int N = VecOf<T>::N;
+  if (vec) {
 #ifdef __CUDA_ARCH__
     *reinterpret_cast<uint4*>(p) = pk.u;
 #else
@@ -122,11 +141,28 @@ MXK_UNROLL
 #endif
     return;
   }
-  for (int j = 0; j < N && j < m; ++j) p[j] = Conv<T>::from(v[j]);
+  for (int j = 0; j < N && j < m; ++j) p[j] = pk.t[j];
 }
+
+// A lane's P vectors as they are in memory (T's bits, 16 bytes each): a 2-byte type keeps 8 elements in 4
+// registers instead of 8 float32 ones while the lane waits for its group's amax. get(j) is element j as float32
+// (exact); set(j, v) rounds v to T (round to nearest even), the conversion the store made when the lane held
+// float32.
+template <class T, int P>
+struct Packs {
+  static constexpr int N = VecOf<T>::N;
+  Pack<T> pk[P];
+  MXK_HD float get(int j) const { return Conv<T>::to(pk[j / N].t[j % N]); }
+  MXK_HD void set(int j, float v) { pk[j / N].t[j % N] = Conv<T>::from(v); }
+};
 
 // max of two partial amaxes (each >= 0 or NaN, sign bit clear); a NaN wins, as in mxe::amax_step.
 MXK_HD float amax_join(float a, float b) { return mxe::amax_join_bits(a, b); }
+
+// The process-wide work-distribution variant (mlq_mx_set_variant, bits MLQ_MX_*): one instance for every file of
+// the extension (an inline variable). The variants change the speed, never a result.
+inline std::atomic<int> g_variant{MLQ_MX_VARIANT_DEFAULT};
+inline int variant() { return g_variant.load(std::memory_order_relaxed); }
 
 // Blocked layout: rows x cols, blocks of `block` along each row, `lanes` lanes of P vectors per block.
 // `whole`: `block` is a power of two (it always is here: 16 or 32 for NVFP4/MX, N * 2**k for the integer/E4M3
@@ -214,7 +250,7 @@ MXK_HD Where where(const Layout& L, int64_t slot) {
 template <class T, int P, bool FULL>
 struct Lane {
   static constexpr int N = VecOf<T>::N;
-  float v[P * N];
+  Packs<T, P> v;
   Where w;
 };
 
@@ -222,7 +258,7 @@ struct Lane {
 // with x, so that both loads of a slot are in flight together (read after the reduction, they would wait for it).
 template <class T, int P, bool FULL>
 struct GradLane : Lane<T, P, FULL> {
-  float g[P * VecOf<T>::N];
+  Packs<T, P> g;
 };
 
 // Element index (within the block) of vector p of lane `lane` for a group of `lanes` lanes.
@@ -231,24 +267,32 @@ MXK_HD int vec_start(int p, int lane, int lanes) {
   return (p * lanes + lane) * VecOf<T>::N;
 }
 
+// The lane's P vectors of `src` at its places into `out` (+0.0 past the block's end). FULL: the layout is `full`
+// (the lane's vectors are all whole and 16-byte aligned).
 template <class T, int P, bool FULL>
-MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P, FULL>& st) {
+MXK_HD void load_packs(const T* src, const Layout& L, const Where& w, Packs<T, P>& out) {
   constexpr int N = VecOf<T>::N;
-  st.w = where<FULL>(L, slot);
-  float a = 0.0f;
 MXK_UNROLL
   for (int p = 0; p < P; ++p) {
-    const int e = vec_start<T>(p, st.w.lane, L.lanes);
-    const int m = st.w.m - e;
+    const int e = vec_start<T>(p, w.lane, L.lanes);
+    const int m = w.m - e;
     if (FULL || m > 0) {  // FULL: every vector whole and aligned (m >= N, L.vec), known at compile time
-      load_vec<T>(x + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), st.v + p * N);
+      load_pack<T>(src + w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), out.pk[p]);
     } else {
 MXK_UNROLL
-      for (int j = 0; j < N; ++j) st.v[p * N + j] = 0.0f;
+      for (int j = 0; j < N; ++j) out.pk[p].t[j] = Conv<T>::from(0.0f);
     }
-MXK_UNROLL
-    for (int j = 0; j < N; ++j) a = mxe::amax_step(a, st.v[p * N + j]);
   }
+}
+
+// Where lane `slot` works, its elements of x, and its partial amax.
+template <class T, int P, bool FULL>
+MXK_HD float load_lane(const T* x, const Layout& L, int64_t slot, Lane<T, P, FULL>& st) {
+  st.w = where<FULL>(L, slot);
+  load_packs<T, P, FULL>(x, L, st.w, st.v);
+  float a = 0.0f;
+MXK_UNROLL
+  for (int j = 0; j < P * VecOf<T>::N; ++j) a = mxe::amax_step(a, st.v.get(j));
   return a;
 }
 
@@ -259,24 +303,7 @@ MXK_UNROLL
   for (int p = 0; p < P; ++p) {
     const int e = vec_start<T>(p, st.w.lane, L.lanes);
     const int m = st.w.m - e;
-    if (FULL || m > 0) store_vec<T>(y + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), st.v + p * N);
-  }
-}
-
-// g: the lane's elements of a second tensor (the incoming gradient) at the same places.
-template <class T, int P, bool FULL>
-MXK_HD void load_other(const T* g, const Layout& L, const Lane<T, P, FULL>& st, float* out) {
-  constexpr int N = VecOf<T>::N;
-MXK_UNROLL
-  for (int p = 0; p < P; ++p) {
-    const int e = vec_start<T>(p, st.w.lane, L.lanes);
-    const int m = st.w.m - e;
-    if (FULL || m > 0) {
-      load_vec<T>(g + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), out + p * N);
-    } else {
-MXK_UNROLL
-      for (int j = 0; j < N; ++j) out[p * N + j] = 0.0f;
-    }
+    if (FULL || m > 0) store_pack<T>(y + st.w.off + e, FULL ? N : m, FULL || (L.vec && m >= N), st.v.pk[p]);
   }
 }
 
@@ -284,7 +311,7 @@ MXK_UNROLL
 template <class T, int P, bool FULL>
 MXK_HD float load_lane_grad(const T* x, const T* grad, const Layout& L, int64_t slot, GradLane<T, P, FULL>& st) {
   const float a = load_lane(x, L, slot, st);
-  load_other(grad, L, st, st.g);
+  load_packs<T, P, FULL>(grad, L, st.w, st.g);
   return a;
 }
 
@@ -301,11 +328,6 @@ MXK_HD float load_op_lane(const T* x, const T* grad, const Layout& L, int64_t sl
     return load_lane(x, L, slot, st);
   }
 }
-
-// The process-wide work-distribution variant (mlq_mx_set_variant, bits MLQ_MX_*): one instance for every file of
-// the extension (an inline variable). The variants change the speed, never a result.
-inline std::atomic<int> g_variant{MLQ_MX_VARIANT_DEFAULT};
-inline int variant() { return g_variant.load(std::memory_order_relaxed); }
 
 // MLQ_MX_PREFETCH_ALL / MLQ_MX_PREFETCH_16BIT (the ops whose kPrefetch16 is true): an L2 prefetch of a lane's
 // 16-byte vectors (x, and the gradient for the backward ops), issued one grid-stride tile ahead so that the next
@@ -347,7 +369,7 @@ MXK_HD void flag_set(int* flag, int value) {
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
 
 template <class Op, int U>
-__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
+__device__ __forceinline__ void lanes_body(const Op& op, const bool prefetch) {
   const int64_t slots = op.slots();
   const int lanes = op.lanes();
   const int64_t tile = static_cast<int64_t>(blockDim.x) * U;
@@ -377,6 +399,27 @@ MXK_UNROLL
       if (slot < slots) op.finish(slot, st[u], a[u]);
     }
   }
+}
+
+template <class Op, int U>
+__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
+  lanes_body<Op, U>(op, prefetch);
+}
+
+// The thread blocks of the kernel one multiprocessor holds at once (the occupancy calculator, kThreads threads, no
+// dynamic shared memory), computed once per kernel (one GPU architecture per process is assumed); kBlocksPerSm when
+// the calculator fails.
+template <class Op, int U>
+int resident_blocks() {
+  static const int cached = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lanes_kernel<Op, U>, kThreads, 0) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();
+      return kBlocksPerSm;
+    }
+    return n;
+  }();
+  return cached;
 }
 
 inline int sm_count() {
@@ -429,7 +472,8 @@ cudaError_t run_lanes(const Op& op, cudaStream_t stream) {
 #else
   const int64_t tile = static_cast<int64_t>(kThreads) * U;
   int64_t grid = (slots + tile - 1) / tile;
-  const int64_t cap = static_cast<int64_t>(sm_count()) * kBlocksPerSm;
+  const int per_sm = (variant() & MLQ_MX_ONE_WAVE) ? resident_blocks<Op, U>() : kBlocksPerSm;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * per_sm;
   if (grid > cap) grid = cap;
   if (grid < 1) grid = 1;
   lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op, prefetch_of<Op>(variant()));

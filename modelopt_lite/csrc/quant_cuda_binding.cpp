@@ -153,8 +153,10 @@ Params prepare(const Tensor& x, const Tensor& scale, const OptTensor& zero_point
   return p;
 }
 
-Tensor forward(mlq_forward_op op, const Tensor& x_in, const Tensor& scale, const OptTensor& zp, int64_t qmin,
-               int64_t qmax, const char* fn) {
+// `negative` (may be null): an int32 flag in x's device memory, zeroed, for the unsigned-input check of the same
+// pass (mlq_forward_unsigned).
+Tensor forward_into(mlq_forward_op op, const Tensor& x_in, const Tensor& scale, const OptTensor& zp, int64_t qmin,
+                    int64_t qmax, const char* fn, const Tensor* negative) {
   check_device(x_in, fn, "x");
   const mlq_dtype dt = dtype_code(x_in, fn, "x");
   check_range(qmin, qmax, fn);
@@ -164,11 +166,27 @@ Tensor forward(mlq_forward_op op, const Tensor& x_in, const Tensor& scale, const
   Tensor y = at::empty(x.sizes(), x.options().dtype(codes ? at::kFloat : x.scalar_type()));
   if (x.numel() == 0) return y;
   DeviceScope scope(x);
-  check_status(mlq_forward(op, dt, x.data_ptr(), y.data_ptr(), p.scale.data_ptr<float>(),
-                           p.zp.defined() ? p.zp.data_ptr<float>() : nullptr, &p.bcast, static_cast<int>(qmin),
-                           static_cast<int>(qmax), scope.stream()),
+  check_status(mlq_forward_unsigned(op, dt, x.data_ptr(), y.data_ptr(), p.scale.data_ptr<float>(),
+                                    p.zp.defined() ? p.zp.data_ptr<float>() : nullptr, &p.bcast,
+                                    static_cast<int>(qmin), static_cast<int>(qmax),
+                                    negative != nullptr ? negative->data_ptr<int>() : nullptr, scope.stream()),
                fn);
   return y;
+}
+
+Tensor forward(mlq_forward_op op, const Tensor& x_in, const Tensor& scale, const OptTensor& zp, int64_t qmin,
+               int64_t qmax, const char* fn) {
+  return forward_into(op, x_in, scale, zp, qmin, qmax, fn, nullptr);
+}
+
+// The integer forward with the unsigned-input check in its own pass: (y, flag), the int32 flag (bit 1: an element
+// of x is negative or NaN) returned unread, for the caller to read or defer (functional/library.py).
+std::tuple<Tensor, Tensor> forward_unsigned(mlq_forward_op op, const Tensor& x, const Tensor& scale, int64_t qmin,
+                                            int64_t qmax, const char* fn) {
+  check_device(x, fn, "x");
+  const Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
+  Tensor y = forward_into(op, x, scale, c10::nullopt, qmin, qmax, fn, &flag);
+  return {y, flag};
 }
 
 std::tuple<Tensor, OptTensor> backward(mlq_backward_op op, const Tensor& grad_in, const Tensor& x_in,
@@ -209,6 +227,12 @@ Tensor fake_quant_int(const Tensor& x, const Tensor& scale, int64_t qmin, int64_
 }
 Tensor quantize_int(const Tensor& x, const Tensor& scale, int64_t qmin, int64_t qmax) {
   return forward(MLQ_QUANTIZE_INT, x, scale, c10::nullopt, qmin, qmax, "quantize_int");
+}
+std::tuple<Tensor, Tensor> fake_quant_uint_flagged(const Tensor& x, const Tensor& scale, int64_t qmin, int64_t qmax) {
+  return forward_unsigned(MLQ_FAKE_QUANT_INT, x, scale, qmin, qmax, "fake_quant_uint_flagged");
+}
+std::tuple<Tensor, Tensor> quantize_uint_flagged(const Tensor& x, const Tensor& scale, int64_t qmin, int64_t qmax) {
+  return forward_unsigned(MLQ_QUANTIZE_INT, x, scale, qmin, qmax, "quantize_uint_flagged");
 }
 Tensor fake_e4m3(const Tensor& x, const Tensor& scale) {
   return forward(MLQ_FAKE_E4M3, x, scale, c10::nullopt, -448, 448, "fake_e4m3");
@@ -287,6 +311,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
   m.def("quantize_int", python_errors(&quantize_int), "integer codes as float32", py::arg("x"), py::arg("scale"),
         py::arg("qmin"), py::arg("qmax"));
+  m.def("fake_quant_uint_flagged", python_errors(&fake_quant_uint_flagged),
+        "fake_quant_int -> (y, flag): the int32 flag (1: x holds a negative value or NaN), not read", py::arg("x"),
+        py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
+  m.def("quantize_uint_flagged", python_errors(&quantize_uint_flagged),
+        "quantize_int -> (codes, flag): the int32 flag (1: x holds a negative value or NaN), not read", py::arg("x"),
+        py::arg("scale"), py::arg("qmin"), py::arg("qmax"));
   m.def("fake_e4m3", python_errors(&fake_e4m3), "e4m3(clamp(x / s, -448, 448)) * s in x's dtype", py::arg("x"),
         py::arg("scale"));
   m.def("fake_affine", python_errors(&fake_affine), "(clamp(rint(x / s) + zp, qmin, qmax) - zp) * s",

@@ -178,12 +178,13 @@ struct Args {
   int64_t n;
   bool aligned;
   cudaStream_t stream;
+  int* negative;  // forward ops: the unsigned-input flag, or null
 };
 
 template <class T, Fwd M, class Idx>
 cudaError_t run_forward(const Args& a, const Idx& idx) {
   using R = typename Elem<T>::raw;
-  FwdBody<T, M, Idx> body{static_cast<const R*>(a.x), a.y, a.scale, a.zp, a.qmin, a.qmax, idx};
+  FwdBody<T, M, Idx> body{static_cast<const R*>(a.x), a.y, a.scale, a.zp, a.qmin, a.qmax, idx, a.negative};
   return launch(body, a.n, a.aligned, a.stream);
 }
 
@@ -279,6 +280,12 @@ extern "C" int mlq_layout(const mlq_broadcast* bcast) {
 extern "C" cudaError_t mlq_forward(mlq_forward_op op, mlq_dtype dtype, const void* x, void* y, const float* scale,
                                    const float* zero_point, const mlq_broadcast* bcast, int qmin, int qmax,
                                    cudaStream_t stream) {
+  return mlq_forward_unsigned(op, dtype, x, y, scale, zero_point, bcast, qmin, qmax, nullptr, stream);
+}
+
+extern "C" cudaError_t mlq_forward_unsigned(mlq_forward_op op, mlq_dtype dtype, const void* x, void* y,
+                                            const float* scale, const float* zero_point, const mlq_broadcast* bcast,
+                                            int qmin, int qmax, int* negative, cudaStream_t stream) {
   using namespace mlq;
   Plan p;
   int64_t n = 0;
@@ -288,7 +295,7 @@ extern "C" cudaError_t mlq_forward(mlq_forward_op op, mlq_dtype dtype, const voi
   if (x == nullptr || y == nullptr || scale == nullptr || (affine && zero_point == nullptr))
     return cudaErrorInvalidValue;
   const Args a{x, y, nullptr, nullptr, scale, zero_point, static_cast<float>(qmin), static_cast<float>(qmax),
-               n, aligned16(x) && aligned16(y), stream};
+               n, aligned16(x) && aligned16(y), stream, negative};
   switch (op) {
     case MLQ_FAKE_QUANT_INT:
       return forward_dtype<Fwd::IntFake>(dtype, a, p);
@@ -320,7 +327,7 @@ extern "C" cudaError_t mlq_backward(mlq_backward_op op, mlq_dtype dtype, const v
     return cudaErrorInvalidValue;
   const bool aligned = aligned16(grad) && aligned16(x) && aligned16(grad_x) && aligned16(scale_term);
   const Args a{x, grad_x, grad, scale_term, scale, zero_point, static_cast<float>(qmin), static_cast<float>(qmax),
-               n, aligned, stream};
+               n, aligned, stream, nullptr};
   switch (op) {
     case MLQ_INT_BACKWARD:
       return backward_dtype<Bwd::Int>(dtype, a, p);

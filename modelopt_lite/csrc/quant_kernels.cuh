@@ -27,6 +27,17 @@ MLQ_UNROLL
   }
 }
 
+// *flag |= 1 (atomically on the device; flags are only ever set, so the writers' order does not matter).
+MLQ_HD void flag_one(int* flag) {
+#ifdef __CUDA_ARCH__
+  atomicOr(flag, 1);
+#else
+  *flag |= 1;
+#endif
+}
+
+// `negative` (may be null): bit 1 set when an element of x is negative or NaN, the unsigned-input check done in the
+// forward's own pass (one uniform test per vector when null).
 template <class T, Fwd M, class Idx>
 struct FwdBody {
   using E = Elem<T>;
@@ -42,6 +53,7 @@ struct FwdBody {
   const float* zp;
   float qmin, qmax;
   Idx idx;
+  int* negative;
 
   MLQ_HD In load(int64_t v) const {
     In in;
@@ -51,6 +63,12 @@ struct FwdBody {
   MLQ_HD void compute_store(int64_t v, const In& in) const {
     float s[VEC], z[VEC], out[VEC];
     load_params<kZp, VEC>(idx, scale, zp, v * VEC, s, z);
+    if (negative != nullptr) {
+      bool bad = false;
+MLQ_UNROLL
+      for (int j = 0; j < VEC; ++j) bad |= !(E::to_float(in.r[j]) >= 0.0f);
+      if (bad) flag_one(negative);
+    }
 MLQ_UNROLL
     for (int j = 0; j < VEC; ++j) out[j] = forward_elem<M>(E::to_float(in.r[j]), s[j], z[j], qmin, qmax);
     if (kCodes) {
@@ -66,6 +84,7 @@ MLQ_UNROLL
     const int64_t o = idx.at(i).offset();
     const float s = load_param(scale + o);
     const float z = kZp ? load_param(zp + o) : 0.0f;
+    if (negative != nullptr && !(E::to_float(x[i]) >= 0.0f)) flag_one(negative);
     const float out = forward_elem<M>(E::to_float(x[i]), s, z, qmin, qmax);
     if (kCodes)
       static_cast<float*>(y)[i] = out;

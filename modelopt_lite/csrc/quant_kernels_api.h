@@ -50,6 +50,12 @@ cudaError_t mlq_forward(mlq_forward_op op, mlq_dtype dtype, const void* x, void*
                         const float* zero_point, const mlq_broadcast* bcast, int qmin, int qmax,
                         cudaStream_t stream);
 
+/* mlq_forward with the unsigned-input check in the same pass: *negative (device memory, zeroed by the caller) gets
+ * bit 1 when an element of x is negative or NaN (-0.0 passes), as checks.check_unsigned_input refuses them. */
+cudaError_t mlq_forward_unsigned(mlq_forward_op op, mlq_dtype dtype, const void* x, void* y, const float* scale,
+                                 const float* zero_point, const mlq_broadcast* bcast, int qmin, int qmax,
+                                 int* negative, cudaStream_t stream);
+
 /* Backward ops. grad, x and grad_x share `dtype`; scale_term (float32, one per element) is written when not NULL
  * (int and e4m3 only). */
 cudaError_t mlq_backward(mlq_backward_op op, mlq_dtype dtype, const void* grad, const void* x, void* grad_x,

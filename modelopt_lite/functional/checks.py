@@ -112,13 +112,19 @@ def check_unsigned_input(x: torch.Tensor, what: str = "inputs") -> None:
         return
     m = torch.amin(x.detach())
     if deferred_errors.deferring(x):  # CUDA: flag 1 for a NaN or negative minimum, read asynchronously
-        msg = (
-            f"unsigned quantization of {what}: the input holds a negative value or NaN (Negative values "
-            "encountered); use signed, or clean the input"
-        )
-        deferred_errors.defer(m.ge(0).logical_not(), "unsigned input check", {1: msg}, x)
+        defer_unsigned_flag(m.ge(0).logical_not(), x, what)
         return
     check_unsigned_min(m.item(), what)
+
+
+def defer_unsigned_flag(flag: torch.Tensor, x: torch.Tensor, what: str = "inputs") -> None:
+    """Queue the unsigned-input check of ``x`` whose ``flag`` (one element on x's device) is 1 when x holds a
+    negative value or NaN (:mod:`.deferred_errors`): a separate amin's, or the CUDA kernel's own pass's."""
+    msg = (
+        f"unsigned quantization of {what}: the input holds a negative value or NaN (Negative values "
+        "encountered); use signed, or clean the input"
+    )
+    deferred_errors.defer(flag, "unsigned input check", {1: msg}, x)
 
 
 def check_unsigned_min(m: float, what: str = "inputs") -> None:

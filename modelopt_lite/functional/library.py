@@ -10,8 +10,9 @@ Ops (namespace ``modelopt_lite``):
 - ``fake_e4m3(x, scale) -> y``
 - ``fake_affine(x, scale, zero_point, qmin, qmax) -> y``  ``quantize_affine(...) -> q (float32)``
 - ``fake_quant_uint`` / ``quantize_uint``: the same for unsigned grids, refusing a negative or NaN input (the
-  native CPU kernels find min(x) in the quantizing pass itself; other backends check first, as
-  :func:`.checks.check_unsigned_input`). Eager only: see :func:`fuses_unsigned_check`.
+  native CPU kernels find min(x) in the quantizing pass itself, the CUDA kernels flag such an element in theirs,
+  deferred as :mod:`.deferred_errors` says; the reference checks first, as :func:`.checks.check_unsigned_input`).
+  Eager only: see :func:`fuses_unsigned_check`.
 - ``int_backward``, ``e4m3_backward``, ``affine_backward``: the STE / learnable-scale gradients.
 """
 
@@ -20,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import cuda_args, onnx_qdq
+from . import cuda_args, deferred_errors, onnx_qdq
 from .backend import is_native_cuda, kernels_for
-from .checks import check_unsigned_input, check_unsigned_min
+from .checks import check_unsigned_input, check_unsigned_min, defer_unsigned_flag
 
 _EMPTY = ()
 
@@ -63,18 +64,31 @@ def _(x, scale, qmin, qmax):
 # --- unsigned integer: the non-negative input check in the kernel's own pass ----------------------------------------
 def fuses_unsigned_check(x: Tensor) -> bool:
     """Whether an unsigned quantization of ``x`` runs :func:`fake_quant_uint` / :func:`quantize_uint` (the input check
-    fused into the kernel's pass): eager calls on a backend whose kernels return min(x) (the native CPU one).
-    Under torch.compile / torch.export / ONNX export tracing the plain ops run, with the separate check or none."""
+    fused into the kernel's pass): eager calls on a backend whose kernels return min(x) (the native CPU one) or
+    flag a negative element (the CUDA one). Under torch.compile / torch.export / ONNX export tracing the plain ops
+    run, with the separate check or none."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False
-    return hasattr(kernels_for(x.device.type), "fake_quant_int_min")
+    mod = kernels_for(x.device.type)
+    return hasattr(mod, "fake_quant_int_min") or hasattr(mod, "fake_quant_uint_flagged")
 
 
 def _uint_forward(x: Tensor, scale: Tensor, qmin: int, qmax: int, codes: bool) -> Tensor:
     fn = "quantize_int" if codes else "fake_quant_int"
     mod = kernels_for(x.device.type)
     fused = getattr(mod, fn + "_min", None)
-    if fused is None:  # reference / CUDA kernels: the separate check first
+    flagged = getattr(mod, ("quantize_uint" if codes else "fake_quant_uint") + "_flagged", None)
+    if fused is None and flagged is not None:  # CUDA: the kernel flags a negative or NaN element in its own pass
+        _k(x, fn, scale, qrange=(qmin, qmax))  # the CUDA arguments' checks
+        y, flag = flagged(x, scale, qmin, qmax)
+        if deferred_errors.deferring(x):
+            defer_unsigned_flag(flag, x)
+        elif bool(flag.item()):  # "sync" mode: the separate check raises with the minimum
+            del y
+            check_unsigned_input(x)
+            raise ValueError("unsigned quantization of inputs: the input holds a negative value or NaN")
+        return y
+    if fused is None:  # the reference: the separate check first
         check_unsigned_input(x)
         return _k(x, fn, scale, qrange=(qmin, qmax))(x, scale, qmin, qmax)
     y, m = fused(x, scale, qmin, qmax)  # m: min(x), NaN if x holds a NaN, +inf if x is empty

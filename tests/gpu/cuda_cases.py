@@ -338,6 +338,48 @@ def binding_checks():
     return out
 
 
+def unsigned_flag_failures(mod, device: str) -> list[str]:
+    """The ``*_uint_flagged`` bindings (the integer forward with the unsigned-input check in its own pass): the
+    output equals the plain binding's bit for bit, and the returned int32 flag is 1 exactly when x holds a negative
+    value or NaN (-0.0 and +Inf pass), wherever the element sits: in a 16-byte vector, in the scalar tail, in a
+    misaligned view (the scalar path)."""
+    failures = []
+    for dtype in DTYPES:
+        base = _base((1031,), dtype, 21, True)  # 1031: vectors and a tail for every dtype
+        scale = scale_from_amax(base.float().abs().amax().reshape(1), 255)
+        cases = [("all >= 0", base, 0)]
+        zero = base.clone()
+        zero[5] = -0.0
+        zero[1030] = float("inf")
+        cases.append(("-0.0 and +Inf", zero, 0))
+        for where in (0, 9, 517, 1030):
+            for bad in (-6e-5, -3.0, float("nan"), float("-inf")):  # -6e-5: a float16 subnormal
+                x = base.clone()
+                x[where] = bad
+                assert not float(x[where]) >= 0
+                cases.append((f"{bad!r} at {where}", x, 1))
+        cases += [(f"{what}, misaligned view", x[1:], want) for what, x, want in cases if " at 0" not in what]
+        for what, x, want in cases:
+            xd, sd = x.to(device), scale.to(device)
+            for flagged, plain in (
+                ("fake_quant_uint_flagged", "fake_quant_int"),
+                ("quantize_uint_flagged", "quantize_int"),
+            ):
+                label = f"{flagged} {dtype} {what}"
+                try:
+                    y, flag = getattr(mod, flagged)(xd, sd, 0, 255)
+                    assert flag.dtype == torch.int32 and flag.shape == (1,), f"{label}: flag {flag.dtype} {flag.shape}"
+                    assert int(flag.item()) == want, f"{label}: flag {int(flag.item())}, want {want}"
+                    assert_same(y, getattr(mod, plain)(xd, sd, 0, 255).cpu(), label)
+                except AssertionError as e:
+                    failures.append(str(e))
+    empty = torch.empty(0, 4, device=device)
+    y, flag = mod.fake_quant_uint_flagged(empty, torch.ones(1, device=device), 0, 255)
+    if y.shape != (0, 4) or int(flag.item()) != 0:
+        failures.append(f"empty x: output {tuple(y.shape)}, flag {int(flag.item())}")
+    return failures
+
+
 def error_cases(device: str):
     """(callable(mod), exception type, message fragment): validation in the binding, before any launch."""
     x = torch.randn(4, 5, device=device)

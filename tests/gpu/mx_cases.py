@@ -147,8 +147,9 @@ def nvfp4_checks(dtypes=DTYPES):
     return out
 
 
-VARIANTS = 16  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors)
-DEFAULT_VARIANT = 3  # MLQ_MX_VARIANT_DEFAULT
+VARIANTS = 32  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
+# 16 one wave of thread blocks)
+DEFAULT_VARIANT = 11  # MLQ_MX_VARIANT_DEFAULT
 VARIANT_SHAPES = {
     "4x64 full blocks": (4, 64),
     "67x256 full blocks, many warp tiles": (67, 256),
@@ -156,11 +157,27 @@ VARIANT_SHAPES = {
 }
 
 
+def _variant_checks() -> list:
+    """(label, binding function, x, other arguments, the reference's output) of variant_failures, the references
+    computed once."""
+    out = []
+    for dtype in DTYPES:
+        for si, (name, shape) in enumerate({**VARIANT_SHAPES, "6x83 partial": (6, 83)}.items()):
+            x = _data(shape, dtype, 300 + si)
+            gs = ms.nvfp4_global_scale(_amax(x))
+            checks = [(f"nvfp4 block={b}", "fake_nvfp4", (gs, b)) for b in (16, 32)]
+            checks += [(f"mx {e}", "fake_mx", (e, 32, "floor")) for e in ELEMS]
+            out += [(f"{what} {name} {dtype}", fn, x, rest, REFERENCE[fn](x, *rest)) for what, fn, rest in checks]
+    return out
+
+
 def variant_failures(mod, device: str) -> list[str]:
     """The forward kernels under every work-distribution variant (``mx_set_variant``: NVFP4 one lane per block,
-    prefetch, 2 float32 vectors per lane) against the reference, on aligned whole-block inputs (the layouts the variants take)
-    and a partial one; the process-wide variant is restored after."""
+    prefetch, 2 float32 vectors per lane, one wave of thread blocks) against the reference,
+    on aligned whole-block inputs (the layouts the variants take) and a partial one; the process-wide variant is
+    restored after."""
     failures = []
+    checks = _variant_checks()
     default = mod.mx_set_variant(-1)
     try:
         for variant in range(VARIANTS):
@@ -168,18 +185,14 @@ def variant_failures(mod, device: str) -> list[str]:
                 failures.append(f"variant {variant}: mx_set_variant returned an unknown previous variant")
             if mod.mx_set_variant(-1) != variant:
                 failures.append(f"variant {variant}: mx_set_variant(-1) does not read it back")
-            for dtype in DTYPES:
-                for si, (name, shape) in enumerate({**VARIANT_SHAPES, "6x83 partial": (6, 83)}.items()):
-                    x = _data(shape, dtype, 300 + si)
-                    gs = ms.nvfp4_global_scale(_amax(x))
-                    checks = [(f"nvfp4 block={b}", "fake_nvfp4", (gs, b)) for b in (16, 32)]
-                    checks += [(f"mx {e}", "fake_mx", (e, 32, "floor")) for e in ELEMS]
-                    for what, fn, rest in checks:
-                        got = getattr(mod, fn)(x.to(device), *[r.to(device) if torch.is_tensor(r) else r for r in rest])
-                        try:
-                            assert_same(got, REFERENCE[fn](x, *rest), f"variant {variant} {what} {name} {dtype}")
-                        except AssertionError as e:
-                            failures.append(str(e))
+            for label, fn, x, rest, want in checks:
+                got = getattr(mod, fn)(x.to(device), *[r.to(device) if torch.is_tensor(r) else r for r in rest])
+                try:
+                    assert_same(got, want, f"variant {variant} {label}")
+                except AssertionError as e:
+                    failures.append(str(e))
+        if mod.mx_set_variant(VARIANTS) != VARIANTS - 1 or mod.mx_set_variant(-1) != VARIANTS - 1:
+            failures.append(f"variant {VARIANTS} (out of range) was not refused")
     finally:
         mod.mx_set_variant(default)
     if mod.mx_set_variant(-1) != default:

@@ -59,6 +59,11 @@ def test_errors_are_raised_on_the_host(cuda_module, function):
     assert not failures, f"{len(failures)} of {total} cases failed:\n" + "\n".join(failures)
 
 
+def test_unsigned_flagged_bindings_flag_negative_inputs(cuda_module):
+    failures = cuda_cases.unsigned_flag_failures(cuda_module, "cuda")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 def test_backend_routes_cuda_tensors_to_the_kernels(cuda_module):
     with backend.use_backend("native"):
         mod = backend.kernels_for("cuda")
