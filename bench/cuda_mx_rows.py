@@ -104,6 +104,7 @@ VARIANT_BITS = {  # MLQ_MX_* (mx_kernels_api.h)
     4: "prefetch",
     8: "fp32 2 vectors",
     16: "one wave",
+    32: "fp32 blocks 2 vectors",
 }
 
 
@@ -196,9 +197,9 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
         cases.append((f"{elem.upper()} per-tensor", rw, ours + chain(elem, ref, torch_minifloat, x2, s, elem)))
     bound = torch.tensor(7.0, device=x.device)
     blk = [("modelopt_lite fused kernel", lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], "")]
-    blk += variant_rows(mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 8, 27), "fused kernel")[
-        1:
-    ]
+    blk += variant_rows(
+        mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 11, 43, 59), "fused kernel"
+    )[1:]
     blk.append(
         (
             "modelopt_lite public fake_block_quant",

@@ -148,6 +148,11 @@ def test_mx_gradients_equal_reference(emulated, monkeypatch):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
+def test_fused_block_variants_equal_reference(emulated):
+    failures = block_cases.variant_failures(emulated, "cpu")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 @pytest.mark.parametrize("group", list(block_cases.GROUPS))
 def test_fused_block_matrix_equals_reference(emulated, group):
     failures = []

@@ -106,12 +106,13 @@ struct DynCall {
 };
 
 // Built twice: FULL for `full` layouts (whole aligned vectors and blocks), the general one for the rest.
-template <class T, int P, bool E4M3, bool BWD, bool FULL>
+// U slots per thread: 2 for one vector per lane, else 1 (MLQ_MX_BLOCKS_FP32_TWO_VECTORS: 2 with 2 vectors).
+template <class T, int P, bool E4M3, bool BWD, bool FULL, int U = (P == 1 ? 2 : 1)>
 cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
   DynBlockOp<T, P, E4M3, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
                                  c.flag, L, c.bound, c.qmin, c.qmax, c.gmax, c.scale_kind, c.scale_bound,
                                  c.scale_qmax};
-  return run_lanes<P == 1 ? 2 : 1>(op, c.stream);
+  return run_lanes<U>(op, c.stream);
 }
 
 template <class T, int P, bool E4M3, bool BWD>
@@ -214,6 +215,11 @@ cudaError_t dyn_p(const DynCall& c) {
   const Layout L =
       make_layout<T>(c.rows, c.cols, c.block, aligned16(c.x) && aligned16(c.y) && aligned16(c.grad));
   const int p = c.block / (N * L.lanes);
+  if constexpr (sizeof(T) == 4 && !BWD) {  // the float32 forward with 2 vectors per lane, as the MX kernels' default
+    if (p == 1 && L.full && L.lanes >= 2 && (variant() & MLQ_MX_BLOCKS_FP32_TWO_VECTORS)) {
+      return dyn_run_as<T, 2, E4M3, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
+    }
+  }
   if (p == 1) return dyn_run<T, 1, E4M3, BWD>(c, L);
   if (p == 2) return dyn_run<T, 2, E4M3, BWD>(c, L);
   return dyn_run<T, 4, E4M3, BWD>(c, L);

@@ -245,7 +245,7 @@ void register_mx_cuda_ops(pybind11::module_& m) {
         "set the process-wide work-distribution variant of the blocked kernels (bits, mx_kernels_api.h: 1 = NVFP4 "
         "one lane per 16-element block of float16/bfloat16, 2 = the 16-bit NVFP4 forward kernels "
         "prefetch their next tile, 4 = every kernel does, 8 = float32 NVFP4/MX with 2 vectors per lane, 16 = one "
-        "wave of thread blocks (the occupancy); every "
+        "wave of thread blocks (the occupancy), 32 = float32 dynamic blocks with 2 vectors per lane; every "
         "variant computes the same bits) and return the previous one; -1 only returns the current one",
         py::arg("variant"));
   m.def("fake_e5m2", python_errors(&fake_e5m2), "e5m2(clamp(x / s, -57344, 57344)) * s in x's dtype", py::arg("x"),

@@ -76,6 +76,9 @@ cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, floa
  *     of each lane's loads in flight instead of 16).
  *   MLQ_MX_ONE_WAVE: the grid is the number of thread blocks the GPU holds at once (the occupancy calculator),
  *     not 16 per multiprocessor: one wave of blocks, each looping over its grid-stride tiles.
+ *   MLQ_MX_BLOCKS_FP32_TWO_VECTORS: the fused dynamic-block forward of float32, blocks of up to 32 vectors: 2
+ *     vectors per lane and 2 slots per thread, half the lanes per block (what MLQ_MX_FP32_TWO_VECTORS does for
+ *     NVFP4/MX; not yet timed on a GPU: the float32 int4-block row ran at 89% of copy without it).
  * The default (one lane, 16-bit prefetch, float32 two vectors) is what H100s ran fastest (bench/REPORT.md):
  * 2026-11-27 (session 7), one lane 81% -> 87% of copy for NVFP4 bf16 and the prefetch 87% -> 92% there, while
  * prefetching cost 5-17% of copy in the float32 kernels and the light bf16 ones (MX, E5M2); 2026-11-27 (session
@@ -90,7 +93,8 @@ enum {
   MLQ_MX_PREFETCH_ALL = 4,
   MLQ_MX_FP32_TWO_VECTORS = 8,
   MLQ_MX_ONE_WAVE = 16,
-  MLQ_MX_VARIANT_ALL = 31,
+  MLQ_MX_BLOCKS_FP32_TWO_VECTORS = 32,
+  MLQ_MX_VARIANT_ALL = 63,
   MLQ_MX_VARIANT_DEFAULT = 11
 };
 int mlq_mx_set_variant(int variant);

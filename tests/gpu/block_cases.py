@@ -159,6 +159,31 @@ def run_check(mod, device: str, check: Check) -> None:
     assert_same(y, want, check.what)
 
 
+#: the work-distribution variants that change the fused block kernel's lanes (mx_kernels_api.h): none, 2 float32
+#: vectors per lane (MLQ_MX_BLOCKS_FP32_TWO_VECTORS), and that with one wave of thread blocks
+BLOCK_VARIANTS = (0, 32, 48)
+
+
+def variant_failures(mod, device: str) -> list[str]:
+    """The forward matrix (every block size, element, layout and dtype) under each of BLOCK_VARIANTS against the
+    reference; the process-wide variant is restored after."""
+    failures = []
+    default = mod.mx_set_variant(-1)
+    try:
+        for variant in BLOCK_VARIANTS:
+            mod.mx_set_variant(variant)
+            for check in forward_checks():
+                try:
+                    run_check(mod, device, check)
+                except AssertionError as e:
+                    failures.append(f"variant {variant}: {e}")
+    finally:
+        mod.mx_set_variant(default)
+    if mod.mx_set_variant(-1) != default:
+        failures.append("the variant was not restored")
+    return failures
+
+
 def flag_failures(mod, device: str) -> list[str]:
     """NaN / Inf (fp32, fp16, bf16) in a partial last block: the binding's flag is raised (forward and backward)."""
     failures = []

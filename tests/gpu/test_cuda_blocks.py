@@ -32,6 +32,11 @@ def test_scale_from_amax_equals_reference(cuda_module):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
+def test_every_variant_equals_reference(cuda_module):
+    failures = block_cases.variant_failures(cuda_module, "cuda")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 def test_flags(cuda_module):
     failures = block_cases.flag_failures(cuda_module, "cuda")
     assert not failures, "\n".join(failures)
