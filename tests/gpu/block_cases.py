@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 from cuda_cases import DTYPES, assert_same
-from mx_cases import Check
+from mx_cases import Check, under_variants
 
 from modelopt_lite.functional import library_block_cuda as lb
 from modelopt_lite.functional.scales import _overflow_threshold, scale_from_amax
@@ -167,20 +167,13 @@ BLOCK_VARIANTS = (0, 32, 48)
 def variant_failures(mod, device: str) -> list[str]:
     """The forward matrix (every block size, element, layout and dtype) under each of BLOCK_VARIANTS against the
     reference; the process-wide variant is restored after."""
-    failures = []
-    default = mod.mx_set_variant(-1)
-    try:
-        for variant in BLOCK_VARIANTS:
-            mod.mx_set_variant(variant)
-            for check in forward_checks():
-                try:
-                    run_check(mod, device, check)
-                except AssertionError as e:
-                    failures.append(f"variant {variant}: {e}")
-    finally:
-        mod.mx_set_variant(default)
-    if mod.mx_set_variant(-1) != default:
-        failures.append("the variant was not restored")
+    failures: list[str] = []
+    for variant in under_variants(mod, BLOCK_VARIANTS, failures):
+        for check in forward_checks():
+            try:
+                run_check(mod, device, check)
+            except AssertionError as e:
+                failures.append(f"variant {variant}: {e}")
     return failures
 
 

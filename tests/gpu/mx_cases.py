@@ -171,32 +171,39 @@ def _variant_checks() -> list:
     return out
 
 
-def variant_failures(mod, device: str) -> list[str]:
-    """The forward kernels under every work-distribution variant (``mx_set_variant``: NVFP4 one lane per block,
-    prefetch, 2 float32 vectors per lane, one wave of thread blocks) against the reference,
-    on aligned whole-block inputs (the layouts the variants take) and a partial one; the process-wide variant is
-    restored after."""
-    failures = []
-    checks = _variant_checks()
+def under_variants(mod, variants, failures: list[str]):
+    """Yield each of ``variants`` with it set as the process-wide work-distribution variant (``mx_set_variant``,
+    checked to read back); the variant in force before is restored after, a failure noted where it is not."""
     default = mod.mx_set_variant(-1)
     try:
-        for variant in range(VARIANTS):
+        for variant in variants:
             if mod.mx_set_variant(variant) not in range(VARIANTS):
                 failures.append(f"variant {variant}: mx_set_variant returned an unknown previous variant")
             if mod.mx_set_variant(-1) != variant:
                 failures.append(f"variant {variant}: mx_set_variant(-1) does not read it back")
-            for label, fn, x, rest, want in checks:
-                got = getattr(mod, fn)(x.to(device), *[r.to(device) if torch.is_tensor(r) else r for r in rest])
-                try:
-                    assert_same(got, want, f"variant {variant} {label}")
-                except AssertionError as e:
-                    failures.append(str(e))
-        if mod.mx_set_variant(VARIANTS) != VARIANTS - 1 or mod.mx_set_variant(-1) != VARIANTS - 1:
-            failures.append(f"variant {VARIANTS} (out of range) was not refused")
+            yield variant
     finally:
         mod.mx_set_variant(default)
     if mod.mx_set_variant(-1) != default:
         failures.append("the variant was not restored")
+
+
+def variant_failures(mod, device: str) -> list[str]:
+    """The forward kernels under every work-distribution variant (``mx_set_variant``: NVFP4 one lane per block,
+    prefetch, 2 float32 vectors per lane, one wave of thread blocks) against the reference,
+    on aligned whole-block inputs (the layouts the variants take) and a partial one; the process-wide variant is
+    restored after, and a variant out of range is refused."""
+    failures: list[str] = []
+    checks = _variant_checks()
+    for variant in under_variants(mod, range(VARIANTS), failures):
+        for label, fn, x, rest, want in checks:
+            got = getattr(mod, fn)(x.to(device), *[r.to(device) if torch.is_tensor(r) else r for r in rest])
+            try:
+                assert_same(got, want, f"variant {variant} {label}")
+            except AssertionError as e:
+                failures.append(str(e))
+        if variant == VARIANTS - 1 and (mod.mx_set_variant(VARIANTS) != variant or mod.mx_set_variant(-1) != variant):
+            failures.append(f"variant {VARIANTS} (out of range) was not refused")
     return failures
 
 
