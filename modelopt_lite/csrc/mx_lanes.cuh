@@ -369,7 +369,7 @@ MXK_HD void flag_set(int* flag, int value) {
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
 
 template <class Op, int U>
-__device__ __forceinline__ void lanes_body(const Op& op, const bool prefetch) {
+__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
   const int64_t slots = op.slots();
   const int lanes = op.lanes();
   const int64_t tile = static_cast<int64_t>(blockDim.x) * U;
@@ -399,11 +399,6 @@ MXK_UNROLL
       if (slot < slots) op.finish(slot, st[u], a[u]);
     }
   }
-}
-
-template <class Op, int U>
-__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
-  lanes_body<Op, U>(op, prefetch);
 }
 
 // The thread blocks of the kernel one multiprocessor holds at once (the occupancy calculator, kThreads threads, no

@@ -183,8 +183,7 @@ Tensor forward(mlq_forward_op op, const Tensor& x_in, const Tensor& scale, const
 // of x is negative or NaN) returned unread, for the caller to read or defer (functional/library.py).
 std::tuple<Tensor, Tensor> forward_unsigned(mlq_forward_op op, const Tensor& x, const Tensor& scale, int64_t qmin,
                                             int64_t qmax, const char* fn) {
-  check_device(x, fn, "x");
-  const Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
+  const Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));  // forward_into checks x before any launch
   Tensor y = forward_into(op, x, scale, c10::nullopt, qmin, qmax, fn, &flag);
   return {y, flag};
 }
