@@ -7,8 +7,10 @@ headers (cuda_fp8.h), not a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,41 @@ def build():
         verbose=False,
     )
     return mod
+
+
+@contextlib.contextmanager
+def cuda_path_on_host(emulated) -> Iterator[None]:
+    """CPU tensors take the CUDA path inside the block: the emulated kernels, their routing (``kernels_for``,
+    ``is_native_cuda``, the fused block kernel), deferred value checks and scalars filled as on a GPU; everything
+    is restored on exit. Used by tests/test_deferred_cuda_emulated.py and bench/bench_call_overhead.py."""
+    from modelopt_lite.functional import (
+        amax_scale,
+        backend,
+        deferred_errors,
+        division,
+        library,
+        library_block,
+        library_block_cuda,
+        library_minifloat,
+        library_mx,
+    )
+
+    patches = [(m, "kernels_for", lambda device_type: emulated) for m in (library, library_mx, library_minifloat)]
+    patches += [(m, "kernels_for", lambda device_type: emulated) for m in (library_block_cuda, library_block)]
+    patches += [(amax_scale, "kernels_for", lambda device_type: emulated)]
+    native = lambda m: m is emulated  # noqa: E731
+    patches += [(m, "is_native_cuda", native) for m in (library, library_mx, library_minifloat, library_block_cuda)]
+    patches += [(amax_scale, "is_native_cuda", native), (backend, "is_native_cuda", native)]
+    patches += [
+        (library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda", "cpu")),
+        (deferred_errors, "DEFER_DEVICE_TYPES", ("cpu",)),
+        (division, "FILL_DEVICE_TYPES", ("cuda", "cpu")),  # scalars filled as on a GPU
+    ]
+    saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
+    try:
+        for m, name, value in patches:
+            setattr(m, name, value)
+        yield
+    finally:
+        for m, name, value in reversed(saved):
+            setattr(m, name, value)

@@ -12,24 +12,19 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 
 import pytest
 import torch
-from emulated_build import OPT_IN, build
+from emulated_build import OPT_IN, build, cuda_path_on_host
 from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from modelopt_lite.descriptor import QuantDescriptor
 from modelopt_lite.functional import (
-    amax_scale,
-    backend,
     deferred_errors,
-    division,
-    library,
-    library_block,
-    library_block_cuda,
-    library_minifloat,
     library_mx,
+    microscaling,
 )
 from modelopt_lite.nn import TensorQuantizer
 
@@ -68,19 +63,12 @@ def emulated():
 
 
 @pytest.fixture
-def on_emulated_cuda(emulated, monkeypatch):
+def on_emulated_cuda(emulated):
     """CPU tensors take the CUDA path: the emulated kernels, their routing and deferred value checks."""
-    for mod in (library, library_mx, library_minifloat, library_block_cuda, library_block, amax_scale):
-        monkeypatch.setattr(mod, "kernels_for", lambda device_type: emulated)
-    for mod in (library, library_mx, library_minifloat, library_block_cuda, amax_scale):
-        monkeypatch.setattr(mod, "is_native_cuda", lambda m: m is emulated)
-    monkeypatch.setattr(backend, "is_native_cuda", lambda m: m is emulated)
-    monkeypatch.setattr(library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda", "cpu"))
-    monkeypatch.setattr(deferred_errors, "DEFER_DEVICE_TYPES", ("cpu",))
-    monkeypatch.setattr(division, "FILL_DEVICE_TYPES", ("cuda", "cpu"))  # scalars filled as on a GPU
-    with deferred_errors.error_checks("deferred"):
-        yield emulated
-        deferred_errors.check_errors()
+    with cuda_path_on_host(emulated):
+        with deferred_errors.error_checks("deferred"):
+            yield emulated
+            deferred_errors.check_errors()
 
 
 def _nvfp4():
@@ -123,15 +111,18 @@ FORMATS = {
         lambda: QuantDescriptor(num_bits=(4, 3), amax=2.0),
         _ops(_CHECKED_SCALE, _RING, _QUANT_BINDING, modelopt_lite__fake_e4m3=1),
     ),
+    # the kernel computes the global scale from amax (fake_nvfp4_amax): no full, div, le, zeros_like, where
     "nvfp4": (
         _nvfp4,
         _ops(
             _FLAGGED_BINDING,
             _RING,
-            {"aten::detach": 1, "aten::view": 1, "aten::full": 1, "aten::div": 1, "aten::le": 1},
-            {"aten::zeros_like": 1, "aten::where": 1},  # the global scale (microscaling.nvfp4_global_scale)
-            {"aten::to": 1, "aten::reshape": 1},  # the binding's device copy of the global scale
-            modelopt_lite__fake_nvfp4=1,
+            {
+                "aten::detach": 1,
+                "aten::to": 1,
+                "aten::reshape": 1,
+            },  # the binding's view of amax as one float32 on x's device
+            modelopt_lite__fake_nvfp4_amax=1,
         ),
     ),
     "mxfp8": (_mxfp8, _ops(_FLAGGED_BINDING, _RING, modelopt_lite__fake_mx=1)),
@@ -324,3 +315,59 @@ def test_unsigned_input_check_is_the_kernels_own_pass(on_emulated_cuda):
     x3[0, 0] = -0.0
     q(x3)
     deferred_errors.check_errors()  # -0.0 passes
+
+
+@pytest.mark.parametrize("bad", [-1.0, -1e-30, math.nan, math.inf])
+def test_bad_nvfp4_amax_raises_at_check_errors_or_at_the_call(on_emulated_cuda, bad):
+    """NVFP4 on CUDA: the kernel computes the global scale from the amax (fake_nvfp4_amax) and flags a bad amax. The
+    deferred mode used to turn a negative amax into a global scale of 0 (every output 0, no error)."""
+    q = TensorQuantizer(_nvfp4(), name="w")
+    q._amax.data.fill_(bad)  # as a learned amax gone bad (the setter refuses it)
+    with deferred_errors.use_event_backend(PendingEvents(), "cpu"):
+        assert q(_x()).shape == (16, 64)  # deferred: returns; the error is pending
+        assert deferred_errors.pending() == 1
+        with pytest.raises(
+            deferred_errors.DeferredValueError,
+            match=r"^TensorQuantizer 'w': NVFP4 global amax must be finite and >= 0 \[detected asynchronously: "
+            r"this error belongs to an earlier call, fake_nvfp4 on a 16x64 float32 tensor",
+        ):
+            deferred_errors.check_errors()
+    with (
+        deferred_errors.error_checks("sync"),
+        pytest.raises(
+            ValueError,
+            match=rf"^TensorQuantizer 'w': NVFP4 global amax must be finite and >= 0, got {re.escape(repr(float(torch.tensor(bad))))}$",
+        ),
+    ):
+        q(_x())
+
+
+def test_nvfp4_global_scale_is_the_kernels_in_the_training_step(on_emulated_cuda):
+    """The deferred NVFP4 forward and backward compute the global scale in their kernels: no scale ops (full, div,
+    where) and the reference's output and gradient bit for bit; -0.0 and a dead amax pass."""
+    for amax in (3.0, -0.0, 1e-30):
+        x, a = _x().requires_grad_(), torch.tensor(amax)
+        with OpCounter() as c:
+            y = library_mx.nvfp4_fake_quant(x, a, 16)
+            y.backward(torch.ones_like(y))
+        assert c.ops["modelopt_lite::fake_nvfp4_amax"] == 1 and c.ops["modelopt_lite::nvfp4_backward_amax"] == 1
+        assert not {"aten::div", "aten::full", "aten::where"} & set(c.ops)
+        deferred_errors.check_errors()
+        gs = microscaling.nvfp4_global_scale(torch.tensor(amax))
+        assert torch.equal(y, microscaling.fake_nvfp4(x.detach(), gs, 16))
+        want = microscaling.nvfp4_backward(torch.ones(16, 64), x.detach(), gs, 16)
+        assert x.grad is not None and torch.equal(x.grad, want)
+
+
+def test_jit_tracing_does_not_defer(on_emulated_cuda):
+    """torch.jit tracing (the TorchScript ONNX exporter) checks at once: no flag copy into the host ring is traced."""
+    x = _x()
+    assert deferred_errors.deferring(x)
+    seen = []
+
+    def fn(t):
+        seen.append(deferred_errors.deferring(t))
+        return t * 2
+
+    torch.jit.trace(fn, (x,), check_trace=False)
+    assert seen == [False]

@@ -82,31 +82,40 @@ void finish(const Blocked& b, const std::string& what, const Tensor* gs = nullpt
 }
 
 // The NVFP4 global scale as one float32 in x's device memory (read by the kernel).
-Tensor device_global_scale(const Tensor& global_scale, const Tensor& x) {
-  MOL_CHECK_VALUE(global_scale.numel() == 1, "NVFP4 global_scale must be a single (per-tensor) value, got shape ",
+Tensor device_global_scale(const Tensor& global_scale, const Tensor& x, const char* name = "global_scale") {
+  MOL_CHECK_VALUE(global_scale.numel() == 1, "NVFP4 ", name, " must be a single (per-tensor) value, got shape ",
                   global_scale.sizes());
   return global_scale.to(x.device(), at::kFloat).reshape({1}).contiguous();
 }
 
 using Flagged = std::tuple<Tensor, Tensor>;
 
-Flagged nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block, const Tensor* grad, bool read) {
+// from_amax: global_scale is the per-tensor amax, and the kernel computes the global scale (the *_amax_flagged
+// functions; their flag's bit 2 is a bad amax).
+Flagged nvfp4_common(const Tensor& x, const Tensor& global_scale, int64_t block, const Tensor* grad, bool read,
+                     bool from_amax = false) {
   const std::string what = "NVFP4 input";
   mol::mxchk::check_x(x, what);
   mol::mxchk::check_block(block, {16, 32}, "NVFP4");
   Blocked b = prepare(x, what, grad);
-  const Tensor gs = device_global_scale(global_scale, b.x);
+  const Tensor gs = device_global_scale(global_scale, b.x, from_amax ? "amax" : "global_scale");
   if (b.x.numel() == 0) return {b.y, b.flag};
   const mol::LaunchScope scope(b.x);
   const float* g = gs.data_ptr<float>();
   int* flag = b.flag.data_ptr<int>();
+  const mlq_dtype dt = dtype_code(b.x);
+  const int blk = static_cast<int>(block);
   if (grad == nullptr) {
-    check_status(mlq_fake_nvfp4(dtype_code(b.x), b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols,
-                                static_cast<int>(block), g, flag, scope.stream()),
+    check_status(from_amax ? mlq_fake_nvfp4_amax(dt, b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols, blk, g, flag,
+                                                 scope.stream())
+                           : mlq_fake_nvfp4(dt, b.x.data_ptr(), b.y.data_ptr(), nullptr, b.rows, b.cols, blk, g,
+                                            flag, scope.stream()),
                  "fake_nvfp4");
   } else {
-    check_status(mlq_nvfp4_backward(dtype_code(b.x), b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows, b.cols,
-                                    static_cast<int>(block), g, flag, scope.stream()),
+    check_status(from_amax ? mlq_nvfp4_backward_amax(dt, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows,
+                                                     b.cols, blk, g, flag, scope.stream())
+                           : mlq_nvfp4_backward(dt, b.grad.data_ptr(), b.x.data_ptr(), b.y.data_ptr(), b.rows,
+                                                b.cols, blk, g, flag, scope.stream()),
                  "nvfp4_backward");
   }
   if (read) finish(b, what, &gs);
@@ -127,6 +136,14 @@ Flagged fake_nvfp4_flagged(const Tensor& x, const Tensor& global_scale, int64_t 
 
 Flagged nvfp4_backward_flagged(const Tensor& grad, const Tensor& x, const Tensor& global_scale, int64_t block) {
   return nvfp4_common(x, global_scale, block, &grad, false);
+}
+
+Flagged fake_nvfp4_amax_flagged(const Tensor& x, const Tensor& amax, int64_t block) {
+  return nvfp4_common(x, amax, block, nullptr, false, true);
+}
+
+Flagged nvfp4_backward_amax_flagged(const Tensor& grad, const Tensor& x, const Tensor& amax, int64_t block) {
+  return nvfp4_common(x, amax, block, &grad, false, true);
 }
 
 Flagged mx_common(const Tensor& x, const std::string& elem, int64_t block, const std::string& rounding,
@@ -236,6 +253,13 @@ void register_mx_cuda_ops(pybind11::module_& m) {
         py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
   m.def("nvfp4_backward_flagged", python_errors(&nvfp4_backward_flagged), "nvfp4_backward -> (grad_x, flag)",
         py::arg("grad"), py::arg("x"), py::arg("global_scale"), py::arg("block") = 16);
+  m.def("fake_nvfp4_amax_flagged", python_errors(&fake_nvfp4_amax_flagged),
+        "fake_nvfp4 of the per-tensor amax (the kernel computes the global scale amax / 2688, no torch ops) -> "
+        "(y, flag): the kernel's int32 flag (1: NaN/Inf input, 2: amax negative, NaN or Inf), not read",
+        py::arg("x"), py::arg("amax"), py::arg("block") = 16);
+  m.def("nvfp4_backward_amax_flagged", python_errors(&nvfp4_backward_amax_flagged),
+        "nvfp4_backward of the per-tensor amax -> (grad_x, flag)", py::arg("grad"), py::arg("x"), py::arg("amax"),
+        py::arg("block") = 16);
   m.def("fake_mx_flagged", python_errors(&fake_mx_flagged),
         "fake_mx -> (y, flag): the kernel's int32 flag (1: NaN/Inf input), not read", py::arg("x"), py::arg("elem"),
         py::arg("block") = 32, py::arg("rounding") = "floor");

@@ -204,4 +204,11 @@ MXE_HD int mx_exponent(float a, int elem, bool rceil) {
 // NVFP4 block scale (float32 value of the E4M3 code) for block amax a and global scale scale_2 > 0.
 MXE_HD float nvfp4_block_scale(float a, float scale_2) { return e4m3(fdiv(a, fmul(6.0f, scale_2))); }
 
+// microscaling.nvfp4_global_scale of a per-tensor amax: amax / 2688 (6 * 448, true division), +0 for a dead amax
+// (amax <= 2**-24, a negative one included: nvfp4_amax_ok rejects it); NaN and +Inf stay NaN and +Inf.
+MXE_HD float nvfp4_global_scale(float amax) { return amax <= 5.9604644775390625e-8f ? 0.0f : fdiv(amax, 2688.0f); }
+
+// checks.check_amax_values for the NVFP4 global amax: finite and >= 0 (-0.0 passes; NaN, Inf, negatives do not).
+MXE_HD bool nvfp4_amax_ok(float amax) { return amax >= 0.0f && !nonfinite(amax); }
+
 }  // namespace mxe

@@ -35,9 +35,10 @@ struct Nvfp4Op {
   const T* grad;  // BWD only
   T* y;
   float* scales;
-  const float* gsp;  // the global scale, one float32 in device memory
+  const float* gsp;  // the global scale, one float32 in device memory (from_amax: the global amax instead)
   int* flag;
   Layout L;
+  bool from_amax;  // gsp holds the per-tensor amax: gs = nvfp4_global_scale(amax), computed here (no launches)
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
@@ -46,13 +47,14 @@ struct Nvfp4Op {
 
   MXK_HD void finish(int64_t slot, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
-    const float gs = load_scalar(gsp);
+    const float g = load_scalar(gsp);
+    const float gs = from_amax ? mxe::nvfp4_global_scale(g) : g;
     const float s = gs == 0.0f ? 0.0f : mxe::nvfp4_block_scale(a, gs);
     if (st.w.lane == 0) {
       if (scales != nullptr && !BWD) scales[st.w.b] = s;
       if (mxe::nonfinite(a)) flag_set(flag, 1);
     }
-    if (slot == 0 && !(gs >= 0.0f && !mxe::nonfinite(gs))) flag_set(flag, 2);
+    if (slot == 0 && !(from_amax ? mxe::nvfp4_amax_ok(g) : gs >= 0.0f && !mxe::nonfinite(gs))) flag_set(flag, 2);
     const float d = mxe::fmul(s, gs);
     if constexpr (BWD) {
       ste_lane(y, L, st, mxe::fmul(d, mxe::kE2M1Max));
@@ -178,6 +180,7 @@ struct Call {
   int block;
   bool rceil;
   cudaStream_t stream;
+  bool gs_is_amax = false;  // NVFP4: gs points at the per-tensor amax (the kernel computes the global scale)
 };
 
 template <class T>
@@ -193,7 +196,7 @@ Layout call_layout(const Call& c) {
 template <class T, bool BWD, bool FULL, int P = 1>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
   Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                              c.side, c.gs, c.flag, L};
+                              c.side, c.gs, c.flag, L, c.gs_is_amax};
   return run_lanes<2>(op, c.stream);
 }
 
@@ -319,6 +322,19 @@ extern "C" cudaError_t mlq_nvfp4_backward(mlq_dtype dtype, const void* grad, con
                                           int64_t rows, int64_t cols, int block, const float* global_scale,
                                           int* nonfinite, cudaStream_t stream) {
   const mxk::Call c{x, grad, grad_x, nullptr, global_scale, nonfinite, rows, cols, block, false, stream};
+  return mxk::nvfp4_any(dtype, c, true);
+}
+
+extern "C" cudaError_t mlq_fake_nvfp4_amax(mlq_dtype dtype, const void* x, void* y, int64_t rows, int64_t cols,
+                                           int block, const float* amax, int* nonfinite, cudaStream_t stream) {
+  const mxk::Call c{x, nullptr, y, nullptr, amax, nonfinite, rows, cols, block, false, stream, true};
+  return mxk::nvfp4_any(dtype, c, false);
+}
+
+extern "C" cudaError_t mlq_nvfp4_backward_amax(mlq_dtype dtype, const void* grad, const void* x, void* grad_x,
+                                               int64_t rows, int64_t cols, int block, const float* amax,
+                                               int* nonfinite, cudaStream_t stream) {
+  const mxk::Call c{x, grad, grad_x, nullptr, amax, nonfinite, rows, cols, block, false, stream, true};
   return mxk::nvfp4_any(dtype, c, true);
 }
 

@@ -31,6 +31,14 @@ cudaError_t mlq_nvfp4_backward(mlq_dtype dtype, const void* grad, const void* x,
                                int64_t cols, int block, const float* global_scale, int* nonfinite,
                                cudaStream_t stream);
 
+/* mlq_fake_nvfp4 and mlq_nvfp4_backward with the global scale computed by the kernel from `amax`, ONE float32 in
+ * device memory: gs = amax / 2688 (true division), +0 where amax <= 2**-24 (microscaling.nvfp4_global_scale); an
+ * amax that is negative, NaN or Inf sets bit 2 of *nonfinite. No block scales are returned. */
+cudaError_t mlq_fake_nvfp4_amax(mlq_dtype dtype, const void* x, void* y, int64_t rows, int64_t cols, int block,
+                                const float* amax, int* nonfinite, cudaStream_t stream);
+cudaError_t mlq_nvfp4_backward_amax(mlq_dtype dtype, const void* grad, const void* x, void* grad_x, int64_t rows,
+                                    int64_t cols, int block, const float* amax, int* nonfinite, cudaStream_t stream);
+
 /* OCP MX fake quant: per block X = 2**k (k from the block amax, floor or rceil, clamped to [-127, 127]),
  * y = elem(x / X) * X; elem 0..3 = e4m3, e5m2, e2m1, int8; block 32. exps (float32 k) when not NULL. */
 cudaError_t mlq_fake_mx(mlq_dtype dtype, int elem, int rceil, const void* x, void* y, float* exps, int64_t rows,

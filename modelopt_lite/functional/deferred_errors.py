@@ -81,10 +81,11 @@ def error_checks(mode: str) -> Iterator[None]:
 
 def deferring(t: torch.Tensor) -> bool:
     """Whether checks of values on ``t``'s device are deferred now (deferred mode, a CUDA tensor, eager: not while
-    torch.compile / torch.export trace, where the value checks do not run)."""
+    torch.compile / torch.export trace, where the value checks do not run, nor under torch.jit tracing (the
+    TorchScript ONNX exporter), whose graph must not record the flag's copy into the host ring)."""
     if _state["mode"] != "deferred" or t.device.type not in DEFER_DEVICE_TYPES:
         return False
-    return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    return not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch._C._is_tracing())
 
 
 class _Label:

@@ -4,6 +4,9 @@ Ops (namespace ``modelopt_lite``), numerics in :mod:`.microscaling`:
 
 - ``fake_nvfp4(x, global_scale, block) -> y``         ``nvfp4_backward(grad, x, global_scale, block) -> grad_x``
 - ``fake_mx(x, elem, block, rounding) -> y``          ``mx_backward(grad, x, elem, block, rounding) -> grad_x``
+- ``fake_nvfp4_amax(x, amax, block) -> y``            ``nvfp4_backward_amax(grad, x, amax, block) -> grad_x``: NVFP4
+  of the per-tensor amax, ``global_scale = nvfp4_global_scale(amax)``; on CUDA the kernel computes it (no scale
+  launches) and flags a bad amax. :func:`nvfp4_fake_quant` takes them on CUDA with deferred checks.
 
 A backend whose kernel module (see :mod:`.backend`) defines a function of the same name runs it (the native
 kernels are tested bit for bit against the reference); otherwise the pure-torch reference runs.
@@ -36,6 +39,12 @@ def _cuda_checked(x: Tensor, name: str) -> bool:
     return is_native_cuda(mod) and hasattr(mod, name)
 
 
+def _cuda_fn(x: Tensor, name: str):
+    """The CUDA extension's function ``name`` for x, or None (another backend, or an extension built without it)."""
+    mod = kernels_for(x.device.type)
+    return getattr(mod, name, None) if is_native_cuda(mod) else None
+
+
 def _like(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -47,6 +56,7 @@ NVFP4_MESSAGES = {
     2: "NVFP4 global amax must be finite and >= 0 (its global scale is not)",
 }
 MX_MESSAGES = {e: {1: f"MX ({e}) input {_NONFINITE}"} for e in ref.MX_ELEMENTS}
+NVFP4_AMAX_MESSAGES = {1: NVFP4_MESSAGES[1], 2: "NVFP4 global amax must be finite and >= 0"}
 
 
 def _deferred(x: Tensor, name: str):
@@ -134,6 +144,57 @@ def _(grad, x, elem, block, rounding):
     return _like(grad)
 
 
+# --- NVFP4 of the per-tensor amax: the global scale computed in the kernel -------------------------------------------
+def _raise_nvfp4_amax(x: Tensor, amax: Tensor, block: int) -> None:
+    """The sync mode's ValueError for a set flag of the *_amax kernels: the reference's checks and messages."""
+    ref.fake_nvfp4(x, ref.nvfp4_global_scale(amax.to(x.device)), block)
+    raise ValueError(f"NVFP4 kernel flagged a bad input or amax that the reference accepts (amax {amax!r})")
+
+
+def _global_scale(amax: Tensor, x: Tensor) -> Tensor:
+    """The reference's checked global scale (the ops' paths without the *_amax kernels: not the hot path)."""
+    return ref.nvfp4_global_scale(amax.detach().float().reshape(()).to(x.device))
+
+
+@torch.library.custom_op("modelopt_lite::fake_nvfp4_amax", mutates_args=())
+def fake_nvfp4_amax(x: Tensor, amax: Tensor, block: int) -> Tensor:
+    fn = _cuda_fn(x, "fake_nvfp4_amax_flagged")
+    if fn is None:
+        return _impl(x, "fake_nvfp4")(x.contiguous(), _global_scale(amax, x), block)
+    cuda_args.check_nvfp4(x, amax, block)
+    y, flag = fn(x.contiguous(), amax, block)
+    deferred_errors.check_flag(flag, lambda: _raise_nvfp4_amax(x, amax, block), "fake_nvfp4", NVFP4_AMAX_MESSAGES, x)
+    return y
+
+
+@fake_nvfp4_amax.register_fake
+def _(x, amax, block):
+    return _like(x)
+
+
+@torch.library.custom_op("modelopt_lite::nvfp4_backward_amax", mutates_args=())
+def nvfp4_backward_amax(grad: Tensor, x: Tensor, amax: Tensor, block: int) -> Tensor:
+    fn = _cuda_fn(x, "nvfp4_backward_amax_flagged")
+    if fn is None or not (grad.dtype == x.dtype and grad.shape == x.shape and grad.device == x.device):
+        return _bwd_impl(grad, x, "nvfp4_backward")(grad, x.contiguous(), _global_scale(amax, x), block)
+    cuda_args.check_nvfp4(x, amax, block)
+    gx, flag = fn(grad, x.contiguous(), amax, block)
+    deferred_errors.check_flag(
+        flag, lambda: _raise_nvfp4_amax(x, amax, block), "nvfp4_backward", NVFP4_AMAX_MESSAGES, x
+    )
+    return gx
+
+
+@nvfp4_backward_amax.register_fake
+def _(grad, x, amax, block):
+    return _like(grad)
+
+
+def _nvfp4_amax_bwd(ctx, grad):
+    x, amax = ctx.saved_tensors
+    return nvfp4_backward_amax(grad.contiguous(), x, amax, ctx.block), None, None
+
+
 def _setup_nvfp4(ctx, inputs, output):
     x, gs, block = inputs
     ctx.save_for_backward(x, gs)
@@ -158,6 +219,7 @@ def _mx_bwd(ctx, grad):
 
 fake_nvfp4.register_autograd(_nvfp4_bwd, setup_context=_setup_nvfp4)
 fake_mx.register_autograd(_mx_bwd, setup_context=_setup_mx)
+fake_nvfp4_amax.register_autograd(_nvfp4_amax_bwd, setup_context=_setup_nvfp4)
 
 
 # --- validated entry points ----------------------------------------------------------------------------------------
@@ -176,10 +238,12 @@ def nvfp4_fake_quant(x: Tensor, amax, block: int = 16, what: str = "inputs") -> 
     a = torch.as_tensor(amax, dtype=torch.float32, device=x.device) if not isinstance(amax, Tensor) else amax
     if a.numel() != 1:
         raise ValueError(f"NVFP4 amax must be per tensor (one value), got shape {tuple(a.shape)}")
-    # deferred on the CUDA kernel: it flags a bad global scale itself (bit 2), so no host read of amax here
-    checked = not (_deferred(x, "fake_nvfp4") is not None and _cuda_checked(x, "fake_nvfp4"))
-    gs = ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device), check=checked)
-    return fake_nvfp4(x, gs, block)
+    # (deferring first: False under torch.compile, which must not trace the extension's loading)
+    if x.numel() and deferred_errors.deferring(x) and _cuda_fn(x, "fake_nvfp4_amax_flagged") is not None:
+        # CUDA, checks deferred: the kernel computes the global scale and flags a bad amax itself (no scale
+        # launches, no host read of amax)
+        return fake_nvfp4_amax(x, a.detach(), block)
+    return fake_nvfp4(x, ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device)), block)
 
 
 def mx_fake_quant(x: Tensor, elem: str, block: int = 32, rounding: str = "floor", what: str = "inputs") -> Tensor:

@@ -203,11 +203,11 @@ def _block_amax(xb: torch.Tensor) -> torch.Tensor:
 
 
 # --- NVFP4 ---------------------------------------------------------------------------------------------------------
-def nvfp4_global_scale(amax, check: bool = True) -> torch.Tensor:
-    """float32 ``amax / 2688`` (``6 * 448``); 0 where ``amax <= 2**-24``. ValueError for NaN/Inf/negative amax
-    (``check=False``: not checked here; the CUDA kernel that reads the scale flags it itself)."""
+def nvfp4_global_scale(amax) -> torch.Tensor:
+    """float32 ``amax / 2688`` (``6 * 448``); 0 where ``amax <= 2**-24``. ValueError for NaN/Inf/negative amax.
+    (The CUDA kernels of ``library_mx.fake_nvfp4_amax`` compute the same in the kernel and flag a bad amax.)"""
     a = torch.as_tensor(amax).detach().float() if not isinstance(amax, torch.Tensor) else amax.float()
-    if check and not _compiling():
+    if not _compiling():
         bad = ~torch.isfinite(a) | (a < 0)
         if bool(bad.any()):
             raise ValueError(f"NVFP4 global amax must be finite and >= 0, got {first_bad(a, bad)!r}")

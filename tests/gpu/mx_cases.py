@@ -39,7 +39,11 @@ REFERENCE: dict[str, Callable] = {
     "fake_e2m1": lm.fake_e2m1_reference,
     "nvfp4_backward": ms.nvfp4_backward,
     "mx_backward": ms.mx_backward,
+    # the global scale computed by the kernel from amax (flag 0: these checks' amaxes are all valid)
+    "fake_nvfp4_amax_flagged": lambda x, a, b: (ms.fake_nvfp4(x, ms.nvfp4_global_scale(a), b), _NO_FLAG),
+    "nvfp4_backward_amax_flagged": lambda g, x, a, b: (ms.nvfp4_backward(g, x, ms.nvfp4_global_scale(a), b), _NO_FLAG),
 }
+_NO_FLAG = torch.zeros(1, dtype=torch.int32)
 ELEMS = ("e4m3", "e5m2", "e2m1", "int8")
 ROUNDINGS = ("floor", "rceil")
 
@@ -324,6 +328,53 @@ def backward_checks(dtypes=DTYPES):
     return out
 
 
+#: amaxes whose global scale the kernel computes: dead (<= 2**-24, -0.0), the threshold and just above it, values
+#: whose true quotient by 2688 differs from the product with its reciprocal (0.37, 1.1, 3e5: the division must be
+#: IEEE), and one near float32's maximum
+SPECIAL_AMAX = (0.0, -0.0, 1e-8, 2.0**-24, 2.0**-23, 0.37, 1.1, 3e5, 3.4e38)
+
+
+def nvfp4_amax_checks(dtypes=DTYPES):
+    """The *_amax_flagged bindings (the global scale computed in the kernel from the per-tensor amax) against the
+    reference with the global scale computed on the CPU, forward and backward, over the forward matrix's inputs
+    (amax = max |x| and a quarter of it) and the special amaxes; the flag must stay 0."""
+    out = []
+    for dtype in dtypes:
+        for name, mk in _inputs(dtype):
+            for block in (16, 32):
+                for aname, factor in (("amax", 1.0), ("amax/4", 0.25)):
+
+                    def fwd(d, mk=mk, block=block, factor=factor):
+                        x = mk(d)
+                        return x, (_amax(x) * factor).to(d), block
+
+                    def bwd(d, mk=mk, block=block, factor=factor):
+                        x = mk(d)
+                        return _grad_like(x, 5).to(d), x, (_amax(x) * factor).to(d), block
+
+                    what = f"block={block} {aname} {name} {dtype}"
+                    out.append(Check(f"fake_nvfp4_amax {what}", "fake_nvfp4_amax_flagged", fwd))
+                    out.append(Check(f"nvfp4_backward_amax {what}", "nvfp4_backward_amax_flagged", bwd))
+        for a in SPECIAL_AMAX:
+            x_of = lambda d, dtype=dtype: _data((4, 48), dtype, 7).to(d)  # noqa: E731
+            amax = lambda d, a=a: torch.tensor(a, device=d)  # noqa: E731
+            out.append(
+                Check(
+                    f"fake_nvfp4_amax amax={a} {dtype}",
+                    "fake_nvfp4_amax_flagged",
+                    lambda d, x_of=x_of, amax=amax: (x_of(d), amax(d), 16),
+                )
+            )
+            out.append(
+                Check(
+                    f"nvfp4_backward_amax amax={a} {dtype}",
+                    "nvfp4_backward_amax_flagged",
+                    lambda d, x_of=x_of, amax=amax: (_grad_like(x_of("cpu"), 9).to(d), x_of(d), amax(d), 16),
+                )
+            )
+    return out
+
+
 def forward_checks():
     return nvfp4_checks() + mx_checks() + minifloat_checks()
 
@@ -333,6 +384,7 @@ GROUPS: dict[str, Callable[[], list]] = {
     "mx": mx_checks,
     "minifloat": minifloat_checks,
     "backward": backward_checks,
+    "nvfp4_amax": nvfp4_amax_checks,
 }
 
 
@@ -488,4 +540,24 @@ def flagged_failures(mod, device: str) -> list[str]:
             _, flag = getattr(mod, name + "_flagged")(*args(x, torch.tensor(-1.0, device=device)))
             if int(flag.cpu()[0]) != 2:
                 failures.append(f"{name}_flagged: a negative global scale gave flag {int(flag.cpu()[0])}")
+    return failures + _amax_flag_failures(mod, x, bad)
+
+
+def _amax_flag_failures(mod, x: torch.Tensor, bad: torch.Tensor) -> list[str]:
+    """The *_amax_flagged bindings' flag: bit 2 for an amax that is negative (a tiny one too, whose global scale
+    would be 0), NaN or +-Inf; 0 for -0.0 and a dead amax; bit 1 for a NaN input."""
+    failures = []
+    g = torch.ones_like(x)
+    calls = {
+        "fake_nvfp4_amax_flagged": lambda t, a: (t, a, 16),
+        "nvfp4_backward_amax_flagged": lambda t, a: (g, t, a, 32),
+    }
+    cases = [(x, v, 2) for v in (-1.0, -1e-30, math.nan, math.inf, -math.inf)]
+    cases += [(x, v, 0) for v in (-0.0, 0.0, 1e-30)] + [(bad, 3.0, 1), (bad, -1.0, 3)]
+    for name, args in calls.items():
+        for t, v, want in cases:
+            _, flag = getattr(mod, name)(*args(t, torch.tensor(v, device=x.device)))
+            got = int(flag.cpu()[0])
+            if flag.dtype != torch.int32 or got != want:
+                failures.append(f"{name}: amax {v} on {'a NaN' if t is bad else 'a clean'} input gave flag {got}")
     return failures
