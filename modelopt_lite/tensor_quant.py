@@ -42,7 +42,7 @@ from .formats import (
     scaled_float_format,
     torch_dtype_range,
 )
-from .functional import blocks, library, library_block, library_block_cuda, library_minifloat, reference
+from .functional import blocks, eager, library, library_block, library_block_cuda, library_minifloat, reference
 from .functional.amax_scale import checked_scale
 from .functional.checks import (
     as_amax,
@@ -186,7 +186,11 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
         y = fake_float_quant(x, amax, fmt)
     else:
         scale, qmin, qmax, fused, after = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
-        y = (library.fake_quant_uint if fused else library.fake_quant_int)(x, scale, qmin, qmax)
+        y = (
+            eager.call(library.fake_quant_uint, x, scale, qmin, qmax)
+            if fused
+            else library.fake_quant_int(x, scale, qmin, qmax)
+        )
         after()
     if b is not None:
         y = y + b
@@ -385,14 +389,14 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
         check_input(x)
         fused = library_block_cuda.fused_dynamic_args(x, block_sizes, amax, num_bits, unsigned, narrow_range)
         if fused is not None:  # one CUDA pass: block max, scale and quantize (functional/library_block_cuda.py)
-            return _back(library_block_cuda.fake_block_dynamic(x, *fused), back)
+            return _back(eager.call(library_block_cuda.fake_block_dynamic, x, *fused), back)
     fmt = scaled_float_format(num_bits)
     fused = library_block.fused_block(x, block_sizes, amax, fmt.name if fmt else None, unsigned)
     if fused is not None:  # blocks along the last axis: amax, scale and quantization in one pass
         _, qmin, qmax = int_range(num_bits, unsigned, narrow_range) if fmt is None else (0, 0, 0)
         kind = library_block.KINDS[fmt.name if fmt else "int"]
         bound = bound_of(num_bits, unsigned, narrow_range)
-        y, _ = library_block.fake_block_last(x, fused[1], fused[0], kind, bound, qmin, qmax)
+        y, _ = eager.call(library_block.fake_block_last, x, fused[1], fused[0], kind, bound, qmin, qmax)
         return _back(y, back)
     scale, sizes = block_scales(x, block_sizes, amax, num_bits, unsigned, narrow_range)
     if unsigned:

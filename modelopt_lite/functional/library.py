@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import cuda_args, deferred_errors, onnx_qdq
+from . import cuda_args, deferred_errors, eager, onnx_qdq
 from .backend import is_native_cuda, kernels_for
 from .checks import check_unsigned_input, check_unsigned_min, defer_unsigned_flag
 
@@ -203,13 +203,13 @@ def _setup_int(ctx, inputs, output):
 def _int_bwd(ctx, grad):
     x, scale = ctx.saved_tensors
     need_s = ctx.needs_input_grad[1]
-    gx, gs = int_backward(grad.contiguous(), x, scale, *ctx.qrange, need_s)
+    gx, gs = eager.call(int_backward, grad.contiguous(), x, scale, *ctx.qrange, need_s)
     return gx, (_reduce_to(gs, scale) if need_s else None), None, None
 
 
 def _quantize_int_bwd(ctx, grad):  # real quant: STE on the codes, no scale gradient
     x, scale = ctx.saved_tensors
-    gx, _ = int_backward(grad.contiguous(), x, scale, *ctx.qrange, False)
+    gx, _ = eager.call(int_backward, grad.contiguous(), x, scale, *ctx.qrange, False)
     return gx.to(x.dtype), None, None, None
 
 
@@ -221,7 +221,7 @@ def _setup_e4m3(ctx, inputs, output):
 def _e4m3_bwd(ctx, grad):
     x, scale = ctx.saved_tensors
     need_s = ctx.needs_input_grad[1]
-    gx, gs = e4m3_backward(grad.contiguous(), x, scale, need_s)
+    gx, gs = eager.call(e4m3_backward, grad.contiguous(), x, scale, need_s)
     return gx, (_reduce_to(gs, scale) if need_s else None)
 
 
@@ -233,16 +233,17 @@ def _setup_affine(ctx, inputs, output):
 
 def _affine_bwd(ctx, grad):
     x, scale, zp = ctx.saved_tensors
-    return affine_backward(grad.contiguous(), x, scale, zp, *ctx.qrange), None, None, None, None
+    return eager.call(affine_backward, grad.contiguous(), x, scale, zp, *ctx.qrange), None, None, None, None
 
 
-fake_quant_int.register_autograd(_int_bwd, setup_context=_setup_int)
-quantize_int.register_autograd(_quantize_int_bwd, setup_context=_setup_int)
-fake_quant_uint.register_autograd(_int_bwd, setup_context=_setup_int)
-quantize_uint.register_autograd(_quantize_int_bwd, setup_context=_setup_int)
-fake_e4m3.register_autograd(_e4m3_bwd, setup_context=_setup_e4m3)
-fake_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
-quantize_affine.register_autograd(_affine_bwd, setup_context=_setup_affine)
+# (eager.register_autograd: the same autograd for eager.call's direct path)
+eager.register_autograd(fake_quant_int, _int_bwd, _setup_int)
+eager.register_autograd(quantize_int, _quantize_int_bwd, _setup_int)
+eager.register_autograd(fake_quant_uint, _int_bwd, _setup_int)
+eager.register_autograd(quantize_uint, _quantize_int_bwd, _setup_int)
+eager.register_autograd(fake_e4m3, _e4m3_bwd, _setup_e4m3)
+eager.register_autograd(fake_affine, _affine_bwd, _setup_affine)
+eager.register_autograd(quantize_affine, _affine_bwd, _setup_affine)
 
 
 # --- plain torch.onnx.export: standard Q/DQ instead of the opaque ops (see .onnx_qdq) --------------------------------

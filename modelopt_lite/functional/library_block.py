@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import blocks, library
+from . import blocks, eager, library
 from . import reference as ref
 from .backend import kernels_for
 from .checks import FLOAT_DTYPES, _compiling, check_amax_values
@@ -84,13 +84,13 @@ def _backward(ctx, grad, _grad_scale):
     gb, _ = _blocked(grad, block)
     sb = scale.unsqueeze(-1)
     if kind == 0:
-        gx, _ = library.int_backward(gb.contiguous(), xb, sb, qmin, qmax, False)
+        gx, _ = eager.call(library.int_backward, gb.contiguous(), xb, sb, qmin, qmax, False)
     else:
-        gx, _ = library.e4m3_backward(gb.contiguous(), xb, sb, False)
+        gx, _ = eager.call(library.e4m3_backward, gb.contiguous(), xb, sb, False)
     return blocks.from_blocks(gx, x.shape, pad), None, None, None, None, None, None
 
 
-fake_block_last.register_autograd(_backward, setup_context=_setup)
+eager.register_autograd(fake_block_last, _backward, _setup)
 
 
 def fused_block(x, block_sizes: dict, amax, fmt_name: str | None, unsigned: bool) -> tuple[int, Tensor | None] | None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..formats import int_range, scaled_float_format
-from . import blocks, deferred_errors, reference
+from . import blocks, deferred_errors, eager, reference
 from .backend import is_native_cuda, kernels_for
 from .scales import scale_from_amax
 
@@ -212,7 +212,7 @@ def _setup(ctx, inputs, output):
 
 def _bwd(ctx, grad):
     (x,) = ctx.saved_tensors
-    return (block_dynamic_backward(grad.contiguous(), x, *ctx.args),) + (None,) * len(ctx.args)
+    return (eager.call(block_dynamic_backward, grad.contiguous(), x, *ctx.args),) + (None,) * len(ctx.args)
 
 
-fake_block_dynamic.register_autograd(_bwd, setup_context=_setup)
+eager.register_autograd(fake_block_dynamic, _bwd, _setup)

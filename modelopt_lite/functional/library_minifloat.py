@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import cuda_args, onnx_qdq
+from . import cuda_args, eager, onnx_qdq
 from . import microscaling as ms
 from .backend import is_native_cuda, kernels_for
 
@@ -101,7 +101,7 @@ def _ste(name: str):
 
 for _op, _name in ((fake_e5m2, "fake_e5m2"), (fake_e2m1, "fake_e2m1")):
     _op.register_fake(_fake)
-    _op.register_autograd(_ste(_name), setup_context=_setup)
+    eager.register_autograd(_op, _ste(_name), _setup)
 
 # plain torch.onnx.export: standard Q/DQ instead of the opaque ops (see .onnx_qdq)
 fake_e5m2 = onnx_qdq.export_aware(fake_e5m2, onnx_qdq.fake_e5m2)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import cuda_args, deferred_errors
+from . import cuda_args, deferred_errors, eager
 from . import microscaling as ref
 from .backend import is_native_cuda, kernels_for
 from .checks import check_input
@@ -192,7 +192,7 @@ def _(grad, x, amax, block):
 
 def _nvfp4_amax_bwd(ctx, grad):
     x, amax = ctx.saved_tensors
-    return nvfp4_backward_amax(grad.contiguous(), x, amax, ctx.block), None, None
+    return eager.call(nvfp4_backward_amax, grad.contiguous(), x, amax, ctx.block), None, None
 
 
 def _setup_nvfp4(ctx, inputs, output):
@@ -203,7 +203,7 @@ def _setup_nvfp4(ctx, inputs, output):
 
 def _nvfp4_bwd(ctx, grad):
     x, gs = ctx.saved_tensors
-    return nvfp4_backward(grad.contiguous(), x, gs, ctx.block), None, None
+    return eager.call(nvfp4_backward, grad.contiguous(), x, gs, ctx.block), None, None
 
 
 def _setup_mx(ctx, inputs, output):
@@ -214,12 +214,12 @@ def _setup_mx(ctx, inputs, output):
 
 def _mx_bwd(ctx, grad):
     (x,) = ctx.saved_tensors
-    return mx_backward(grad.contiguous(), x, *ctx.args), None, None, None
+    return eager.call(mx_backward, grad.contiguous(), x, *ctx.args), None, None, None
 
 
-fake_nvfp4.register_autograd(_nvfp4_bwd, setup_context=_setup_nvfp4)
-fake_mx.register_autograd(_mx_bwd, setup_context=_setup_mx)
-fake_nvfp4_amax.register_autograd(_nvfp4_amax_bwd, setup_context=_setup_nvfp4)
+eager.register_autograd(fake_nvfp4, _nvfp4_bwd, _setup_nvfp4)
+eager.register_autograd(fake_mx, _mx_bwd, _setup_mx)
+eager.register_autograd(fake_nvfp4_amax, _nvfp4_amax_bwd, _setup_nvfp4)
 
 
 # --- validated entry points ----------------------------------------------------------------------------------------
@@ -242,8 +242,8 @@ def nvfp4_fake_quant(x: Tensor, amax, block: int = 16, what: str = "inputs") -> 
     if x.numel() and deferred_errors.deferring(x) and _cuda_fn(x, "fake_nvfp4_amax_flagged") is not None:
         # CUDA, checks deferred: the kernel computes the global scale and flags a bad amax itself (no scale
         # launches, no host read of amax)
-        return fake_nvfp4_amax(x, a.detach(), block)
-    return fake_nvfp4(x, ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device)), block)
+        return eager.call(fake_nvfp4_amax, x, a.detach(), block)
+    return eager.call(fake_nvfp4, x, ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device)), block)
 
 
 def mx_fake_quant(x: Tensor, elem: str, block: int = 32, rounding: str = "floor", what: str = "inputs") -> Tensor:
@@ -251,7 +251,7 @@ def mx_fake_quant(x: Tensor, elem: str, block: int = 32, rounding: str = "floor"
     ref._element(elem)
     ref._check_rounding(rounding)
     _check(x, what, block, ref.MX_BLOCK_SIZES, "MX")
-    return fake_mx(x, elem, block, rounding)
+    return eager.call(fake_mx, x, elem, block, rounding)
 
 
 def scheme_fake_quant(x: Tensor, scheme, block_sizes, amax, fake_quant: bool = True) -> Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import eager
 from . import microscaling as ref
 from .checks import check_input
 
@@ -50,10 +51,10 @@ def _setup(ctx, inputs, output):
 
 def _bwd(ctx, grad):
     x, gs, a = ctx.saved_tensors
-    return nvfp4_static_backward(grad.contiguous(), x, gs, a, ctx.block), None, None, None
+    return eager.call(nvfp4_static_backward, grad.contiguous(), x, gs, a, ctx.block), None, None, None
 
 
-fake_nvfp4_static.register_autograd(_bwd, setup_context=_setup)
+eager.register_autograd(fake_nvfp4_static, _bwd, _setup)
 
 
 def nvfp4_static_fake_quant(x: Tensor, block_amax, global_amax, block: int = 16, what: str = "inputs") -> Tensor:
@@ -68,4 +69,4 @@ def nvfp4_static_fake_quant(x: Tensor, block_amax, global_amax, block: int = 16,
         raise ValueError(f"NVFP4 global amax must be per tensor (one value), got shape {tuple(g.shape)}")
     gs = ref.nvfp4_global_scale(g.reshape(()).to(x.device))
     a = ref.check_nvfp4_block_amax(torch.as_tensor(block_amax).detach(), x, block)
-    return fake_nvfp4_static(x, gs, a, block)
+    return eager.call(fake_nvfp4_static, x, gs, a, block)

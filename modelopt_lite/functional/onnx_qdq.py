@@ -35,6 +35,8 @@ from typing import NoReturn
 import torch
 from torch import Tensor
 
+from . import eager
+
 _state = threading.local()
 
 
@@ -206,7 +208,7 @@ def export_aware(op, emit):
     def call(*args):
         if active():
             return emit(op, *args)
-        return op(*args)
+        return eager.call(op, *args)
 
     call.op = op  # type: ignore[attr-defined]
     call.__doc__ = op.__doc__
