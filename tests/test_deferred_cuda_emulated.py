@@ -11,6 +11,7 @@ counts the ops: the exact counts below are the launches (plus metadata-only ops)
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import re
 
@@ -371,3 +372,29 @@ def test_jit_tracing_does_not_defer(on_emulated_cuda):
 
     torch.jit.trace(fn, (x,), check_trace=False)
     assert seen == [False]
+
+
+class _Passthrough(TorchDispatchMode):
+    """Changes nothing but makes eager.call take the op (the dispatcher path)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_direct_eager_path_equals_the_op(on_emulated_cuda, fmt):
+    """functional/eager.py on the CUDA path: a quantizer's forward and backward through the direct path and through
+    the op give the same output and gradient bit for bit (tests/gpu/test_cuda_deferred.py runs it on a GPU)."""
+
+    def step(mode):
+        q = TensorQuantizer(FORMATS[fmt][0]())
+        x = _x().requires_grad_()
+        with mode:
+            y = q(x)
+            y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
+        return y.detach(), x.grad, type(y.grad_fn).__name__
+
+    y, g, fn = step(contextlib.nullcontext())
+    want, want_g, want_fn = step(_Passthrough())
+    assert fn.endswith("EagerBackward") and not want_fn.endswith("EagerBackward"), (fn, want_fn)
+    assert torch.equal(y, want) and torch.equal(g, want_g)

@@ -7,10 +7,12 @@ proves the same on the CPU with the host-emulated kernels and counts the ops.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from modelopt_lite.descriptor import QuantDescriptor
 from modelopt_lite.functional import backend, deferred_errors
@@ -86,3 +88,42 @@ def test_bad_amax_raises_at_check_errors(native):
         deferred_errors.check_errors()
     with deferred_errors.error_checks("sync"), pytest.raises(ValueError, match=r"got -1.0$"):
         q(_x())
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_bad_nvfp4_amax_raises_at_check_errors(native, bad):
+    """The NVFP4 kernel computes its global scale from the amax on the device and flags a bad one (a negative amax
+    used to give a global scale of 0 and silent zeros in deferred mode)."""
+    q = TensorQuantizer(FORMATS["nvfp4"](), name="w").cuda()
+    q._amax.data.fill_(bad)
+    q(_x())
+    with pytest.raises(deferred_errors.DeferredValueError, match=r"^TensorQuantizer 'w': NVFP4 global amax must be"):
+        deferred_errors.check_errors()
+    with deferred_errors.error_checks("sync"), pytest.raises(ValueError, match=r"NVFP4 global amax must be finite"):
+        q(_x())
+
+
+class _Passthrough(TorchDispatchMode):
+    """Changes nothing but makes eager.call take the op (the dispatcher path)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_direct_eager_path_equals_the_op_on_the_gpu(native, fmt):
+    """functional/eager.py on CUDA tensors: a quantizer's forward and backward through the direct path (no
+    dispatcher layers) and through the op give the same output and gradient bit for bit."""
+
+    def step(mode):
+        q = TensorQuantizer(FORMATS[fmt]()).cuda()
+        x = _x().requires_grad_()
+        with mode:
+            y = q(x)
+            y.backward(torch.linspace(-1, 1, y.numel(), device="cuda").reshape(y.shape))
+        return y.detach(), x.grad, type(y.grad_fn).__name__
+
+    y, g, fn = step(contextlib.nullcontext())
+    want, want_g, want_fn = step(_Passthrough())
+    assert fn.endswith("EagerBackward") and not want_fn.endswith("EagerBackward"), (fn, want_fn)
+    assert torch.equal(y, want) and torch.equal(g, want_g)
