@@ -13,7 +13,15 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .formats import MX_SCALE_ROUNDINGS, SCALE_ROUNDING_KEY, block_scheme, element_format, int_range, is_float_format
+from .formats import (
+    MX_SCALE_ROUNDINGS,
+    SCALE_ROUNDING_KEY,
+    BlockScheme,
+    block_scheme,
+    element_format,
+    int_range,
+    is_float_format,
+)
 
 _DEFAULTS: dict[str, Any] = {
     "num_bits": 8,
@@ -199,7 +207,7 @@ class ScaledQuantDescriptor:
         ValueError: an out-of-range field or contradictory settings (the message says why).
     """
 
-    __slots__ = tuple(f"_{k}" for k in _DEFAULTS)
+    __slots__ = (*(f"_{k}" for k in _DEFAULTS), "_scheme")
     _num_bits: int | tuple[int, int]
     _name: str | None
     _fake_quant: bool
@@ -213,6 +221,7 @@ class ScaledQuantDescriptor:
     _narrow_range: bool
     _dynamic: bool
     _enable: bool
+    _scheme: BlockScheme | None
 
     def __init__(self, num_bits=8, name=None, **kwargs):
         unknown = sorted(set(kwargs) - set(_DEFAULTS))
@@ -237,6 +246,8 @@ class ScaledQuantDescriptor:
         self._validate_combination(f)
         for k, v in f.items():
             object.__setattr__(self, f"_{k}", v)
+        # the block scheme, looked up once (every quantizer call reads it several times; the fields are immutable)
+        object.__setattr__(self, "_scheme", block_scheme(f["num_bits"], f["block_sizes"]))
 
     @staticmethod
     def _validate_combination(f: dict) -> None:
@@ -291,7 +302,7 @@ class ScaledQuantDescriptor:
     @property
     def dynamic(self) -> bool:
         """True when amax is recomputed from each input (``dynamic=True`` or dynamic blocks)."""
-        scheme = block_scheme(self._num_bits, self._block_sizes)
+        scheme = self._scheme
         if scheme is not None:  # NVFP4 calibrates its per-tensor global amax; MX is dynamic
             return self._dynamic or not scheme.calibrates_amax
         return self._dynamic or bool(self._block_sizes and self._block_sizes.get("type") == "dynamic")
@@ -299,7 +310,7 @@ class ScaledQuantDescriptor:
     @property
     def nvfp4_static(self) -> bool:
         """True for static NVFP4 (``block_sizes['type'] == 'static'``): stored block amaxes and a global amax."""
-        scheme = block_scheme(self._num_bits, self._block_sizes)
+        scheme = self._scheme
         bs = self._block_sizes
         return scheme is not None and bs is not None and scheme.kind == "nvfp4" and bs.get("type") == "static"
 
@@ -307,12 +318,12 @@ class ScaledQuantDescriptor:
     def per_block_amax(self) -> bool:
         """True when the stored amax has one value per block (static generic blocks, static NVFP4)."""
         bs = self._block_sizes
-        return bool(bs) and (block_scheme(self._num_bits, bs) is None or self.nvfp4_static)
+        return bool(bs) and (self._scheme is None or self.nvfp4_static)
 
     @property
     def block_scheme(self):
         """The :class:`~modelopt_lite.formats.BlockScheme` (NVFP4, MXFP8, MXFP4, MXINT8, ...) or None."""
-        return block_scheme(self._num_bits, self._block_sizes)
+        return self._scheme
 
     def dict(self) -> _PlainDict[str, Any]:
         """The fields that differ from their defaults (amax as a list, block_sizes as plain dicts), enough to rebuild

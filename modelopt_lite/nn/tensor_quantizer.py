@@ -388,7 +388,8 @@ class TensorQuantizer(
         if self._disabled:
             return x
         self._resolve_axes(x.dim())
-        self._last_rank = x.dim()
+        if self._last_rank != x.dim():  # (nn.Module.__setattr__ costs microseconds: set on a change only)
+            self._last_rank = x.dim()
         if self._if_calib and not self.dynamic:
             self._collect(x)
         x = self._apply_clip(x)  # pytorch-quantization's clip stage, off unless if_clip / enable_clip()
