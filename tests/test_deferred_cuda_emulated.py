@@ -18,6 +18,7 @@ import re
 import pytest
 import torch
 from emulated_build import OPT_IN, build, cuda_path_on_host
+from op_names import OpNames
 from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -374,13 +375,6 @@ def test_jit_tracing_does_not_defer(on_emulated_cuda):
     assert seen == [False]
 
 
-class _Passthrough(TorchDispatchMode):
-    """Changes nothing but makes eager.call take the op (the dispatcher path)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_direct_eager_path_equals_the_op(on_emulated_cuda, fmt):
     """functional/eager.py on the CUDA path: a quantizer's forward and backward through the direct path and through
@@ -395,6 +389,6 @@ def test_direct_eager_path_equals_the_op(on_emulated_cuda, fmt):
         return y.detach(), x.grad, type(y.grad_fn).__name__
 
     y, g, fn = step(contextlib.nullcontext())
-    want, want_g, want_fn = step(_Passthrough())
+    want, want_g, want_fn = step(OpNames())  # a dispatch mode that changes nothing: the op path
     assert fn.endswith("EagerBackward") and not want_fn.endswith("EagerBackward"), (fn, want_fn)
     assert torch.equal(y, want) and torch.equal(g, want_g)

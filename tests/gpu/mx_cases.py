@@ -329,9 +329,9 @@ def backward_checks(dtypes=DTYPES):
 
 
 #: amaxes whose global scale the kernel computes: dead (<= 2**-24, -0.0), the threshold and just above it, values
-#: whose true quotient by 2688 differs from the product with its reciprocal (0.37, 1.1, 3e5: the division must be
+#: whose true quotient by 2688 differs from the product with its reciprocal (0.7, 1.3, 3e5: the division must be
 #: IEEE), and one near float32's maximum
-SPECIAL_AMAX = (0.0, -0.0, 1e-8, 2.0**-24, 2.0**-23, 0.37, 1.1, 3e5, 3.4e38)
+SPECIAL_AMAX = (0.0, -0.0, 1e-8, 2.0**-24, 2.0**-23, 0.7, 1.3, 3e5, 3.4e38)
 
 
 def nvfp4_amax_checks(dtypes=DTYPES):

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_names import OpNames
 
 from modelopt_lite.descriptor import QuantDescriptor
 from modelopt_lite.functional import backend, deferred_errors
@@ -103,13 +103,6 @@ def test_bad_nvfp4_amax_raises_at_check_errors(native, bad):
         q(_x())
 
 
-class _Passthrough(TorchDispatchMode):
-    """Changes nothing but makes eager.call take the op (the dispatcher path)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_direct_eager_path_equals_the_op_on_the_gpu(native, fmt):
     """functional/eager.py on CUDA tensors: a quantizer's forward and backward through the direct path (no
@@ -124,6 +117,6 @@ def test_direct_eager_path_equals_the_op_on_the_gpu(native, fmt):
         return y.detach(), x.grad, type(y.grad_fn).__name__
 
     y, g, fn = step(contextlib.nullcontext())
-    want, want_g, want_fn = step(_Passthrough())
+    want, want_g, want_fn = step(OpNames())  # a dispatch mode that changes nothing: the op path
     assert fn.endswith("EagerBackward") and not want_fn.endswith("EagerBackward"), (fn, want_fn)
     assert torch.equal(y, want) and torch.equal(g, want_g)
