@@ -142,3 +142,27 @@ def test_compiled_graph_keeps_the_op():
 def test_a_callable_that_is_not_an_op_is_called():
     seen = []
     assert eager.call(lambda *a: seen.append(a) or 7, _x(2, 2), 3) == 7 and seen[0][1] == 3
+
+
+@pytest.mark.parametrize(
+    "desc",
+    [
+        dict(num_bits=8, amax=2.0),
+        dict(num_bits=(4, 3), block_sizes={-1: 32, "type": "dynamic", "scale_bits": (8, 0)}),
+        dict(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic", "scale_bits": (4, 3)}, amax=3.0),
+        dict(num_bits=4, block_sizes={-1: 16, "type": "dynamic"}),
+    ],
+)
+def test_autocast_and_inference_mode_give_the_ops_values(desc):
+    from modelopt_lite.descriptor import QuantDescriptor
+    from modelopt_lite.nn import TensorQuantizer
+
+    q, x = TensorQuantizer(QuantDescriptor(**desc)), _x(8, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        direct = q(x)
+        with Passthrough():
+            via_op = q(x)
+    with torch.inference_mode():
+        inference = q(x)
+    assert direct.dtype == via_op.dtype == inference.dtype == torch.float32
+    assert torch.equal(direct, via_op) and torch.equal(direct, inference)
