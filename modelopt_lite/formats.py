@@ -305,6 +305,13 @@ def element_format(num_bits, unsigned: bool = False, narrow_range: bool = False)
                 f"num_bits={key!r} is not a supported floating-point format; supported: {names}"
             )
         return FLOAT_ELEMENTS[key]
+    if type(num_bits) is int and type(unsigned) is bool and type(narrow_range) is bool:
+        return _int_element(num_bits, unsigned, narrow_range)  # (a quantizer call asks for it every time)
+    return _int_element.__wrapped__(num_bits, unsigned, narrow_range)  # validated, not cached
+
+
+@cache
+def _int_element(num_bits: int, unsigned: bool, narrow_range: bool) -> ElementFormat:
     bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
     c = smallest_code_type(qmin, qmax, ONNX_WEIGHT_TYPES)
     name = f"{'u' if unsigned else ''}int{num_bits}{'n' if narrow_range else ''}"
