@@ -12,7 +12,8 @@ When an input requires grad, it goes through one lean ``autograd.Function`` per 
 The op itself runs (the dispatcher path) under torch.compile / torch.export / torch.jit tracing, a
 TorchDispatchMode (FakeTensor, proxy tracing, the tests' op counters) or TorchFunctionMode, a functorch transform
 (vmap, grad), the autograd profiler (so that profiles name the op), and for tensor subclasses. Both paths compute
-the same values: they run the same body and the same backward.
+the same values: they run the same body and the same backward. (A kernel registered on one of these ops with
+``op.register_kernel(device, fn)`` is seen by the op path only: backends plug in through :mod:`.backend`.)
 """
 
 from __future__ import annotations
