@@ -6,6 +6,8 @@ pure-torch quantization chain under torch.compile.
     python bench/bench_qat_cuda.py --dry-run-cpu      # exercise the script on the CPU (tiny sizes, no compile)
 
 Rows per format: ours eager (the public ops: nvfp4_fake_quant / mx_fake_quant with their STE backward kernels),
+ours eager through one ``TensorQuantizer`` per weight (what ``quantize()`` builds; NVFP4's global amax calibrated
+once from the weight, as after calibration, instead of the per-step max of the first row),
 ours with torch.compile of the model (our ops stay opaque nodes), and torch.compile of the model with the lean
 pure-torch chain of bench/cuda_mx_rows.py and the same clipped straight-through gradient (``w`` where
 ``|w| <= block range``); unquantized bf16 for scale. Time per step: CUDA events, median of --repeats.
@@ -61,15 +63,36 @@ def _chain(fmt: str):
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d: int, quant, device, dtype):
+    def __init__(self, d: int, quant, device, dtype, quant_down=None):
         super().__init__()
         self.up = torch.nn.Linear(d, 4 * d, bias=False, device=device, dtype=dtype)
         self.down = torch.nn.Linear(4 * d, d, bias=False, device=device, dtype=dtype)
         self.quant = quant
+        self.quant_down = quant_down  # None: ``quant`` for both weights
 
     def forward(self, x):
         q = self.quant or (lambda w: w)
-        return x + F.linear(F.gelu(F.linear(x, q(self.up.weight))), q(self.down.weight))
+        qd = self.quant_down or q
+        return x + F.linear(F.gelu(F.linear(x, q(self.up.weight))), qd(self.down.weight))
+
+
+def _quantizer_block(fmt: str, d: int, device, dtype) -> Block:
+    """The block with one TensorQuantizer per weight, as quantize() gives each Linear its weight quantizer."""
+    from modelopt_lite.descriptor import QuantDescriptor
+    from modelopt_lite.nn import TensorQuantizer
+
+    block = Block(d, None, device, dtype)
+
+    def quantizer(w):
+        if fmt == "nvfp4":  # the global amax calibrated once (max of |w|), as after calibration
+            nvfp4 = {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}
+            desc = QuantDescriptor(num_bits=(2, 1), block_sizes=nvfp4, amax=float(w.detach().abs().amax()))
+        else:
+            desc = QuantDescriptor(num_bits=(4, 3), block_sizes={-1: 32, "type": "dynamic", "scale_bits": (8, 0)})
+        return TensorQuantizer(desc).to(device)
+
+    block.quant, block.quant_down = quantizer(block.up.weight), quantizer(block.down.weight)
+    return block
 
 
 def _stepper(model, x):
@@ -117,6 +140,7 @@ def main(argv=None) -> int:
     profiles = []
     for fmt in args.formats.split(","):
         rows = [("modelopt_lite eager", Block(args.d, _ours(fmt), device, dtype))]
+        rows.append(("modelopt_lite eager, TensorQuantizer per weight", _quantizer_block(fmt, args.d, device, dtype)))
         if args.compile:
             rows.append(
                 ("modelopt_lite, torch.compile(model)", torch.compile(Block(args.d, _ours(fmt), device, dtype)))

@@ -36,6 +36,7 @@ def test_bench_qat_dry_run(bench_path, capsys):
     out = capsys.readouterr().out
     for fmt in ("nvfp4", "mxfp8"):
         assert f"| {fmt} | modelopt_lite eager |" in out and f"| {fmt} | model with pure-torch chain (eager) |" in out
+        assert f"| {fmt} | modelopt_lite eager, TensorQuantizer per weight |" in out
 
 
 def test_bench_qat_profile_dry_run(bench_path, capsys):
@@ -46,7 +47,7 @@ def test_bench_qat_profile_dry_run(bench_path, capsys):
     out = capsys.readouterr().out
     for row in ("mxfp8, modelopt_lite eager", "mxfp8, model with pure-torch chain (eager)"):
         assert f"#### {row}: " in out and " ms per call" in out, row
-    assert out.count("| host op | per call | self CPU ms per call |") == 2
+    assert out.count("| host op | per call | self CPU ms per call |") == 3
     assert "| modelopt_lite::fake_mx | 2 |" in out  # the quantizer op of each of the 2 weights, per step
 
 
