@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session: build the CUDA kernels, run every GPU test, the calibration parity and the GPU benchmarks, each
-# under its own time limit (one slow or hung step cannot eat the others). The default steps' limits sum to 455 s (+2 s kill grace each), inside the device tool's 10 minutes a
+# under its own time limit (one slow or hung step cannot eat the others). The default steps' limits sum to 475 s (+2 s kill grace each), inside the device tool's 10 minutes a
 # command; the H200 runs of 2026-11-26 took build 47-54 s, tests 31-61 s (4 xdist workers), calib_parity 5 s,
 # bench_fake_quant 33 s, bench_cuda 39 s, bench_qat 23 s (bench_real_gpu_full: 83 s); the H100 run of 2026-11-27
 # (session 9) build 77 s, tests 65 s, bench_cuda 56 s with three dtypes. Logs go to $OUT (or
@@ -61,7 +61,7 @@ import sys, time
 from modelopt_lite.functional import backend
 t = time.perf_counter(); r = backend.precompile(('cpu', 'cuda')); print(r, f'{time.perf_counter() - t:.1f} s')
 sys.exit(0 if set(r.values()) == {'ok'} else 1)"
-step tests 90 python3 -m pytest -q -p no:cacheprovider -rfE ${GPU_PYTEST_ARGS--n 4} tests/gpu tests/test_quant_modules_cuda.py
+step tests 110 python3 -m pytest -q -p no:cacheprovider -rfE ${GPU_PYTEST_ARGS--n 4} tests/gpu tests/test_quant_modules_cuda.py
 step calib_parity 20 python3 bench/calib_cuda_parity.py
 step bench_fake_quant 45 python3 bench/bench_fake_quant.py --device cuda --dtype fp32
 # the same public calls 5 at a time (the throughput of a stream of calls, as a model's forward issues them: the host
