@@ -186,11 +186,7 @@ def fake_tensor_quant(inputs, amax, *args, bias=None, num_bits=8, unsigned=False
         y = fake_float_quant(x, amax, fmt)
     else:
         scale, qmin, qmax, fused, after = _int_scale(x, amax, p["num_bits"], p["unsigned"], p["narrow_range"])
-        y = (
-            eager.call(library.fake_quant_uint, x, scale, qmin, qmax)
-            if fused
-            else library.fake_quant_int(x, scale, qmin, qmax)
-        )
+        y = eager.call(library.fake_quant_uint if fused else library.fake_quant_int, x, scale, qmin, qmax)
         after()
     if b is not None:
         y = y + b

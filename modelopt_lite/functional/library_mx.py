@@ -33,16 +33,15 @@ def _impl(x: Tensor, name: str):
     return getattr(kernels_for(x.device.type), name, None) or getattr(ref, name)
 
 
-def _cuda_checked(x: Tensor, name: str) -> bool:
-    """Whether ``name`` runs in the CUDA extension for x (whose arguments the caller then checks first)."""
-    mod = kernels_for(x.device.type)
-    return is_native_cuda(mod) and hasattr(mod, name)
-
-
 def _cuda_fn(x: Tensor, name: str):
     """The CUDA extension's function ``name`` for x, or None (another backend, or an extension built without it)."""
     mod = kernels_for(x.device.type)
     return getattr(mod, name, None) if is_native_cuda(mod) else None
+
+
+def _cuda_checked(x: Tensor, name: str) -> bool:
+    """Whether ``name`` runs in the CUDA extension for x (whose arguments the caller then checks first)."""
+    return _cuda_fn(x, name) is not None
 
 
 def _like(x: Tensor) -> Tensor:
@@ -152,7 +151,7 @@ def _raise_nvfp4_amax(x: Tensor, amax: Tensor, block: int) -> None:
 
 
 def _global_scale(amax: Tensor, x: Tensor) -> Tensor:
-    """The reference's checked global scale (the ops' paths without the *_amax kernels: not the hot path)."""
+    """The reference's checked global scale of a per-tensor amax on x's device (where no *_amax kernel runs)."""
     return ref.nvfp4_global_scale(amax.detach().float().reshape(()).to(x.device))
 
 
@@ -243,7 +242,7 @@ def nvfp4_fake_quant(x: Tensor, amax, block: int = 16, what: str = "inputs") -> 
         # CUDA, checks deferred: the kernel computes the global scale and flags a bad amax itself (no scale
         # launches, no host read of amax)
         return eager.call(fake_nvfp4_amax, x, a.detach(), block)
-    return eager.call(fake_nvfp4, x, ref.nvfp4_global_scale(a.detach().float().reshape(()).to(x.device)), block)
+    return eager.call(fake_nvfp4, x, _global_scale(a, x), block)
 
 
 def mx_fake_quant(x: Tensor, elem: str, block: int = 32, rounding: str = "floor", what: str = "inputs") -> Tensor:

@@ -128,19 +128,27 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- forward ---------------------------------------------------------------------------------------------------------
+def _nvfp4_matrix(dtype):
+    """``(input name, x maker, block, amax factor)`` of the NVFP4 forward matrix for one dtype: every input, both
+    block sizes, the global amax max |x| and a quarter of it (saturating block scales)."""
+    for name, mk in _inputs(dtype):
+        for block in (16, 32):
+            for factor in (1.0, 0.25):
+                yield name, mk, block, factor
+
+
 def nvfp4_checks(dtypes=DTYPES):
     out = []
     for dtype in dtypes:
-        for name, mk in _inputs(dtype):
-            for block in (16, 32):
-                for gname, factor in (("", 1.0), (" gs from amax/4 (saturating block scales)", 0.25)):
+        for name, mk, block, factor in _nvfp4_matrix(dtype):
 
-                    def make(d, mk=mk, block=block, factor=factor):
-                        x = mk(d)
-                        gs = ms.nvfp4_global_scale(_amax(x) * factor)  # computed on the CPU: the kernel's exactness
-                        return x, gs.to(d), block
+            def make(d, mk=mk, block=block, factor=factor):
+                x = mk(d)
+                gs = ms.nvfp4_global_scale(_amax(x) * factor)  # computed on the CPU: the kernel's exactness
+                return x, gs.to(d), block
 
-                    out.append(Check(f"nvfp4 block={block}{gname} {name} {dtype}", "fake_nvfp4", make))
+            gname = "" if factor == 1.0 else " gs from amax/4 (saturating block scales)"
+            out.append(Check(f"nvfp4 block={block}{gname} {name} {dtype}", "fake_nvfp4", make))
         out.append(
             Check(
                 f"nvfp4 global scale 0 {dtype}",
@@ -340,21 +348,19 @@ def nvfp4_amax_checks(dtypes=DTYPES):
     (amax = max |x| and a quarter of it) and the special amaxes; the flag must stay 0."""
     out = []
     for dtype in dtypes:
-        for name, mk in _inputs(dtype):
-            for block in (16, 32):
-                for aname, factor in (("amax", 1.0), ("amax/4", 0.25)):
+        for name, mk, block, factor in _nvfp4_matrix(dtype):
 
-                    def fwd(d, mk=mk, block=block, factor=factor):
-                        x = mk(d)
-                        return x, (_amax(x) * factor).to(d), block
+            def fwd(d, mk=mk, block=block, factor=factor):
+                x = mk(d)
+                return x, (_amax(x) * factor).to(d), block
 
-                    def bwd(d, mk=mk, block=block, factor=factor):
-                        x = mk(d)
-                        return _grad_like(x, 5).to(d), x, (_amax(x) * factor).to(d), block
+            def bwd(d, mk=mk, block=block, factor=factor):
+                x = mk(d)
+                return _grad_like(x, 5).to(d), x, (_amax(x) * factor).to(d), block
 
-                    what = f"block={block} {aname} {name} {dtype}"
-                    out.append(Check(f"fake_nvfp4_amax {what}", "fake_nvfp4_amax_flagged", fwd))
-                    out.append(Check(f"nvfp4_backward_amax {what}", "nvfp4_backward_amax_flagged", bwd))
+            what = f"block={block} {'amax' if factor == 1.0 else 'amax/4'} {name} {dtype}"
+            out.append(Check(f"fake_nvfp4_amax {what}", "fake_nvfp4_amax_flagged", fwd))
+            out.append(Check(f"nvfp4_backward_amax {what}", "nvfp4_backward_amax_flagged", bwd))
         for a in SPECIAL_AMAX:
             x_of = lambda d, dtype=dtype: _data((4, 48), dtype, 7).to(d)  # noqa: E731
             amax = lambda d, a=a: torch.tensor(a, device=d)  # noqa: E731
