@@ -38,10 +38,13 @@ SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class Timer:
-    """Median wall time of a callable: CUDA events on the GPU, perf_counter on the CPU (dry runs)."""
+    """Median wall time of a callable: CUDA events on the GPU, perf_counter on the CPU (dry runs). With ``burst`` > 1
+    each run times that many calls back to back (the mean per call): the throughput of a stream of calls, whose host
+    time overlaps the kernels queued before it, where one call on an idle GPU also pays its host time before its
+    first kernel."""
 
-    def __init__(self, device: str, repeats: int, warmup: int = 3):
-        self.device, self.repeats, self.warmup = device, repeats, warmup
+    def __init__(self, device: str, repeats: int, warmup: int = 3, burst: int = 1):
+        self.device, self.repeats, self.warmup, self.burst = device, repeats, warmup, burst
 
     def __call__(self, fn) -> float:
         for _ in range(self.warmup):
@@ -51,14 +54,16 @@ class Timer:
             if self.device == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                fn()
+                for _ in range(self.burst):
+                    fn()
                 end.record()
                 end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
+                times.append(start.elapsed_time(end) / 1e3 / self.burst)
             else:
                 t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+                for _ in range(self.burst):
+                    fn()
+                times.append((time.perf_counter() - t0) / self.burst)
         return statistics.median(times)
 
 
@@ -231,6 +236,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-public", dest="public", action="store_false", help="skip the public-API rows")
     p.add_argument("--dry-run-cpu", action="store_true", help="run on the CPU with the reference kernels")
     p.add_argument("--cases", default="int,mx,hist", help="comma list of case groups: int, mx, hist")
+    p.add_argument(
+        "--burst", type=int, default=1, help="calls back to back per timed run (mean per call; default 1: one call)"
+    )
     args = p.parse_args(argv)
     dry = args.dry_run_cpu
     if not dry and not torch.cuda.is_available():
@@ -248,10 +256,16 @@ def main(argv=None) -> int:
         from modelopt_lite.functional import native_build
 
         mod, name = native_build.load("cuda"), torch.cuda.get_device_name()
-    timer = Timer(device, repeats)
+    if args.burst < 1:
+        p.error("--burst must be >= 1")
+    timer = Timer(device, repeats, burst=args.burst)
     dtypes = [{"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[d] for d in args.dtypes.split(",")]
     print(f"### CUDA fake quantization, {name}\n")
-    print(f"{numel} elements per tensor ({numel / 2**20:.0f} M), median of {repeats} runs; torch {torch.__version__}\n")
+    per_run = f", {args.burst} calls back to back per run (mean per call)" if args.burst > 1 else ""
+    print(
+        f"{numel} elements per tensor ({numel / 2**20:.0f} M), median of {repeats} runs{per_run}; "
+        f"torch {torch.__version__}\n"
+    )
     print("| case | dtype | implementation | ms | GB/s | % of copy | note |")
     print("|---|---|---|---|---|---|---|")
     for dt in dtypes:

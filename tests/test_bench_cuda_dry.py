@@ -25,8 +25,51 @@ def test_bench_cuda_mx_rows_dry_run(bench_path, capsys):
     out = capsys.readouterr().out
     for case in ("NVFP4", "MXFP8 E4M3", "MXFP4 E2M1", "MXINT8", "MX E5M2", "E5M2 per-tensor", "E2M1 per-tensor"):
         assert out.count(f"| {case}") >= 2 * 2, case  # ours and the chain, two dtypes
-    assert out.count("int4 blocks of 128, dynamic amax (fused)") == 2 * 3
+    assert out.count("int4 blocks of 128, dynamic amax (fused)") == 2 * 2  # the public rows are CUDA-only
     assert out.count("bit-exact") == 2 * 8 and "NOT EXACT" not in out
+
+
+def test_bench_cuda_burst_dry_run(bench_path, capsys):
+    """--burst N times N calls back to back per run (the header says so); a bad count is refused."""
+    import bench_cuda
+
+    assert (
+        bench_cuda.main(["--dry-run-cpu", "--cases", "mx", "--dtypes", "fp32", "--numel", "8192", "--burst", "3"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "median of 2 runs, 3 calls back to back per run (mean per call)" in out
+    assert "| NVFP4 fake quant | fp32 | modelopt_lite |" in out
+    with pytest.raises(SystemExit):
+        bench_cuda.main(["--dry-run-cpu", "--burst", "0"])
+    assert "--burst must be >= 1" in capsys.readouterr().err
+
+
+def test_call_latency_dry_run(capsys):
+    """bench/cuda_call_latency.py: every public row (and the yardsticks) on tiny CPU tensors, two dtypes."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import cuda_call_latency
+    finally:
+        sys.path.remove(str(BENCH))
+        sys.modules.pop("cuda_call_latency", None)
+    assert cuda_call_latency.main(["--dry-run-cpu", "--repeats", "2", "--dtypes", "fp32,bf16"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| fp32 |") or line.startswith("| bf16 |")]
+    names = {line.split(" | ")[1] for line in rows}
+    assert names == {
+        "y.copy_(x), preallocated y",
+        "torch.fake_quantize_per_tensor_affine",
+        "public mx_fake_quant e4m3",
+        "public nvfp4_fake_quant",
+        "public fake_block_quant int4/128 dynamic",
+        "public fake_tensor_quant int8",
+        "TensorQuantizer MXFP8",
+    }
+    assert len(rows) == 7 + 6  # torch's op: float32 only
+    assert "| host primitive | warm host us |" in out and "| torch.zeros(1, int32) | " in out
+    for line in rows:
+        event_ms, host_us, warm_us = (float(v) for v in line.strip("| ").split(" | ")[2:])
+        assert event_ms > 0 and host_us > 0 and warm_us > 0, line
 
 
 def test_bench_qat_dry_run(bench_path, capsys):

@@ -289,3 +289,25 @@ def test_unsigned_input_check_on_device_defers(fake):
             tq.fake_tensor_quant(torch.tensor([bad, 3.0]), 4.0, unsigned=True)  # deferred: no raise here
             with pytest.raises(de.DeferredValueError, match=r"^unsigned quantization of inputs: the input holds a neg"):
                 de.check_errors()
+
+
+def test_cuda_event_stream_object_is_reused_while_the_current_stream_stays(monkeypatch):
+    """_current_stream (what every CUDA deferred check records its event on): one Stream object per device while
+    the device's current stream id is unchanged, a fresh one when it changes (stand-ins: no GPU here)."""
+    ids = {0: 11, 1: 21}
+    made = []
+
+    def current_stream(device):
+        made.append((device.index, ids[device.index]))
+        return ("stream", device.index, ids[device.index])
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentStream", lambda i: (ids[i], i, 1), raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(de, "_streams", {})
+    d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    first = de._current_stream(d0)
+    assert first == ("stream", 0, 11) and de._current_stream(d0) is first
+    assert de._current_stream(d1) == ("stream", 1, 21)
+    ids[0] = 12  # e.g. inside `with torch.cuda.stream(s):`
+    assert de._current_stream(d0) == ("stream", 0, 12)
+    assert made == [(0, 11), (1, 21), (0, 12)]

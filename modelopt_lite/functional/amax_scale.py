@@ -20,6 +20,7 @@ import torch
 from . import deferred_errors
 from .backend import is_native_cuda, kernels_for
 from .checks import _compiling, amax_error, check_amax_values, deferred_amax_messages
+from .devices import device_type
 from .scales import scale_from_amax
 
 
@@ -36,7 +37,7 @@ def checked_scale(amax: torch.Tensor, bound: float, what: str = "amax") -> tuple
         # deferring(): CUDA, the deferred mode, not under torch.compile / torch.export (check_amax_values skips its
         # check there)
         if deferred_errors.deferring(amax):
-            mod = kernels_for(amax.device.type)
+            mod = kernels_for(device_type(amax))
             if is_native_cuda(mod):
                 scale, flag = mod.scale_from_amax(amax, float(bound))
 
@@ -44,7 +45,7 @@ def checked_scale(amax: torch.Tensor, bound: float, what: str = "amax") -> tuple
                     deferred_errors.defer(flag, f"{what} check", deferred_amax_messages(what), amax)
 
                 return scale, after
-        elif amax.device.type == "cpu" and amax.dtype == torch.float32 and not _compiling():
+        elif amax.is_cpu and amax.dtype == torch.float32 and not _compiling():
             native = getattr(kernels_for("cpu"), "checked_scale", None)  # the reference module has none
             if native is not None:
                 scale, bad = native(amax, float(bound))

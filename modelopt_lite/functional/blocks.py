@@ -28,6 +28,8 @@ _INT_KEY = re.compile(r"[+-]?\d+")
 
 def _axis_key(k) -> int | None:
     """The axis a block_sizes key names, None for a setting key; ValueError/TypeError for anything else."""
+    if type(k) is int:  # the common spelling, without the ABC isinstance checks below (every quantizer call)
+        return k
     if isinstance(k, str):
         if k in SETTING_KEYS:
             return None
@@ -56,7 +58,11 @@ def axis_sizes(block_sizes) -> dict[int, int | None]:
             continue
         if axis in out:
             raise ValueError(f"block_sizes: axis {axis} is given twice (keys {list(block_sizes)})")
-        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0):
+        if (
+            v is not None
+            and not (type(v) is int and v > 0)
+            and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0)
+        ):
             raise ValueError(
                 f"block_sizes: block size for axis {k!r} must be positive (an int, or None for the whole axis), got {v!r}"
             )

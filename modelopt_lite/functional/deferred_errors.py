@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import device_type
+
 MODES = ("sync", "deferred")
 #: Device types whose checks are deferred in "deferred" mode (the host-emulated tests add "cpu").
 DEFER_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
@@ -83,7 +85,7 @@ def deferring(t: torch.Tensor) -> bool:
     """Whether checks of values on ``t``'s device are deferred now (deferred mode, a CUDA tensor, eager: not while
     torch.compile / torch.export trace, where the value checks do not run, nor under torch.jit tracing (the
     TorchScript ONNX exporter), whose graph must not record the flag's copy into the host ring)."""
-    if _state["mode"] != "deferred" or t.device.type not in DEFER_DEVICE_TYPES:
+    if _state["mode"] != "deferred" or device_type(t) not in DEFER_DEVICE_TYPES:
         return False
     return not (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch._C._is_tracing())
 
@@ -126,13 +128,34 @@ class _CudaEvents:
         return _CudaEvent(device)
 
 
+#: device index -> (the current stream's id, its torch.cuda.Stream): see _current_stream
+_streams: dict[int, tuple[int, object]] = {}
+
+
+def _current_stream(device: torch.device):
+    """``torch.cuda.current_stream(device)``, the Python object reused while the device's current stream stays the
+    same: building one (device index parsing, a Stream object) is most of the host time of recording an event, which
+    every deferred check does. One C call compares the current stream's id."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    current = getattr(torch._C, "_cuda_getCurrentStream", None)
+    if current is None:
+        return torch.cuda.current_stream(device)
+    sid = current(index)[0]
+    hit = _streams.get(index)
+    if hit is not None and hit[0] == sid:
+        return hit[1]
+    stream = torch.cuda.current_stream(device)
+    _streams[index] = (sid, stream)
+    return stream
+
+
 class _CudaEvent:
     def __init__(self, device: torch.device):
         self.device = device
         self.event = torch.cuda.Event()
 
     def record(self) -> None:
-        self.event.record(torch.cuda.current_stream(self.device))
+        self.event.record(_current_stream(self.device))
 
     def query(self) -> bool:
         return self.event.query()
@@ -198,6 +221,10 @@ class Context:
     call: int
 
 
+#: Context's fields but ``call``: what a pending check keeps (the Context is built only for a failed one)
+_Info = tuple[str, Mapping[int, str], tuple[int, ...], torch.dtype, "Callable[[], str] | str | None"]
+
+
 class _Ring:
     def __init__(self, device: torch.device, backend):
         self.device = device
@@ -206,11 +233,12 @@ class _Ring:
         self.views = [self.host[i : i + 1] for i in range(RING_SIZE)]
         self.events = [backend.new_event(device) for _ in range(RING_SIZE)]
         self.free = list(range(RING_SIZE - 1, -1, -1))
-        self.pending: collections.deque[tuple[int, Context]] = collections.deque()
+        self.pending: collections.deque[tuple[int, int, _Info]] = collections.deque()  # (slot, call, info)
         self.calls = 0
 
-    def push(self, flag: torch.Tensor, ctx: Callable[[int], Context]) -> tuple[Context, int, int] | None:
-        """Queue ``flag``; the first error of the slots retired to make room (a full ring waits for its oldest)."""
+    def push(self, flag: torch.Tensor, info: _Info) -> tuple[Context, int, int] | None:
+        """Queue ``flag`` of the call described by ``info`` (Context's fields up to ``label``); the first error of the
+        slots retired to make room (a full ring waits for its oldest)."""
         found = None
         if not self.free:  # full: wait for the oldest copy (bounded memory), then take its slot
             self.events[self.pending[0][0]].synchronize()
@@ -219,7 +247,7 @@ class _Ring:
         self.views[slot].copy_(flag, non_blocking=True)
         self.events[slot].record()
         self.calls += 1
-        self.pending.append((slot, ctx(self.calls)))
+        self.pending.append((slot, self.calls, info))
         return found
 
     def collect(self, block: bool, before: int | None = None) -> tuple[Context, int, int] | None:
@@ -231,8 +259,8 @@ class _Ring:
         found = None
         later = 0
         while self.pending:
-            slot, ctx = self.pending[0]
-            if before is not None and ctx.call >= before:
+            slot, call, info = self.pending[0]
+            if before is not None and call >= before:
                 break
             if block:
                 self.events[slot].synchronize()
@@ -243,7 +271,7 @@ class _Ring:
             self.values[slot] = 0
             self.free.append(slot)
             if value and found is None:
-                found = (ctx, value)
+                found = (Context(*info, call), value)
             elif value:
                 later += 1
         return None if found is None else (*found, later)
@@ -285,7 +313,7 @@ def defer(flag: torch.Tensor, op: str, messages: Mapping[int, str], x: torch.Ten
     with _lock:
         r = _ring(flag.device)
         who = _label.get()
-        found = r.push(flag, lambda call: Context(op, messages, tuple(x.shape), x.dtype, who, call))
+        found = r.push(flag, (op, messages, tuple(x.shape), x.dtype, who))
         _raise(found or r.collect(block=False, before=r.calls))
 
 

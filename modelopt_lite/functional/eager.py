@@ -48,29 +48,48 @@ def register_autograd(op, backward: Callable, setup_context: Callable) -> None:
     )
 
 
-def plain_eager(args: tuple) -> bool:
-    """Whether a call with ``args`` may skip the dispatcher (see the module doc). The tracing check comes first:
+def _traced() -> bool:
+    """Whether anything but plain eager execution is active (see the module doc). The tracing check comes first:
     dynamo folds it and never traces the others."""
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return False
-    if (
+        return True
+    return bool(
         torch._C._len_torch_dispatch_stack()
         or torch._C._is_torch_function_mode_enabled()
         or torch._C._is_tracing()
         or torch._C._autograd._profiler_enabled()
         or torch._C._functorch.peek_interpreter_stack() is not None
-    ):
-        return False
-    return all(type(a) in _PLAIN for a in args if isinstance(a, Tensor))
+    )
+
+
+def _scan(args: tuple) -> int:
+    """One pass over a call's arguments: -1 when a tensor is not a plain Tensor / Parameter (a subclass takes the
+    op path), else 1 when a tensor requires grad, else 0."""
+    grad = 0
+    for a in args:
+        if isinstance(a, Tensor):
+            if type(a) not in _PLAIN:
+                return -1
+            if a.requires_grad:
+                grad = 1
+    return grad
+
+
+def plain_eager(args: tuple) -> bool:
+    """Whether a call with ``args`` may skip the dispatcher (see the module doc)."""
+    return not _traced() and _scan(args) >= 0
 
 
 def call(op, *args):
     """``op(*args)``, with the op's body run directly in plain eager mode (see the module doc). ``op`` may be any
     callable: one that is not a custom op (a wrapper, a test's stand-in) is simply called."""
     body = getattr(op, "_init_fn", None)
-    if body is None or not plain_eager(args):
+    if body is None or _traced():
         return op(*args)
-    if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args):
+    kind = _scan(args)
+    if kind < 0:
+        return op(*args)
+    if kind and torch.is_grad_enabled():
         fn = _FUNCTIONS.get(op)
         return op(*args) if fn is None else fn.apply(*args)
     return body(*args)

@@ -24,13 +24,14 @@ from torch import Tensor
 from . import cuda_args, deferred_errors, eager, onnx_qdq
 from .backend import is_native_cuda, kernels_for
 from .checks import check_unsigned_input, check_unsigned_min, defer_unsigned_flag
+from .devices import device_type
 
 _EMPTY = ()
 
 
 def _k(x: Tensor, fn: str, scale: Tensor, zero_point=None, qrange=None, grad=None):
     """The kernel ``fn`` for x's device; the CUDA extension's arguments are checked here first (see .cuda_args)."""
-    mod = kernels_for(x.device.type)
+    mod = kernels_for(device_type(x))
     if is_native_cuda(mod):
         cuda_args.check_quant(fn, x, scale, zero_point, qrange, grad)
     return getattr(mod, fn)
@@ -69,13 +70,13 @@ def fuses_unsigned_check(x: Tensor) -> bool:
     run, with the separate check or none."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False
-    mod = kernels_for(x.device.type)
+    mod = kernels_for(device_type(x))
     return hasattr(mod, "fake_quant_int_min") or hasattr(mod, "fake_quant_uint_flagged")
 
 
 def _uint_forward(x: Tensor, scale: Tensor, qmin: int, qmax: int, codes: bool) -> Tensor:
     fn = "quantize_int" if codes else "fake_quant_int"
-    mod = kernels_for(x.device.type)
+    mod = kernels_for(device_type(x))
     fused = getattr(mod, fn + "_min", None)
     flagged = getattr(mod, ("quantize_uint" if codes else "fake_quant_uint") + "_flagged", None)
     if fused is None and flagged is not None:  # CUDA: the kernel flags a negative or NaN element in its own pass

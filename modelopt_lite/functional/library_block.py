@@ -23,6 +23,7 @@ from . import blocks, eager, library
 from . import reference as ref
 from .backend import kernels_for
 from .checks import FLOAT_DTYPES, _compiling, check_amax_values
+from .devices import device_type
 from .scales import scale_from_amax
 
 KINDS = {"int": 0, "e4m3": 1}
@@ -54,7 +55,7 @@ def _reference(
 def fake_block_last(
     x: Tensor, amax: Tensor | None, block: int, kind: int, bound: float, qmin: int, qmax: int
 ) -> tuple[Tensor, Tensor]:
-    fn = getattr(kernels_for(x.device.type), "fake_block_last", None)
+    fn = getattr(kernels_for(device_type(x)), "fake_block_last", None)
     if fn is None:
         return _reference(x, amax, block, kind, bound, qmin, qmax)
     y, scale, bad = fn(x, amax, block, kind, bound, qmin, qmax)
@@ -117,6 +118,6 @@ def fused_block(x, block_sizes: dict, amax, fmt_name: str | None, unsigned: bool
         if amax.numel() == 1 or amax.device != x.device or (amax.requires_grad and torch.is_grad_enabled()):
             return None
         amax = amax.detach().float()
-    if getattr(kernels_for(x.device.type), "fake_block_last", None) is None:
+    if getattr(kernels_for(device_type(x)), "fake_block_last", None) is None:
         return None
     return block, amax

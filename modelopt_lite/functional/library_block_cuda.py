@@ -27,6 +27,7 @@ from torch import Tensor
 from ..formats import int_range, scaled_float_format
 from . import blocks, deferred_errors, eager, reference
 from .backend import is_native_cuda, kernels_for
+from .devices import device_type
 from .scales import scale_from_amax
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -93,14 +94,14 @@ def block_dynamic_backward_reference(
 # --- routing ---------------------------------------------------------------------------------------------------------
 def fused_device(x) -> bool:
     """Whether x is a tensor on a device the fused kernel serves (CUDA)."""
-    return isinstance(x, Tensor) and x.device.type in FUSED_DEVICE_TYPES
+    return isinstance(x, Tensor) and device_type(x) in FUSED_DEVICE_TYPES
 
 
 def _fused_kernels(x: Tensor, block: int):
     """The CUDA extension when it runs this (dtype, block) fused, else None."""
     if not fused_device(x) or x.dtype not in _DTYPE_NAMES or x.dim() == 0:
         return None
-    mod = kernels_for(x.device.type)
+    mod = kernels_for(device_type(x))
     if not is_native_cuda(mod) or not hasattr(mod, "fake_block_dynamic"):
         return None
     return mod if mod.block_dynamic_supported(_DTYPE_NAMES[x.dtype], int(block)) else None

@@ -24,6 +24,7 @@ from torch import Tensor
 from . import cuda_args, eager, onnx_qdq
 from . import microscaling as ms
 from .backend import is_native_cuda, kernels_for
+from .devices import device_type
 
 
 def _scaled_reference(x: Tensor, scale: Tensor, rnd) -> Tensor:
@@ -50,7 +51,7 @@ _ROUND = {"fake_e5m2": ms.e5m2_round, "fake_e2m1": ms.e2m1_round}
 
 
 def _run(name: str, x: Tensor, scale: Tensor) -> Tensor:
-    mod = kernels_for(x.device.type)
+    mod = kernels_for(device_type(x))
     fn = getattr(mod, name, None)
     if fn is None:
         return _REFERENCE[name](x, scale)

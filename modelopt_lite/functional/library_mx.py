@@ -27,15 +27,16 @@ from . import cuda_args, deferred_errors, eager
 from . import microscaling as ref
 from .backend import is_native_cuda, kernels_for
 from .checks import check_input
+from .devices import device_type
 
 
 def _impl(x: Tensor, name: str):
-    return getattr(kernels_for(x.device.type), name, None) or getattr(ref, name)
+    return getattr(kernels_for(device_type(x)), name, None) or getattr(ref, name)
 
 
 def _cuda_fn(x: Tensor, name: str):
     """The CUDA extension's function ``name`` for x, or None (another backend, or an extension built without it)."""
-    mod = kernels_for(x.device.type)
+    mod = kernels_for(device_type(x))
     return getattr(mod, name, None) if is_native_cuda(mod) else None
 
 
@@ -58,12 +59,15 @@ MX_MESSAGES = {e: {1: f"MX ({e}) input {_NONFINITE}"} for e in ref.MX_ELEMENTS}
 NVFP4_AMAX_MESSAGES = {1: NVFP4_MESSAGES[1], 2: "NVFP4 global amax must be finite and >= 0"}
 
 
-def _deferred(x: Tensor, name: str):
-    """The CUDA extension's ``name + "_flagged"`` (returns the kernel's flag unread) when x's value checks are
-    deferred (:mod:`.deferred_errors`), else None (the plain function reads the flag and raises at once)."""
-    if not deferred_errors.deferring(x):
-        return None
-    return getattr(kernels_for(x.device.type), name + "_flagged", None)
+def _cuda_route(x: Tensor, name: str):
+    """``(mod, flagged)``: ``mod`` the CUDA extension when it runs ``name`` for x (whose arguments the caller then
+    checks first), else None; ``flagged`` its ``name + "_flagged"`` (returns the kernel's flag unread) when x's value
+    checks are deferred (:mod:`.deferred_errors`), else None (the plain function reads the flag and raises at once).
+    One backend lookup: this runs on every call."""
+    mod = kernels_for(device_type(x))
+    if not is_native_cuda(mod) or not hasattr(mod, name):
+        return None, None
+    return mod, (getattr(mod, name + "_flagged", None) if deferred_errors.deferring(x) else None)
 
 
 def _run_flagged(fn, args: tuple, x: Tensor, op: str, messages) -> Tensor:
@@ -74,9 +78,9 @@ def _run_flagged(fn, args: tuple, x: Tensor, op: str, messages) -> Tensor:
 
 @torch.library.custom_op("modelopt_lite::fake_nvfp4", mutates_args=())
 def fake_nvfp4(x: Tensor, global_scale: Tensor, block: int) -> Tensor:
-    if _cuda_checked(x, "fake_nvfp4"):
+    mod, flagged = _cuda_route(x, "fake_nvfp4")
+    if mod is not None:
         cuda_args.check_nvfp4(x, global_scale, block)
-        flagged = _deferred(x, "fake_nvfp4")
         if flagged is not None:
             return _run_flagged(flagged, (x.contiguous(), global_scale, block), x, "fake_nvfp4", NVFP4_MESSAGES)
     return _impl(x, "fake_nvfp4")(x.contiguous(), global_scale, block)
@@ -96,11 +100,11 @@ def _bwd_impl(grad: Tensor, x: Tensor, name: str):
 
 @torch.library.custom_op("modelopt_lite::nvfp4_backward", mutates_args=())
 def nvfp4_backward(grad: Tensor, x: Tensor, global_scale: Tensor, block: int) -> Tensor:
-    if _cuda_checked(x, "nvfp4_backward"):
+    mod, flagged = _cuda_route(x, "nvfp4_backward")
+    if mod is not None:
         cuda_args.check_nvfp4(x, global_scale, block)
         cuda_args.check_grad(grad, x)
-        flagged = _deferred(x, "nvfp4_backward") if grad.dtype == x.dtype else None
-        if flagged is not None:
+        if flagged is not None and grad.dtype == x.dtype:
             args = (grad, x.contiguous(), global_scale, block)
             return _run_flagged(flagged, args, x, "nvfp4_backward", NVFP4_MESSAGES)
     return _bwd_impl(grad, x, "nvfp4_backward")(grad, x.contiguous(), global_scale, block)
@@ -113,9 +117,9 @@ def _(grad, x, global_scale, block):
 
 @torch.library.custom_op("modelopt_lite::fake_mx", mutates_args=())
 def fake_mx(x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
-    if _cuda_checked(x, "fake_mx"):
+    mod, flagged = _cuda_route(x, "fake_mx")
+    if mod is not None:
         cuda_args.check_mx(x, elem, block, rounding)
-        flagged = _deferred(x, "fake_mx")
         if flagged is not None:
             return _run_flagged(flagged, (x.contiguous(), elem, block, rounding), x, "fake_mx", MX_MESSAGES[elem])
     return _impl(x, "fake_mx")(x.contiguous(), elem, block, rounding)
@@ -128,11 +132,11 @@ def _(x, elem, block, rounding):
 
 @torch.library.custom_op("modelopt_lite::mx_backward", mutates_args=())
 def mx_backward(grad: Tensor, x: Tensor, elem: str, block: int, rounding: str) -> Tensor:
-    if _cuda_checked(x, "mx_backward"):
+    mod, flagged = _cuda_route(x, "mx_backward")
+    if mod is not None:
         cuda_args.check_mx(x, elem, block, rounding)
         cuda_args.check_grad(grad, x)
-        flagged = _deferred(x, "mx_backward") if grad.dtype == x.dtype else None
-        if flagged is not None:
+        if flagged is not None and grad.dtype == x.dtype:
             args = (grad, x.contiguous(), elem, block, rounding)
             return _run_flagged(flagged, args, x, "mx_backward", MX_MESSAGES[elem])
     return _bwd_impl(grad, x, "mx_backward")(grad, x.contiguous(), elem, block, rounding)

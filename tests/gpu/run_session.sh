@@ -75,6 +75,12 @@ step bench_real_gpu 45 python3 bench/bench_real_gpu.py --device cuda --m 1,16,20
 # torch.compile of its exact pure-torch chain (bench/cuda_mx_rows.py)
 step bench_cuda 80 python3 bench/bench_cuda.py --no-peers --cases mx,hist --repeats 20
 step bench_qat 40 python3 bench/bench_qat_cuda.py --repeats 10
+# not a default step: one public call's time on an idle GPU against its kernel's, and its host time (bench/
+# cuda_call_latency.py: what the public rows of bench_cuda / bench_fake_quant add to the kernel rows)
+step call_latency 45 python3 bench/cuda_call_latency.py
+# not a default step: issue 24's table with 5 calls back to back per timed run (a stream of calls' throughput: the
+# public rows' host time overlaps the kernels before them, as in a model's forward)
+step bench_cuda_burst 80 python3 bench/bench_cuda.py --no-peers --cases mx,hist --repeats 20 --burst 5
 # issue 23 (not a default step since session 9: the default steps' limits with it passed the device tool's 10 minutes
 # a command): the whole CPU suite on the GPU machine's host CPU (an Intel Xeon with AVX-512 VNNI and AMX on the
 # 2026-11-26 and -27 runs: the CPU-feature branches our 2-core development machines may lack), 12 xdist workers
