@@ -106,6 +106,7 @@ VARIANT_BITS = {  # MLQ_MX_* (mx_kernels_api.h)
     8: "fp32 2 vectors",
     16: "one wave",
     32: "fp32 blocks 2 vectors",
+    64: "16-bit 2 vectors",
 }
 
 
@@ -177,7 +178,7 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
         ours += variant_rows(
             mod,
             lambda e=elem: mod.fake_mx_flagged(x2, e, 32, "floor")[0],
-            (0, 3, 16, 24) if elem == "e4m3" else (0, 3, 24),
+            (0, 3, 16, 24, 75) if elem == "e4m3" else (0, 3, 24, 75),
         )
         if elem in ("e4m3", "e2m1"):
             ours.append(("modelopt_lite backward (STE)", lambda e=elem: mod.mx_backward(x2, x2, e, 32, "floor"), ""))
@@ -199,7 +200,7 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     bound = torch.tensor(7.0, device=x.device)
     blk = [("modelopt_lite fused kernel", lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], "")]
     blk += variant_rows(
-        mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 11, 43, 59), "fused kernel"
+        mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 11, 43, 59, 107), "fused kernel"
     )[1:]
     if x.is_cuda:  # the public function, checks deferred (no host read per call)
         blk.append(("public fake_block_quant", lambda: TQ.fake_block_quant(x2, {-1: 128}, None, 4), "checks deferred"))

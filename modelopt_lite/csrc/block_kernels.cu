@@ -106,7 +106,8 @@ struct DynCall {
 };
 
 // Built twice: FULL for `full` layouts (whole aligned vectors and blocks), the general one for the rest.
-// U slots per thread: 2 for one vector per lane, else 1 (MLQ_MX_BLOCKS_FP32_TWO_VECTORS: 2 with 2 vectors).
+// U slots per thread: 2 for one vector per lane, else 1 (the two-vector variants, MLQ_MX_BLOCKS_FP32_TWO_VECTORS and
+// MLQ_MX_16BIT_TWO_VECTORS: 2 with 2 vectors).
 template <class T, int P, bool E4M3, bool BWD, bool FULL, int U = (P == 1 ? 2 : 1)>
 cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
   DynBlockOp<T, P, E4M3, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
@@ -215,8 +216,9 @@ cudaError_t dyn_p(const DynCall& c) {
   const Layout L =
       make_layout<T>(c.rows, c.cols, c.block, aligned16(c.x) && aligned16(c.y) && aligned16(c.grad));
   const int p = c.block / (N * L.lanes);
-  if constexpr (sizeof(T) == 4 && !BWD) {  // the float32 forward with 2 vectors per lane, as the MX kernels' default
-    if (p == 1 && L.full && L.lanes >= 2 && (variant() & MLQ_MX_BLOCKS_FP32_TWO_VECTORS)) {
+  if constexpr (!BWD) {  // the forward with 2 vectors per lane (float32: as the MX kernels' default)
+    constexpr int kTwoVectors = sizeof(T) == 4 ? MLQ_MX_BLOCKS_FP32_TWO_VECTORS : MLQ_MX_16BIT_TWO_VECTORS;
+    if (p == 1 && L.full && L.lanes >= 2 && (variant() & kTwoVectors)) {
       return dyn_run_as<T, 2, E4M3, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
     }
   }

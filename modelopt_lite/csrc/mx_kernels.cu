@@ -192,7 +192,8 @@ Layout call_layout(const Call& c) {
 // checks in the lanes), and the general one for partial blocks, misaligned or odd-length views. The FULL forward
 // kernels have variants (mx_kernels_api.h): NVFP4's 16-element blocks of 2-byte elements take one lane per block
 // with MLQ_MX_NVFP4_ONE_LANE (the block's scale computed once, not by each of its 2 lanes), and the float32 NVFP4 / MX
-// kernels 2 vectors per lane with MLQ_MX_FP32_TWO_VECTORS (half the lanes per block, one shuffle step fewer).
+// kernels 2 vectors per lane with MLQ_MX_FP32_TWO_VECTORS (half the lanes per block, one shuffle step fewer), the
+// float16/bfloat16 MX kernels so with MLQ_MX_16BIT_TWO_VECTORS.
 template <class T, bool BWD, bool FULL, int P = 1>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
   Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
@@ -224,8 +225,9 @@ template <class T, int ELEM, bool BWD>
 cudaError_t mx_elem_typed(const Call& c) {
   const Layout L = call_layout<T>(c);
   if (!L.full) return mx_run<T, ELEM, BWD, false>(c, L);
-  if constexpr (!BWD && sizeof(T) == 4) {
-    if (variant() & MLQ_MX_FP32_TWO_VECTORS) return mx_run<T, ELEM, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
+  if constexpr (!BWD) {
+    constexpr int kTwoVectors = sizeof(T) == 4 ? MLQ_MX_FP32_TWO_VECTORS : MLQ_MX_16BIT_TWO_VECTORS;
+    if (L.lanes >= 2 && (variant() & kTwoVectors)) return mx_run<T, ELEM, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
   }
   return mx_run<T, ELEM, BWD, true>(c, L);
 }

@@ -86,8 +86,14 @@ cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, floa
  *     not 16 per multiprocessor: one wave of blocks, each looping over its grid-stride tiles.
  *   MLQ_MX_BLOCKS_FP32_TWO_VECTORS: the fused dynamic-block forward of float32, blocks of up to 32 vectors: 2
  *     vectors per lane and 2 slots per thread, half the lanes per block (what MLQ_MX_FP32_TWO_VECTORS does for
- *     NVFP4/MX; not yet timed on a GPU: the float32 int4-block row ran at 89% of copy without it).
- * The default (one lane, 16-bit prefetch, float32 two vectors) is what H100s ran fastest (bench/REPORT.md):
+ *     NVFP4/MX).
+ *   MLQ_MX_16BIT_TWO_VECTORS: the MX and fused dynamic-block forwards of float16/bfloat16: 2 vectors per lane, half
+ *     the lanes per block (32 bytes of each lane's loads in flight instead of 16, as MLQ_MX_FP32_TWO_VECTORS does
+ *     for float32; added 2026-11-27, session 11, not yet timed: with 5 calls back to back the bfloat16 MX kernels
+ *     ran at 87-90% of copy against 92-94% for float32).
+ * The default (one lane, 16-bit prefetch, float32 two vectors, float32 dynamic blocks two vectors) is what H100s
+ * ran fastest (bench/REPORT.md; the last bit since session 11, 2026-11-27: the float32 int4-block row 91% -> 92%
+ * of copy one call at a time, 90% -> 91% five calls back to back, two runs on two H100s):
  * 2026-11-27 (session 7), one lane 81% -> 87% of copy for NVFP4 bf16 and the prefetch 87% -> 92% there, while
  * prefetching cost 5-17% of copy in the float32 kernels and the light bf16 ones (MX, E5M2); 2026-11-27 (session
  * 9), float32 two vectors 89-90% -> 92-94% for NVFP4 and the four MX elements. Tried the same day and removed:
@@ -102,8 +108,9 @@ enum {
   MLQ_MX_FP32_TWO_VECTORS = 8,
   MLQ_MX_ONE_WAVE = 16,
   MLQ_MX_BLOCKS_FP32_TWO_VECTORS = 32,
-  MLQ_MX_VARIANT_ALL = 63,
-  MLQ_MX_VARIANT_DEFAULT = 11
+  MLQ_MX_16BIT_TWO_VECTORS = 64,
+  MLQ_MX_VARIANT_ALL = 127,
+  MLQ_MX_VARIANT_DEFAULT = 43
 };
 int mlq_mx_set_variant(int variant);
 

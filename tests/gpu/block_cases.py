@@ -160,8 +160,9 @@ def run_check(mod, device: str, check: Check) -> None:
 
 
 #: the work-distribution variants that change the fused block kernel's lanes (mx_kernels_api.h): none, 2 float32
-#: vectors per lane (MLQ_MX_BLOCKS_FP32_TWO_VECTORS), and that with one wave of thread blocks
-BLOCK_VARIANTS = (0, 32, 48)
+#: vectors per lane (MLQ_MX_BLOCKS_FP32_TWO_VECTORS), that with one wave of thread blocks, 2 float16/bfloat16
+#: vectors per lane (MLQ_MX_16BIT_TWO_VECTORS), and both two-vector bits
+BLOCK_VARIANTS = (0, 32, 48, 64, 96)
 
 
 def variant_failures(mod, device: str) -> list[str]:

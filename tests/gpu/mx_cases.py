@@ -159,9 +159,10 @@ def nvfp4_checks(dtypes=DTYPES):
     return out
 
 
-VARIANTS = 64  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
-# 16 one wave of thread blocks, 32 fp32 dynamic blocks 2 vectors: block_cases.variant_failures)
-DEFAULT_VARIANT = 11  # MLQ_MX_VARIANT_DEFAULT
+VARIANTS = 128  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
+# 16 one wave of thread blocks, 32 fp32 dynamic blocks 2 vectors (block_cases.variant_failures), 64 16-bit MX and
+# dynamic blocks 2 vectors)
+DEFAULT_VARIANT = 43  # MLQ_MX_VARIANT_DEFAULT
 VARIANT_SHAPES = {
     "4x64 full blocks": (4, 64),
     "67x256 full blocks, many warp tiles": (67, 256),
