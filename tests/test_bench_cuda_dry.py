@@ -128,3 +128,17 @@ def test_sass_report_labels_and_rows(bench_path):
             "fdiv": 1,
         }
     ]
+
+
+def test_gpu_session_default_steps_fit_one_device_command():
+    """tests/gpu/run_session.sh: every default step exists, and their limits (+2 s kill grace each) fit inside the
+    device tool's 600 s per command."""
+    import re
+
+    script = (BENCH.parent / "tests" / "gpu" / "run_session.sh").read_text()
+    defaults = re.search(r'steps=\$\{STEPS:-"([^"]+)"\}', script).group(1).split()
+    limits = dict(re.findall(r"^step (\w+) (\d+) ", script, re.M))
+    assert set(defaults) <= set(limits), set(defaults) - set(limits)
+    total = sum(int(limits[s]) + 2 for s in defaults)
+    assert total <= 600, total
+    assert f"The default steps' limits sum to {total - 2 * len(defaults)} s" in script

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session: build the CUDA kernels, run every GPU test, the calibration parity and the GPU benchmarks, each
-# under its own time limit (one slow or hung step cannot eat the others). The default steps' limits sum to 475 s (+2 s kill grace each), inside the device tool's 10 minutes a
+# under its own time limit (one slow or hung step cannot eat the others). The default steps' limits sum to 505 s (+2 s kill grace each), inside the device tool's 10 minutes a
 # command; the H200 runs of 2026-11-26 took build 47-54 s, tests 31-61 s (4 xdist workers), calib_parity 5 s,
 # bench_fake_quant 33 s, bench_cuda 39 s, bench_qat 23 s (bench_real_gpu_full: 83 s); the H100 run of 2026-11-27
 # (session 9) build 77 s, tests 65 s, bench_cuda 56 s with three dtypes. Logs go to $OUT (or
@@ -24,7 +24,7 @@ out=${OUT:-gpu_logs}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-steps=${STEPS:-"build tests calib_parity bench_fake_quant bench_fake_quant_burst bench_real_gpu bench_cuda bench_qat"}
+steps=${STEPS:-"build tests calib_parity bench_fake_quant bench_fake_quant_burst bench_real_gpu bench_cuda bench_qat call_latency"}
 summary="$out/gpu_summary.log"
 : >"$summary"
 failed=0
@@ -75,9 +75,9 @@ step bench_real_gpu 45 python3 bench/bench_real_gpu.py --device cuda --m 1,16,20
 # torch.compile of its exact pure-torch chain (bench/cuda_mx_rows.py)
 step bench_cuda 80 python3 bench/bench_cuda.py --no-peers --cases mx,hist --repeats 20
 step bench_qat 40 python3 bench/bench_qat_cuda.py --repeats 10
-# not a default step: one public call's time on an idle GPU against its kernel's, and its host time (bench/
-# cuda_call_latency.py: what the public rows of bench_cuda / bench_fake_quant add to the kernel rows)
-step call_latency 45 python3 bench/cuda_call_latency.py
+# one public call's time on an idle GPU against its kernel's, and its host time, cold and warm (bench/
+# cuda_call_latency.py: what the public rows of bench_cuda / bench_fake_quant add to the kernel rows; 13-16 s)
+step call_latency 30 python3 bench/cuda_call_latency.py
 # not a default step: issue 24's table with 5 calls back to back per timed run (a stream of calls' throughput: the
 # public rows' host time overlaps the kernels before them, as in a model's forward)
 step bench_cuda_burst 80 python3 bench/bench_cuda.py --no-peers --cases mx,hist --repeats 20 --burst 5
