@@ -40,11 +40,6 @@ def _cuda_fn(x: Tensor, name: str):
     return getattr(mod, name, None) if is_native_cuda(mod) else None
 
 
-def _cuda_checked(x: Tensor, name: str) -> bool:
-    """Whether ``name`` runs in the CUDA extension for x (whose arguments the caller then checks first)."""
-    return _cuda_fn(x, name) is not None
-
-
 def _like(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -93,7 +88,9 @@ def _(x, global_scale, block):
 
 def _bwd_impl(grad: Tensor, x: Tensor, name: str):
     """The backward kernel: the CUDA extension's when grad matches x (dtype, shape, device), else the reference."""
-    if _cuda_checked(x, name) and not (grad.dtype == x.dtype and grad.shape == x.shape and grad.device == x.device):
+    if _cuda_fn(x, name) is not None and not (
+        grad.dtype == x.dtype and grad.shape == x.shape and grad.device == x.device
+    ):
         return getattr(ref, name)
     return _impl(x, name)
 
