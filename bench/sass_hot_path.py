@@ -52,7 +52,7 @@ PARAMS = {
     "Nvfp4Op": ("vectors", "bwd", "full"),  # vectors: P (2: MLQ_MX_NVFP4_ONE_LANE)
     "MxOp": ("vectors", "elem", "bwd", "full"),
     "MinifloatOp": ("elem", "full"),
-    "DynBlockOp": ("vectors", "e4m3", "bwd", "full"),
+    "DynBlockOp": ("vectors", "e4m3", "bwd", "full", "static"),  # static: a given block amax (fake_block_static)
 }
 ELEMS = ("e4m3", "e5m2", "e2m1", "int8")
 
@@ -64,6 +64,8 @@ def label(name: str) -> str | None:
         dtype = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32"}[m.group(2)]
         nums = [int(v) for v in re.findall(r"L[ib](\d+)E", m.group(3))]
         names = PARAMS[m.group(1)]
+        if m.group(1) == "DynBlockOp" and len(nums) == 4:  # builds before the static block amax
+            names = names[:-1]
         vals = dict(zip(names[len(names) - len(nums) :], nums))  # older builds: fewer leading parameters
         if vals.get("bwd"):
             return None
@@ -76,6 +78,8 @@ def label(name: str) -> str | None:
             parts.append(f"P={vals['vectors']}")
         if "full" in vals:  # builds before 2026-11-27 had one kernel for every layout
             parts.append("FULL" if vals["full"] else "general")
+        if vals.get("static"):
+            parts.append("static")
         u = re.search(r"ELi(\d+)EEEvT_", name)  # lanes_kernel<Op, U>: slots per thread (1 or 2 today)
         if u and int(u.group(1)) > 2:
             parts.append(f"U={u.group(1)}")

@@ -253,6 +253,95 @@ def test_fused_dynamic_nonfinite_raises_the_reference_error(fused_on_cpu):
         q(x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("block_sizes", "num_bits", "narrow"),
+    [({-1: 128}, 4, False), ({-1: 16, "type": "dynamic"}, 8, True), ({"-1": 32}, (4, 3), False), ({2: 64}, 4, False)],
+)
+def test_public_fake_block_quant_static_fused_equals_unfused(
+    fused_on_cpu, monkeypatch, dtype, block_sizes, num_bits, narrow
+):
+    """tensor_quant.fake_block_quant with a static block amax (float32 or not): routed to fake_block_static once,
+    output and x's gradient equal the unfused composition (the amax check, scale_from_amax, the integer / E4M3 op)
+    bit for bit, NaN / Inf of x passing through; the caller's amax is untouched."""
+    from modelopt_lite import tensor_quant as tq
+    from modelopt_lite.functional import backend
+
+    x0 = block_cases._data((3, 2, 200), dtype, 1)
+    amax = block_cases.static_amax(x0, block_sizes.get(-1) or block_sizes.get("-1") or block_sizes[2])
+    x0 = block_cases._with_nonfinite(x0)
+    amax_in = amax.clamp(max=torch.finfo(dtype).max).to(dtype)  # an amax in x's dtype is converted to float32
+    keep = amax_in.clone()
+    assert fused_on_cpu.fused_static_args(x0, block_sizes, amax_in, num_bits, False, narrow) is not None
+    calls = []
+    real = fused_on_cpu.fake_block_static
+    monkeypatch.setattr(fused_on_cpu, "fake_block_static", lambda *a: calls.append(a) or real(*a))
+
+    def run(x):
+        x = x.clone().requires_grad_()
+        y = tq.fake_block_quant(x, block_sizes, amax_in, num_bits, False, narrow)
+        y.backward(block_cases._grad(y.detach()))
+        return y.detach(), x.grad
+
+    got = run(x0)
+    assert len(calls) == 1 and calls[0][1].dtype == torch.float32
+    with backend.use_backend("reference"), monkeypatch.context() as m:
+        m.setattr(fused_on_cpu, "FUSED_DEVICE_TYPES", ("cuda",))
+        want = run(x0)
+    assert len(calls) == 1
+    cases.assert_same(got, want, f"static fused public fake_block_quant {block_sizes} {num_bits} {dtype}")
+    assert torch.equal(amax_in, keep)
+
+
+def test_fused_static_routing_leaves_the_other_cases_alone(fused_on_cpu):
+    """Only a block amax of the blocks' exact shape, on x's device, needing no gradient, with last-axis blocks,
+    signed integer or E4M3 elements and no double quantization takes the fused static op."""
+    x = torch.randn(4, 64)
+    route = fused_on_cpu.fused_static_args
+    a = torch.rand(4, 4)
+    got = route(x, {-1: 16}, a, 4, False, False)
+    assert got[0].data_ptr() == a.data_ptr() and got[1:] == (16, 7.0, -8, 7, False)  # float32: not copied
+    assert route(x, {-1: 16}, a, (4, 3), False, True)[1:] == (16, 448.0, -448, 448, True)
+    half = route(x, {-1: 16}, a.half(), 8, False, True)
+    assert half[0].dtype == torch.float32 and half[1:] == (16, 127.0, -127, 127, False)
+    assert route(x, {-1: 16}, None, 4, False, False) is None  # dynamic: fused_dynamic_args
+    assert route(x, {-1: 16}, a, 4, True, False) is None  # unsigned: the input check
+    assert route(x, {-1: 16}, a.requires_grad_(), 4, False, False) is None  # a learnable amax
+    a = a.detach()
+    with torch.no_grad():
+        assert route(x, {-1: 16}, a.clone().requires_grad_(), 4, False, False) is not None  # no gradient asked
+    assert route(x, {-1: 16}, a.reshape(16, 1), 4, False, False) is None  # ModelOpt's flat layout: unfused
+    assert route(x, {-1: 16}, torch.tensor(3.0), 4, False, False) is None  # one amax for all blocks
+    assert route(x, {-1: 16}, a.int(), 4, False, False) is None  # the unfused path's TypeError
+    assert route(x, {-1: 16, "scale_bits": 8}, a, 4, False, False) is None
+    assert route(x, {0: 2, -1: 16}, a, 4, False, False) is None
+    assert route(x, {-1: 16}, a, (5, 2), False, False) is None
+    assert route(x, {-1: 12}, torch.rand(4, 6), 4, False, False) is None  # 3 vectors per block
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
+def test_fused_static_bad_amax_raises_the_unfused_error(fused_on_cpu, monkeypatch, bad):
+    """A NaN, Inf or negative static block amax: the fused op raises the unfused path's ValueError (the kernel's
+    flag, read at once on the CPU, then checks.check_amax_values' message with the first bad value)."""
+    from modelopt_lite import tensor_quant as tq
+
+    x = torch.randn(2, 70)
+    amax = torch.rand(2, 3) + 0.5
+    amax[1, 2] = bad
+    calls = []
+    real = fused_on_cpu.fake_block_static
+    monkeypatch.setattr(fused_on_cpu, "fake_block_static", lambda *a: calls.append(a) or real(*a))
+    msgs = []
+    for fused in (True, False):
+        with monkeypatch.context() as m:
+            if not fused:
+                m.setattr(fused_on_cpu, "FUSED_DEVICE_TYPES", ("cuda",))
+            with pytest.raises(ValueError, match=r"block amax must be finite and >= 0, got") as e:
+                tq.fake_block_quant(x, {-1: 32}, amax, 4)
+            msgs.append(str(e.value))
+    assert len(calls) == 1 and msgs[0] == msgs[1] and repr(bad) in msgs[0]
+
+
 @pytest.mark.parametrize(
     "source", ["quant_cuda_binding.cpp", "mx_cuda_binding.cpp", "block_cuda_binding.cpp", "real_cuda_binding.cpp"]
 )

@@ -132,6 +132,14 @@ FORMATS = {
         lambda: QuantDescriptor(num_bits=4, block_sizes={-1: 16, "type": "dynamic"}),
         _ops(_FLAGGED_BINDING, _RING, modelopt_lite__fake_block_dynamic=1),
     ),
+    # a static block amax: its check, the scale and the quantization in the fused kernel (one launch), where the
+    # unfused path launched the scale kernel and the per-block quantization kernel
+    "int4_static_blocks": (
+        lambda: QuantDescriptor(
+            num_bits=4, block_sizes={-1: 16}, amax=(torch.arange(64).reshape(16, 4) * 0.05 + 0.5).tolist()
+        ),
+        _ops(_FLAGGED_BINDING, _RING, modelopt_lite__fake_block_static=1),
+    ),
 }
 
 
@@ -168,7 +176,7 @@ def test_sync_mode_reads_the_flag_at_the_call(on_emulated_cuda, fmt):
         _count(q, _x())
 
 
-@pytest.mark.parametrize("fmt", ["int8_per_tensor", "nvfp4", "mxfp8", "int4_dynamic_blocks"])
+@pytest.mark.parametrize("fmt", ["int8_per_tensor", "nvfp4", "mxfp8", "int4_dynamic_blocks", "int4_static_blocks"])
 def test_training_step_makes_no_host_read(on_emulated_cuda, fmt):
     """Forward and backward (the QAT step) in deferred mode: no host read either (backward kernels flag too)."""
     q = TensorQuantizer(FORMATS[fmt][0]())
@@ -265,6 +273,34 @@ def test_bad_amax_raises_at_check_errors_or_at_the_call(on_emulated_cuda):
         pytest.raises(ValueError, match=r"^TensorQuantizer 'w': amax must be finite and >= 0, got -1.0$"),
     ):
         q(_x())
+
+
+def test_bad_static_block_amax_raises_the_unfused_paths_errors(on_emulated_cuda, monkeypatch):
+    """A static block amax gone NaN: the fused kernel's flag gives the unfused path's deferred error (same op name,
+    message and shape) and, in sync mode, its ValueError naming the first bad value."""
+    from modelopt_lite.functional import library_block_cuda
+
+    def run(fused: bool) -> tuple[str, str]:
+        q = TensorQuantizer(FORMATS["int4_static_blocks"][0](), name="w")
+        q._amax.data[7, 2] = math.nan
+        with monkeypatch.context() as m:
+            if not fused:
+                m.setattr(library_block_cuda, "FUSED_DEVICE_TYPES", ("cuda",))
+            with deferred_errors.use_event_backend(PendingEvents(), "cpu"):
+                q(_x())
+                with pytest.raises(deferred_errors.DeferredValueError) as deferred:
+                    deferred_errors.check_errors()
+            with deferred_errors.error_checks("sync"), pytest.raises(ValueError) as sync:
+                q(_x())
+        return str(deferred.value), str(sync.value)
+
+    fused, unfused = run(True), run(False)
+    assert fused == unfused
+    assert fused[0].startswith(
+        "TensorQuantizer 'w': block amax must be finite and >= 0 (NaN, Inf or < 0) [detected asynchronously: this "
+        "error belongs to an earlier call, block amax check on a 16x4 float32 tensor"
+    )
+    assert fused[1] == "TensorQuantizer 'w': block amax must be finite and >= 0, got nan"
 
 
 def test_checked_scale_keeps_a_learnable_amax_differentiable(on_emulated_cuda):

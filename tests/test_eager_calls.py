@@ -58,6 +58,11 @@ CASES = {
         lambda: (_x(6, 64), 16, 7.0, -8, 7, False, 0, 0.0, 0),
         (0,),
     ),
+    "fake_block_static": (
+        library_block_cuda.fake_block_static,
+        lambda: (_x(6, 64), torch.linspace(0.5, 9.0, 24).reshape(6, 4), 16, 7.0, -8, 7, False),
+        (0,),
+    ),
     "fake_block_last": (library_block.fake_block_last, lambda: (_x(6, 64), None, 16, 0, 7.0, -8, 7), (0,)),
 }
 
@@ -166,3 +171,14 @@ def test_autocast_and_inference_mode_give_the_ops_values(desc):
         inference = q(x)
     assert direct.dtype == via_op.dtype == inference.dtype == torch.float32
     assert torch.equal(direct, via_op) and torch.equal(direct, inference)
+
+
+@pytest.mark.parametrize("name", ["fake_block_dynamic", "fake_block_static"])
+def test_block_ops_pass_opcheck(name):
+    """Schema, fake (meta) kernel, autograd registration and dispatch of the fused block ops (their reference path
+    here), torch.library's own checks."""
+    op, make, _ = CASES[name]
+    args = make()
+    torch.library.opcheck(op, args)
+    x = args[0].clone().requires_grad_()
+    torch.library.opcheck(op, (x, *args[1:]))

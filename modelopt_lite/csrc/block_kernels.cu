@@ -3,6 +3,11 @@
 // registers, quantize and one write. No amax or scale tensor goes through memory. The backward pass recomputes the
 // block scales the same way and applies the straight-through mask (one read of x and grad, one write).
 //
+// Static block amax (mlq_static_block): the same kernel with each block's amax read from a float32 tensor of shape
+// (rows, blocks per row) instead of reduced, and checked (NaN, Inf or < 0 raises the flag; x's own NaN/Inf pass
+// through, as in the unfused path): the scale and the check that took their own launch and a scale tensor in memory
+// are done in registers.
+//
 // Double quantization (scale_kind != 0): a first pass reads x for the tensor's amax (one float in device memory,
 // abs_max below), from which every block derives the scales' scale; the block scales are fake-quantized in
 // registers (still no per-block tensor). That is two reads of x: the scales' scale depends on every block.
@@ -32,7 +37,9 @@ MXK_HD float block_scale(float a, float bound) {
 // checks.check_amax_values: an amax is refused when NaN, Inf or < 0 (-0.0 is fine).
 MXK_HD bool bad_amax(float a) { return !(a >= 0.0f) || mxe::nonfinite(a); }
 
-template <class T, int P, bool E4M3, bool BWD, bool FULL>
+// STATIC: the block amax is read from `samax` (a static amax), not reduced from x; built apart from the dynamic
+// kernels, which then carry no test of it.
+template <class T, int P, bool E4M3, bool BWD, bool FULL, bool STATIC>
 struct DynBlockOp {
   using State = OpLane<T, P, BWD, FULL>;
   // MLQ_MX_PREFETCH_16BIT does not take this kernel: since the lanes hold their 16-bit elements packed (32
@@ -48,10 +55,18 @@ struct DynBlockOp {
   const float* gmax;  // double quantization: the tensor's amax (device), else null
   int scale_kind;     // 1: unsigned integer scale codes [0, scale_qmax], 2: E4M3 scale codes
   float scale_bound, scale_qmax;
+  const float* samax;  // STATIC: the block amaxes (rows x blocks per row, row-major)
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
-  MXK_HD float load(int64_t slot, State& st) const { return load_op_lane<T, P, BWD, FULL>(x, grad, L, slot, st); }
+  // STATIC: each lane returns its block's amax instead of its partial max (issued with the loads of x, so its
+  // latency overlaps theirs), and the group's reduction of equal values leaves it unchanged: finish receives it with
+  // no register kept for the block index.
+  MXK_HD float load(int64_t slot, State& st) const {
+    const float a = load_op_lane<T, P, BWD, FULL>(x, grad, L, slot, st);
+    if constexpr (STATIC) return load_scalar(samax + st.w.b);
+    return a;
+  }
   MXK_HD void prefetch(int64_t slot) const { prefetch_op_lane<T, P, BWD, FULL>(x, grad, L, slot); }
 
   // The block scale, double-quantized when asked: the largest block scale is scale_from_amax(the tensor's amax)
@@ -67,7 +82,7 @@ struct DynBlockOp {
 
   MXK_HD void finish(int64_t, State& st, float a) const {
     constexpr int N = VecOf<T>::N;
-    if (st.w.lane == 0 && mxe::nonfinite(a)) flag_set(flag, 1);
+    if (st.w.lane == 0 && (STATIC ? bad_amax(a) : mxe::nonfinite(a))) flag_set(flag, 1);  // static: check_amax_values
     const float s = scale_of(a);
     if constexpr (BWD) {  // the gradient's elements were read with x (GradLane)
 MXK_UNROLL
@@ -103,22 +118,23 @@ struct DynCall {
   int scale_kind;
   float scale_bound, scale_qmax;
   cudaStream_t stream;
+  const float* samax;  // static block amaxes, else null
 };
 
 // Built twice: FULL for `full` layouts (whole aligned vectors and blocks), the general one for the rest.
 // U slots per thread: 2 for one vector per lane, else 1 (the two-vector variants, MLQ_MX_BLOCKS_FP32_TWO_VECTORS and
 // MLQ_MX_16BIT_TWO_VECTORS: 2 with 2 vectors).
-template <class T, int P, bool E4M3, bool BWD, bool FULL, int U = (P == 1 ? 2 : 1)>
+template <class T, int P, bool E4M3, bool BWD, bool STATIC, bool FULL, int U = (P == 1 ? 2 : 1)>
 cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
-  DynBlockOp<T, P, E4M3, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
+  DynBlockOp<T, P, E4M3, BWD, FULL, STATIC> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
                                  c.flag, L, c.bound, c.qmin, c.qmax, c.gmax, c.scale_kind, c.scale_bound,
-                                 c.scale_qmax};
+                                 c.scale_qmax, c.samax};
   return run_lanes<U>(op, c.stream);
 }
 
-template <class T, int P, bool E4M3, bool BWD>
+template <class T, int P, bool E4M3, bool BWD, bool STATIC>
 cudaError_t dyn_run(const DynCall& c, const Layout& L) {
-  return L.full ? dyn_run_as<T, P, E4M3, BWD, true>(c, L) : dyn_run_as<T, P, E4M3, BWD, false>(c, L);
+  return L.full ? dyn_run_as<T, P, E4M3, BWD, STATIC, true>(c, L) : dyn_run_as<T, P, E4M3, BWD, STATIC, false>(c, L);
 }
 
 // The tensor's amax for double quantization (one read of x): each thread's running max over its 16-byte vectors
@@ -210,7 +226,7 @@ cudaError_t scales(const float* amax, float* scale, int64_t n, float bound, int*
 #endif
 }
 
-template <class T, bool E4M3, bool BWD>
+template <class T, bool E4M3, bool BWD, bool STATIC>
 cudaError_t dyn_p(const DynCall& c) {
   constexpr int N = VecOf<T>::N;
   const Layout L =
@@ -219,12 +235,12 @@ cudaError_t dyn_p(const DynCall& c) {
   if constexpr (!BWD) {  // the forward with 2 vectors per lane (float32: as the MX kernels' default)
     constexpr int kTwoVectors = sizeof(T) == 4 ? MLQ_MX_BLOCKS_FP32_TWO_VECTORS : MLQ_MX_16BIT_TWO_VECTORS;
     if (p == 1 && L.full && L.lanes >= 2 && (variant() & kTwoVectors)) {
-      return dyn_run_as<T, 2, E4M3, BWD, true, 2>(c, with_lanes(L, L.lanes / 2));
+      return dyn_run_as<T, 2, E4M3, BWD, STATIC, true, 2>(c, with_lanes(L, L.lanes / 2));
     }
   }
-  if (p == 1) return dyn_run<T, 1, E4M3, BWD>(c, L);
-  if (p == 2) return dyn_run<T, 2, E4M3, BWD>(c, L);
-  return dyn_run<T, 4, E4M3, BWD>(c, L);
+  if (p == 1) return dyn_run<T, 1, E4M3, BWD, STATIC>(c, L);
+  if (p == 2) return dyn_run<T, 2, E4M3, BWD, STATIC>(c, L);
+  return dyn_run<T, 4, E4M3, BWD, STATIC>(c, L);
 }
 
 template <class T>
@@ -233,8 +249,12 @@ cudaError_t dyn_typed(const DynCall& c, bool e4m3, bool bwd) {
     const cudaError_t e = abs_max<T>(static_cast<const T*>(c.x), c.rows * c.cols, c.gmax, c.stream);
     if (e != cudaSuccess) return e;
   }
-  if (e4m3) return bwd ? dyn_p<T, true, true>(c) : dyn_p<T, true, false>(c);
-  return bwd ? dyn_p<T, false, true>(c) : dyn_p<T, false, false>(c);
+  if (c.samax != nullptr) {
+    if (e4m3) return bwd ? dyn_p<T, true, true, true>(c) : dyn_p<T, true, false, true>(c);
+    return bwd ? dyn_p<T, false, true, true>(c) : dyn_p<T, false, false, true>(c);
+  }
+  if (e4m3) return bwd ? dyn_p<T, true, true, false>(c) : dyn_p<T, true, false, false>(c);
+  return bwd ? dyn_p<T, false, true, false>(c) : dyn_p<T, false, false, false>(c);
 }
 
 }  // namespace mxk
@@ -258,7 +278,23 @@ extern "C" cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* 
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   const mxk::DynCall c{x,     grad, y,          nonfinite,  rows,  cols, block, bound, qmin, qmax,
-                       scale_kind != 0 ? amax_scratch : nullptr, scale_kind, scale_bound, scale_qmax, stream};
+                       scale_kind != 0 ? amax_scratch : nullptr, scale_kind, scale_bound, scale_qmax, stream,
+                       nullptr};
+  const bool bwd = grad != nullptr;
+  if (dtype == MLQ_FLOAT32) return mxk::dyn_typed<float>(c, e4m3 != 0, bwd);
+  if (dtype == MLQ_FLOAT16) return mxk::dyn_typed<__half>(c, e4m3 != 0, bwd);
+  return mxk::dyn_typed<__nv_bfloat16>(c, e4m3 != 0, bwd);
+}
+
+extern "C" cudaError_t mlq_static_block(mlq_dtype dtype, int e4m3, const void* grad, const void* x,
+                                        const float* block_amax, void* y, int64_t rows, int64_t cols, int block,
+                                        float bound, float qmin, float qmax, int* bad_amax, cudaStream_t stream) {
+  if (!mlq_dynamic_block_supported(dtype, block) || rows < 0 || cols < 0 || !(bound > 0.0f) || !(qmin <= qmax))
+    return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (x == nullptr || y == nullptr || block_amax == nullptr) return cudaErrorInvalidValue;
+  const mxk::DynCall c{x,    grad, y,    bad_amax, rows, cols,   block,     bound, qmin,
+                       qmax, nullptr, 0, 0.0f, 0.0f, stream, block_amax};
   const bool bwd = grad != nullptr;
   if (dtype == MLQ_FLOAT32) return mxk::dyn_typed<float>(c, e4m3 != 0, bwd);
   if (dtype == MLQ_FLOAT16) return mxk::dyn_typed<__half>(c, e4m3 != 0, bwd);

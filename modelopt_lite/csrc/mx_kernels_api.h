@@ -66,6 +66,14 @@ cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* grad, const
                               float scale_bound, float scale_qmax, float* amax_scratch, int* nonfinite,
                               cudaStream_t stream);
 
+/* The same with a static block amax: block j of row r takes scale_from_amax(block_amax[r * blocks + j], bound)
+ * (blocks = ceil(cols / block); float32, device memory, row-major) instead of its max |x|, and sets *bad_amax |= 1
+ * (device memory, zeroed by the caller) when one of them is NaN, Inf or negative (checks.check_amax_values); x's
+ * NaN/Inf pass through the element math. One launch, no scale tensor. */
+cudaError_t mlq_static_block(mlq_dtype dtype, int e4m3, const void* grad, const void* x, const float* block_amax,
+                             void* y, int64_t rows, int64_t cols, int block, float bound, float qmin, float qmax,
+                             int* bad_amax, cudaStream_t stream);
+
 /* scale[i] = scales.scale_from_amax(amax[i], bound) (float32 amax / bound, the float32 just below it where the
  * grid's end bound * scale would overflow, +0 where amax <= 2**-24) for n float32 amaxes in device memory, and
  * *bad |= 1 (device memory, zeroed by the caller) when one is NaN, Inf or negative (checks.check_amax_values).

@@ -1,10 +1,16 @@
-"""Dynamic block quantization along the last axis as ONE op: on CUDA a fused kernel (block max, scale, quantize in
-one pass, ``csrc/block_kernels.cu``), elsewhere the reference composition it is tested against bit for bit.
+"""Block quantization along the last axis as ONE op: on CUDA a fused kernel (block max or the given block amax,
+scale, quantize in one pass, ``csrc/block_kernels.cu``), elsewhere the reference composition it is tested against
+bit for bit.
 
 Ops (namespace ``modelopt_lite``):
 
 - ``fake_block_dynamic(x, block, bound, qmin, qmax, e4m3, scale_kind, scale_bound, scale_qmax) -> y``
 - ``block_dynamic_backward(grad, x, <the same>) -> grad_x``
+- ``fake_block_static(x, amax, block, bound, qmin, qmax, e4m3) -> y`` and ``block_static_backward(grad, x, amax,
+  <the same>) -> grad_x``: the same with a static float32 block amax of shape ``x.shape[:-1] + (blocks,)``, checked
+  as :func:`.checks.check_amax_values` does (NaN, Inf or < 0: the unfused path's ValueError, "block amax must be
+  finite and >= 0"), x's own NaN/Inf passing through the element ops as in the unfused path. The kernel reads the
+  amax where the unfused path launched a scale kernel, wrote the scale tensor and read it back.
 
 Definition (:func:`fake_block_dynamic_reference`): ``amax = blocks.block_amax(x, {-1: block})`` (a partial last
 block is zero-padded; a NaN/Inf block raises ValueError), ``s = scales.scale_from_amax(amax, bound)``, then per block
@@ -27,10 +33,13 @@ from torch import Tensor
 from ..formats import int_range, scaled_float_format
 from . import blocks, deferred_errors, eager, reference
 from .backend import is_native_cuda, kernels_for
+from .checks import check_amax_values, deferred_amax_messages
 from .devices import device_type
 from .scales import scale_from_amax
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+#: the name of a static block amax in its errors (the unfused path's, tensor_quant.block_scales)
+STATIC_WHAT = "block amax"
 #: Device types routed to the fused kernel (the host-emulated tests add "cpu" with the emulated extension).
 FUSED_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 
@@ -91,6 +100,36 @@ def block_dynamic_backward_reference(
     return blocks.from_blocks(g, x.shape, pad)
 
 
+def _static_blocked(x: Tensor, amax: Tensor, block: int, bound: float):
+    check_amax_values(amax, STATIC_WHAT)
+    sizes = {x.dim() - 1: block}
+    xb, pad = blocks.to_blocks(x, sizes)
+    return xb, pad, blocks.expand_amax(scale_from_amax(amax, bound), sizes)
+
+
+def fake_block_static_reference(
+    x: Tensor, amax: Tensor, block: int, bound: float, qmin: int, qmax: int, e4m3: bool
+) -> Tensor:
+    """The definition with a static block amax (pure torch): the amax check, ``scale_from_amax``, the integer or
+    E4M3 fake quant on the zero-padded blocks."""
+    xb, pad, sb = _static_blocked(x, amax, block, bound)
+    yb = reference.fake_e4m3(xb, sb) if e4m3 else reference.fake_quant_int(xb, sb, qmin, qmax)
+    return blocks.from_blocks(yb, x.shape, pad)
+
+
+def block_static_backward_reference(
+    grad: Tensor, x: Tensor, amax: Tensor, block: int, bound: float, qmin: int, qmax: int, e4m3: bool
+) -> Tensor:
+    """The straight-through gradient of :func:`fake_block_static_reference` (none for the amax)."""
+    xb, pad, sb = _static_blocked(x, amax, block, bound)
+    gb, _ = blocks.to_blocks(grad, {x.dim() - 1: block})
+    if e4m3:
+        g, _ = reference.e4m3_backward(gb, xb, sb, False)
+    else:
+        g, _ = reference.int_backward(gb, xb, sb, qmin, qmax, False)
+    return blocks.from_blocks(g, x.shape, pad)
+
+
 # --- routing ---------------------------------------------------------------------------------------------------------
 def fused_device(x) -> bool:
     """Whether x is a tensor on a device the fused kernel serves (CUDA)."""
@@ -132,15 +171,45 @@ def fused_dynamic_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: b
     if list(sizes) != [x.dim() - 1]:
         return None
     block = sizes[x.dim() - 1]
+    args = _element_args(num_bits, unsigned, narrow_range, block)
+    return args + scale_q if args is not None and _fused_kernels(x, block) is not None else None
+
+
+def _element_args(num_bits, unsigned: bool, narrow_range: bool, block: int):
+    """``(block, bound, qmin, qmax, e4m3)`` of the fused kernels, or None for an element they do not run."""
     fmt = scaled_float_format(num_bits)
     if fmt is not None:
-        if fmt.name != "e4m3":
-            return None
-        args = (block, float(fmt.bound), -448, 448, True)
-    else:
-        bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
-        args = (block, float(bound), int(qmin), int(qmax), False)
-    return args + scale_q if _fused_kernels(x, block) is not None else None
+        return None if fmt.name != "e4m3" else (block, float(fmt.bound), -448, 448, True)
+    bound, qmin, qmax = int_range(num_bits, unsigned, narrow_range)
+    return (block, float(bound), int(qmin), int(qmax), False)
+
+
+def fused_static_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: bool, narrow_range: bool):
+    """``(amax as float32, block, bound, qmin, qmax, e4m3)``, the arguments of :func:`fake_block_static`, when
+    ``fake_block_quant(x, block_sizes, amax, ...)`` with a static amax can run on the fused CUDA kernel: blocks along
+    the last axis only, an amax tensor of exactly the blocks' shape on x's device that needs no gradient (a learnable
+    amax keeps the differentiable path), no double quantization of the scales, signed integer or E4M3 elements, a
+    supported dtype and block size, not under torch.jit tracing (an ONNX export writes the standard Q/DQ); else None
+    (the unfused path, with its conversions and errors)."""
+    if amax is None or unsigned or not fused_device(x) or x.dim() == 0 or torch.jit.is_tracing():
+        return None
+    if not isinstance(amax, Tensor) or not amax.is_floating_point() or amax.device != x.device:
+        return None
+    if amax.requires_grad and torch.is_grad_enabled():
+        return None
+    if block_sizes.get("scale_bits") is not None or block_sizes.get("scale_block_sizes"):
+        return None
+    sizes = blocks.normalize(block_sizes, x.shape)
+    if list(sizes) != [x.dim() - 1]:
+        return None
+    block = sizes[x.dim() - 1]
+    if tuple(amax.shape) != (*x.shape[:-1], -(-x.shape[-1] // block)):
+        return None
+    args = _element_args(num_bits, unsigned, narrow_range, block)
+    mod = _fused_kernels(x, block)
+    if args is None or mod is None or not hasattr(mod, "fake_block_static"):
+        return None
+    return (amax.to(torch.float32), *args)  # no gradient to cut: one that needs it took the unfused path
 
 
 #: the deferred error of the kernel's flag (the reference's text without the block and its value)
@@ -217,3 +286,69 @@ def _bwd(ctx, grad):
 
 
 eager.register_autograd(fake_block_dynamic, _bwd, _setup)
+
+
+# --- static block amax -----------------------------------------------------------------------------------------------
+def _static_checked(amax: Tensor, out) -> Tensor:
+    """The output; the kernel's bad-amax flag deferred as the unfused path's amax check is (same op name and
+    message), or in "sync" mode read at once: then :func:`.checks.check_amax_values` raises its ValueError."""
+    y, flag = out
+    deferred_errors.check_flag(
+        flag,
+        lambda: check_amax_values(amax, STATIC_WHAT),
+        f"{STATIC_WHAT} check",
+        deferred_amax_messages(STATIC_WHAT),
+        amax,
+    )
+    return y
+
+
+def _static_kernels(x: Tensor, amax: Tensor, block: int):
+    mod = _fused_kernels(x, block)
+    if mod is None or not hasattr(mod, "fake_block_static") or amax.dtype != torch.float32 or amax.device != x.device:
+        return None
+    return mod
+
+
+@torch.library.custom_op("modelopt_lite::fake_block_static", mutates_args=())
+def fake_block_static(x: Tensor, amax: Tensor, block: int, bound: float, qmin: int, qmax: int, e4m3: bool) -> Tensor:
+    mod = _static_kernels(x, amax, block)
+    if mod is None:
+        return fake_block_static_reference(x, amax, block, bound, qmin, qmax, e4m3)
+    return _static_checked(amax, mod.fake_block_static(x, amax, block, bound, qmin, qmax, e4m3))
+
+
+@fake_block_static.register_fake
+def _(x, amax, *args):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("modelopt_lite::block_static_backward", mutates_args=())
+def block_static_backward(
+    grad: Tensor, x: Tensor, amax: Tensor, block: int, bound: float, qmin: int, qmax: int, e4m3: bool
+) -> Tensor:
+    args = (block, bound, qmin, qmax, e4m3)
+    mod = _static_kernels(x, amax, block)
+    if mod is None or grad.dtype != x.dtype or grad.shape != x.shape or grad.device != x.device:
+        return block_static_backward_reference(grad, x, amax, *args)
+    return _static_checked(amax, mod.block_static_backward(grad, x, amax, *args))
+
+
+@block_static_backward.register_fake
+def _(grad, x, amax, *args):
+    return torch.empty_like(grad, memory_format=torch.contiguous_format)
+
+
+def _static_setup(ctx, inputs, output):
+    x, amax, *args = inputs
+    ctx.save_for_backward(x, amax)
+    ctx.args = tuple(args)
+
+
+def _static_bwd(ctx, grad):
+    x, amax = ctx.saved_tensors
+    gx = eager.call(block_static_backward, grad.contiguous(), x, amax, *ctx.args)
+    return (gx, None) + (None,) * len(ctx.args)
+
+
+eager.register_autograd(fake_block_static, _static_bwd, _static_setup)

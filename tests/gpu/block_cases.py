@@ -6,7 +6,11 @@ Each check compares the extension against :mod:`modelopt_lite.functional.library
 E4M3 elements, every supported block size from one 16-byte vector per block to 4 vectors per lane (fp32 blocks of
 8..512), partial last blocks, rows shorter than a block, dead (all-zero) and tiny blocks, 3-D inputs, misaligned,
 strided and transposed views, forward and backward, and per-tensor double quantization of the block scales
-(unsigned 8-/4-bit and E4M3 scale codes). :func:`flag_checks`: a NaN / Inf anywhere raises the flag.
+(unsigned 8-/4-bit and E4M3 scale codes). :func:`flag_failures`: a NaN / Inf anywhere raises the flag.
+
+Static block amax (``fake_block_static`` / ``block_static_backward``): the same layouts with a given block amax
+(the data's own times factors in [0.25, 2): clipping and slack; zero, tiny and float32-max blocks), x's NaN / Inf
+passing through without raising the flag, and a NaN, Inf or negative amax raising it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from cuda_cases import DTYPES, assert_same
 from mx_cases import Check, under_variants
 
+from modelopt_lite.functional import blocks
 from modelopt_lite.functional import library_block_cuda as lb
 from modelopt_lite.functional.scales import _overflow_threshold, scale_from_amax
 
@@ -29,6 +34,8 @@ ELEMENTS = {  # name: (bound, qmin, qmax, e4m3)
 REFERENCE: dict[str, Callable] = {
     "fake_block_dynamic": lb.fake_block_dynamic_reference,
     "block_dynamic_backward": lb.block_dynamic_backward_reference,
+    "fake_block_static": lb.fake_block_static_reference,
+    "block_static_backward": lb.block_static_backward_reference,
 }
 
 
@@ -145,10 +152,81 @@ def backward_checks(dtypes=DTYPES):
     return out
 
 
+F32_MAX = 3.4028234663852886e38
+
+
+def static_amax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """A static block amax for x (float32, x.shape[:-1] + (blocks,)): the data's block amax times factors in
+    [0.25, 2) (elements clipped and grids with slack), the first block 0 (dead), the second 1e-30 (dead: <= 2**-24),
+    the last float32's largest value."""
+    a = blocks.block_amax(x.detach().cpu(), {-1: block})
+    f = torch.rand(a.shape, generator=torch.Generator().manual_seed(block)) * 1.75 + 0.25
+    a = (a * f).clamp(max=F32_MAX)
+    flat = a.view(-1)
+    flat[0] = 0.0
+    if flat.numel() > 2:
+        flat[1] = 1e-30
+        flat[-1] = F32_MAX
+    return a
+
+
+def _with_nonfinite(x: torch.Tensor) -> torch.Tensor:
+    """x with NaN, +Inf and -Inf in its first, second and last rows (in place; x is a fresh tensor or view)."""
+    rows = x.reshape(-1, x.shape[-1]) if x.is_contiguous() else None
+    idx = [(0, 0), (min(1, x.shape[0] - 1), x.shape[-1] // 2), (x.shape[0] - 1, x.shape[-1] - 1)]
+    for (r, c), v in zip(idx, (math.nan, math.inf, -math.inf)):
+        if rows is not None:
+            rows[r, c] = v
+        else:
+            x[(r,) + (0,) * (x.dim() - 2) + (c,)] = v
+    return x
+
+
+def _static_maker(mk, block: int, nonfinite: bool):
+    """(x, amax) on a device: the amax from the finite data (on the CPU), then x's NaN / Inf if asked."""
+
+    def make(d):
+        x = mk(d)
+        amax = static_amax(x, block).to(d)
+        return (_with_nonfinite(x) if nonfinite else x), amax
+
+    return make
+
+
+def static_checks(dtypes=DTYPES, block_list=None, backward=True):
+    out = []
+    for dtype in dtypes:
+        big = 512 if dtype == torch.float32 else 1024
+        for i, (name, mk) in enumerate(_inputs(dtype)):
+            nonfinite = i % 2 == 1  # every other layout carries NaN / Inf in x
+            tag = f"{name}{' with NaN/Inf' if nonfinite else ''} {dtype}"
+            for block in block_list or (8, 64, 128, big):
+                xa = _static_maker(mk, block, nonfinite)
+                for ename, (bound, qmin, qmax, e4m3) in ELEMENTS.items():
+                    args = (block, bound, qmin, qmax, e4m3)
+                    out.append(
+                        Check(
+                            f"static block={block} {ename} {tag}",
+                            "fake_block_static",
+                            lambda d, m=xa, a=args: (*m(d), *a),
+                        )
+                    )
+                    if backward and block in (8, 128):
+                        out.append(
+                            Check(
+                                f"static backward block={block} {ename} {tag}",
+                                "block_static_backward",
+                                lambda d, m=xa, a=args: (_grad(m("cpu")[0]).to(d), *m(d), *a),
+                            )
+                        )
+    return out
+
+
 GROUPS: dict[str, Callable[[], list]] = {
     "forward": forward_checks,
     "backward": backward_checks,
     "double_quant": double_quant_checks,
+    "static": static_checks,
 }
 
 
@@ -170,7 +248,7 @@ def variant_failures(mod, device: str) -> list[str]:
     reference; the process-wide variant is restored after."""
     failures: list[str] = []
     for variant in under_variants(mod, BLOCK_VARIANTS, failures):
-        for check in forward_checks():
+        for check in forward_checks() + static_checks(block_list=(128,), backward=False):
             try:
                 run_check(mod, device, check)
             except AssertionError as e:
@@ -179,7 +257,8 @@ def variant_failures(mod, device: str) -> list[str]:
 
 
 def flag_failures(mod, device: str) -> list[str]:
-    """NaN / Inf (fp32, fp16, bf16) in a partial last block: the binding's flag is raised (forward and backward)."""
+    """NaN / Inf (fp32, fp16, bf16) in a partial last block: the binding's flag is raised (forward and backward);
+    a NaN, Inf or negative static amax of a partial last block raises the static bindings' flag."""
     failures = []
     for dtype in DTYPES:
         for v in (math.nan, math.inf, -math.inf):
@@ -194,6 +273,17 @@ def flag_failures(mod, device: str) -> list[str]:
                 _, flag = getattr(mod, fn)(*args)
                 if int(flag.item()) == 0:
                     failures.append(f"{fn} {dtype} {v}: flag not raised")
+        for v in (math.nan, math.inf, -math.inf, -1e-30, -2.0):  # a bad static amax, in a partial last block
+            x = torch.randn(3, 300).to(dtype).to(device)
+            amax = static_amax(x, 128).to(device)
+            amax[2, 2] = v
+            for fn, args in (
+                ("fake_block_static", (x, amax, 128, 7.0, -8, 7, False)),
+                ("block_static_backward", (torch.ones_like(x), x, amax, 128, 448.0, -448, 448, True)),
+            ):
+                _, flag = getattr(mod, fn)(*args)
+                if int(flag.item()) != 1:
+                    failures.append(f"{fn} {dtype} amax {v}: flag {int(flag.item())}, expected 1")
     return failures
 
 
