@@ -197,27 +197,39 @@ def fused_on_cpu(emulated, monkeypatch):
 def test_public_fake_block_quant_fused_equals_unfused(fused_on_cpu, monkeypatch, dtype, block_sizes, num_bits, narrow):
     """tensor_quant.fake_block_quant (dynamic amax): routed to the fused op, output and x's gradient equal the
     unfused composition (block_amax, scale_from_amax, the integer / E4M3 op) bit for bit."""
-    from modelopt_lite import tensor_quant as tq
-    from modelopt_lite.functional import backend
 
     x0 = block_cases._data((3, 2, 200), dtype, 1)
     assert fused_on_cpu.fused_dynamic_args(x0, block_sizes, None, num_bits, False, narrow) is not None
-    calls = []
-    real = fused_on_cpu.fake_block_dynamic
-    monkeypatch.setattr(fused_on_cpu, "fake_block_dynamic", lambda *a: calls.append(a) or real(*a))
+    calls = _fused_equals_unfused(
+        fused_on_cpu, monkeypatch, "fake_block_dynamic", x0, block_sizes, None, num_bits, narrow
+    )
+    assert len(calls) == 1
+
+
+def _fused_equals_unfused(fused_on_cpu, monkeypatch, op: str, x0, block_sizes, amax, num_bits, narrow) -> list:
+    """fake_block_quant(x0, ...) and x0's gradient on the fused path (the calls of op, returned) against the reference
+    backend's unfused composition, bit for bit."""
+    from modelopt_lite import tensor_quant as tq
+    from modelopt_lite.functional import backend
+
+    calls: list = []
+    real = getattr(fused_on_cpu, op)
+    monkeypatch.setattr(fused_on_cpu, op, lambda *a: calls.append(a) or real(*a))
 
     def run(x):
         x = x.clone().requires_grad_()
-        y = tq.fake_block_quant(x, block_sizes, None, num_bits, False, narrow)
+        y = tq.fake_block_quant(x, block_sizes, amax, num_bits, False, narrow)
         y.backward(block_cases._grad(y.detach()))
         return y.detach(), x.grad
 
     got = run(x0)
-    assert len(calls) == 1
+    n = len(calls)
     with backend.use_backend("reference"), monkeypatch.context() as m:
         m.setattr(fused_on_cpu, "FUSED_DEVICE_TYPES", ("cuda",))
         want = run(x0)
-    cases.assert_same(got, want, f"fused public fake_block_quant {block_sizes} {num_bits} {dtype}")
+    assert len(calls) == n  # the unfused run made no call
+    cases.assert_same(got, want, f"fused public fake_block_quant {block_sizes} {num_bits} {x0.dtype} {op}")
+    return calls
 
 
 def test_fused_routing_leaves_the_other_cases_alone(fused_on_cpu):
@@ -264,32 +276,16 @@ def test_public_fake_block_quant_static_fused_equals_unfused(
     """tensor_quant.fake_block_quant with a static block amax (float32 or not): routed to fake_block_static once,
     output and x's gradient equal the unfused composition (the amax check, scale_from_amax, the integer / E4M3 op)
     bit for bit, NaN / Inf of x passing through; the caller's amax is untouched."""
-    from modelopt_lite import tensor_quant as tq
-    from modelopt_lite.functional import backend
-
     x0 = block_cases._data((3, 2, 200), dtype, 1)
     amax = block_cases.static_amax(x0, block_sizes.get(-1) or block_sizes.get("-1") or block_sizes[2])
     x0 = block_cases._with_nonfinite(x0)
     amax_in = amax.clamp(max=torch.finfo(dtype).max).to(dtype)  # an amax in x's dtype is converted to float32
     keep = amax_in.clone()
     assert fused_on_cpu.fused_static_args(x0, block_sizes, amax_in, num_bits, False, narrow) is not None
-    calls = []
-    real = fused_on_cpu.fake_block_static
-    monkeypatch.setattr(fused_on_cpu, "fake_block_static", lambda *a: calls.append(a) or real(*a))
-
-    def run(x):
-        x = x.clone().requires_grad_()
-        y = tq.fake_block_quant(x, block_sizes, amax_in, num_bits, False, narrow)
-        y.backward(block_cases._grad(y.detach()))
-        return y.detach(), x.grad
-
-    got = run(x0)
+    calls = _fused_equals_unfused(
+        fused_on_cpu, monkeypatch, "fake_block_static", x0, block_sizes, amax_in, num_bits, narrow
+    )
     assert len(calls) == 1 and calls[0][1].dtype == torch.float32
-    with backend.use_backend("reference"), monkeypatch.context() as m:
-        m.setattr(fused_on_cpu, "FUSED_DEVICE_TYPES", ("cuda",))
-        want = run(x0)
-    assert len(calls) == 1
-    cases.assert_same(got, want, f"static fused public fake_block_quant {block_sizes} {num_bits} {dtype}")
     assert torch.equal(amax_in, keep)
 
 

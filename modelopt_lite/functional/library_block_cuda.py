@@ -59,6 +59,22 @@ def _blocked(x: Tensor, block: int, bound: float, scale_kind: int, scale_bound: 
     return xb, pad, blocks.expand_amax(scale, sizes)
 
 
+def _fake(x: Tensor, xb: Tensor, pad, sb: Tensor, qmin: int, qmax: int, e4m3: bool) -> Tensor:
+    """The integer or E4M3 fake quant of the blocks ``xb`` of x with their scales ``sb``, back in x's shape."""
+    yb = reference.fake_e4m3(xb, sb) if e4m3 else reference.fake_quant_int(xb, sb, qmin, qmax)
+    return blocks.from_blocks(yb, x.shape, pad)
+
+
+def _ste(grad: Tensor, x: Tensor, block: int, xb: Tensor, pad, sb: Tensor, qmin: int, qmax: int, e4m3: bool):
+    """The straight-through gradient of :func:`_fake` for ``grad`` (no gradient for the scales)."""
+    gb, _ = blocks.to_blocks(grad, {x.dim() - 1: block})
+    if e4m3:
+        g, _ = reference.e4m3_backward(gb, xb, sb, False)
+    else:
+        g, _ = reference.int_backward(gb, xb, sb, qmin, qmax, False)
+    return blocks.from_blocks(g, x.shape, pad)
+
+
 def fake_block_dynamic_reference(
     x: Tensor,
     block: int,
@@ -72,9 +88,7 @@ def fake_block_dynamic_reference(
 ) -> Tensor:
     """The definition (pure torch): block amax, scale (double-quantized if asked), integer or E4M3 fake quant on
     the zero-padded blocks."""
-    xb, pad, sb = _blocked(x, block, bound, scale_kind, scale_bound, scale_qmax)
-    yb = reference.fake_e4m3(xb, sb) if e4m3 else reference.fake_quant_int(xb, sb, qmin, qmax)
-    return blocks.from_blocks(yb, x.shape, pad)
+    return _fake(x, *_blocked(x, block, bound, scale_kind, scale_bound, scale_qmax), qmin, qmax, e4m3)
 
 
 def block_dynamic_backward_reference(
@@ -91,13 +105,7 @@ def block_dynamic_backward_reference(
 ) -> Tensor:
     """The straight-through gradient of :func:`fake_block_dynamic_reference` (the block scales get none: the amax
     is computed from ``x.detach()``)."""
-    xb, pad, sb = _blocked(x, block, bound, scale_kind, scale_bound, scale_qmax)
-    gb, _ = blocks.to_blocks(grad, {x.dim() - 1: block})
-    if e4m3:
-        g, _ = reference.e4m3_backward(gb, xb, sb, False)
-    else:
-        g, _ = reference.int_backward(gb, xb, sb, qmin, qmax, False)
-    return blocks.from_blocks(g, x.shape, pad)
+    return _ste(grad, x, block, *_blocked(x, block, bound, scale_kind, scale_bound, scale_qmax), qmin, qmax, e4m3)
 
 
 def _static_blocked(x: Tensor, amax: Tensor, block: int, bound: float):
@@ -112,22 +120,14 @@ def fake_block_static_reference(
 ) -> Tensor:
     """The definition with a static block amax (pure torch): the amax check, ``scale_from_amax``, the integer or
     E4M3 fake quant on the zero-padded blocks."""
-    xb, pad, sb = _static_blocked(x, amax, block, bound)
-    yb = reference.fake_e4m3(xb, sb) if e4m3 else reference.fake_quant_int(xb, sb, qmin, qmax)
-    return blocks.from_blocks(yb, x.shape, pad)
+    return _fake(x, *_static_blocked(x, amax, block, bound), qmin, qmax, e4m3)
 
 
 def block_static_backward_reference(
     grad: Tensor, x: Tensor, amax: Tensor, block: int, bound: float, qmin: int, qmax: int, e4m3: bool
 ) -> Tensor:
     """The straight-through gradient of :func:`fake_block_static_reference` (none for the amax)."""
-    xb, pad, sb = _static_blocked(x, amax, block, bound)
-    gb, _ = blocks.to_blocks(grad, {x.dim() - 1: block})
-    if e4m3:
-        g, _ = reference.e4m3_backward(gb, xb, sb, False)
-    else:
-        g, _ = reference.int_backward(gb, xb, sb, qmin, qmax, False)
-    return blocks.from_blocks(g, x.shape, pad)
+    return _ste(grad, x, block, *_static_blocked(x, amax, block, bound), qmin, qmax, e4m3)
 
 
 # --- routing ---------------------------------------------------------------------------------------------------------
