@@ -41,6 +41,7 @@ def cases(x: torch.Tensor, mod) -> list[tuple[str, object]]:
     """(row, callable) pairs on x (2-D, last dimension a multiple of 128); binding rows only with the CUDA
     extension (``mod``)."""
     amax = x.float().abs().amax()
+    amax_blk = tq.blocks.block_amax(x, {-1: 128})  # a calibrated (static) block amax
     gs = LMX._global_scale(amax, x)
     y = torch.empty_like(x)
     mxfp8 = TensorQuantizer(
@@ -56,11 +57,16 @@ def cases(x: torch.Tensor, mod) -> list[tuple[str, object]]:
             ("binding fake_nvfp4_flagged (global scale given)", lambda: mod.fake_nvfp4_flagged(x, gs, 16)[0]),
             ("binding fake_nvfp4_amax_flagged", lambda: mod.fake_nvfp4_amax_flagged(x, amax, 16)[0]),
             ("binding fake_block_dynamic int4/128", lambda: mod.fake_block_dynamic(x, 128, 7.0, -8, 7, False)[0]),
+            (
+                "binding fake_block_static int4/128",
+                lambda: mod.fake_block_static(x, amax_blk, 128, 7.0, -8, 7, False)[0],
+            ),
         ]
     rows += [
         ("public mx_fake_quant e4m3", lambda: LMX.mx_fake_quant(x, "e4m3")),
         ("public nvfp4_fake_quant", lambda: LMX.nvfp4_fake_quant(x, amax, 16)),
         ("public fake_block_quant int4/128 dynamic", lambda: tq.fake_block_quant(x, {-1: 128}, None, 4)),
+        ("public fake_block_quant int4/128 static", lambda: tq.fake_block_quant(x, {-1: 128}, amax_blk, 4)),
         ("public fake_tensor_quant int8", lambda: tq.fake_tensor_quant(x, amax, 8)),
         ("TensorQuantizer MXFP8", lambda: mxfp8(x)),
     ]

@@ -70,6 +70,17 @@ def torch_block_dynamic(x: torch.Tensor, bound: torch.Tensor, qmin: float, qmax:
     return torch.where(s == 0, torch.zeros_like(q), q * s).reshape(x.shape).to(x.dtype)
 
 
+def torch_block_static(x: torch.Tensor, amax: torch.Tensor, bound: torch.Tensor, qmin: float, qmax: float):
+    """int blocks of 128 with a given block amax (one per block, shape x.shape[:-1] + (blocks,)): scale (true
+    division by a tensor), codes (+0.0), dequantize (amaxes far below float32's max: no overflow guard needed)."""
+    xb = x.float().reshape(-1, 128)
+    a = amax.reshape(-1, 1)
+    s = torch.where(a <= 2.0**-24, torch.zeros_like(a), a / bound)
+    safe = torch.where(s == 0, torch.ones_like(s), s)
+    q = (xb / safe).round().clamp(qmin, qmax) + 0.0
+    return torch.where(s == 0, torch.zeros_like(q), q * s).reshape(x.shape).to(x.dtype)
+
+
 def _exact(fn, want: torch.Tensor) -> str:
     try:
         got = fn()
@@ -96,6 +107,7 @@ def reference_module():
         fake_e5m2=LM.fake_e5m2_reference,
         fake_e2m1=LM.fake_e2m1_reference,
         fake_block_dynamic=lambda *a: (LB.fake_block_dynamic_reference(*a), None),
+        fake_block_static=lambda *a: (LB.fake_block_static_reference(*a), None),
     )
 
 
@@ -210,6 +222,21 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
             "int4 blocks of 128, dynamic amax (fused)",
             rw,
             blk + chain("blk", ref, torch_block_dynamic, x2, bound, -8.0, 7.0),
+        )
+    )
+    # a static (calibrated) block amax: the data's own, scaled by 0.9 (some elements clip)
+    amax_blk = TQ.blocks.block_amax(x2, {-1: 128}) * 0.9
+    sta = [("modelopt_lite fused kernel", lambda: mod.fake_block_static(x2, amax_blk, 128, 7.0, -8, 7, False)[0], "")]
+    if x.is_cuda:
+        sta.append(
+            ("public fake_block_quant", lambda: TQ.fake_block_quant(x2, {-1: 128}, amax_blk, 4), "checks deferred")
+        )
+    ref_s = lambda: LB.fake_block_static_reference(x2, amax_blk, 128, 7.0, -8, 7, False)  # noqa: E731
+    cases.append(
+        (
+            "int4 blocks of 128, static amax (fused)",
+            rw,
+            sta + chain("blks", ref_s, torch_block_static, x2, amax_blk, bound, -8.0, 7.0),
         )
     )
     return cases

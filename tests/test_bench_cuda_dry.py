@@ -25,8 +25,9 @@ def test_bench_cuda_mx_rows_dry_run(bench_path, capsys):
     out = capsys.readouterr().out
     for case in ("NVFP4", "MXFP8 E4M3", "MXFP4 E2M1", "MXINT8", "MX E5M2", "E5M2 per-tensor", "E2M1 per-tensor"):
         assert out.count(f"| {case}") >= 2 * 2, case  # ours and the chain, two dtypes
-    assert out.count("int4 blocks of 128, dynamic amax (fused)") == 2 * 2  # the public rows are CUDA-only
-    assert out.count("bit-exact") == 2 * 8 and "NOT EXACT" not in out
+    for case in ("dynamic", "static"):  # the fused kernel and the chain (the public rows are CUDA-only), two dtypes
+        assert out.count(f"int4 blocks of 128, {case} amax (fused)") == 2 * 2, case
+    assert out.count("bit-exact") == 2 * 9 and "NOT EXACT" not in out
 
 
 def test_bench_cuda_burst_dry_run(bench_path, capsys):
@@ -62,10 +63,11 @@ def test_call_latency_dry_run(capsys):
         "public mx_fake_quant e4m3",
         "public nvfp4_fake_quant",
         "public fake_block_quant int4/128 dynamic",
+        "public fake_block_quant int4/128 static",
         "public fake_tensor_quant int8",
         "TensorQuantizer MXFP8",
     }
-    assert len(rows) == 7 + 6  # torch's op: float32 only
+    assert len(rows) == 8 + 7  # torch's op: float32 only
     assert "| host primitive | warm host us |" in out and "| torch.zeros(1, int32) | " in out
     for line in rows:
         event_ms, host_us, warm_us = (float(v) for v in line.strip("| ").split(" | ")[2:])
