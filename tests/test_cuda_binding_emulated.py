@@ -289,7 +289,7 @@ def test_public_fake_block_quant_static_fused_equals_unfused(
     assert torch.equal(amax_in, keep)
 
 
-def test_fused_static_routing_leaves_the_other_cases_alone(fused_on_cpu):
+def test_fused_static_routing_leaves_the_other_cases_alone(fused_on_cpu, monkeypatch):
     """Only a block amax of the blocks' exact shape, on x's device, needing no gradient, with last-axis blocks,
     signed integer or E4M3 elements and no double quantization takes the fused static op."""
     x = torch.randn(4, 64)
@@ -313,6 +313,12 @@ def test_fused_static_routing_leaves_the_other_cases_alone(fused_on_cpu):
     assert route(x, {0: 2, -1: 16}, a, 4, False, False) is None
     assert route(x, {-1: 16}, a, (5, 2), False, False) is None
     assert route(x, {-1: 12}, torch.rand(4, 6), 4, False, False) is None  # 3 vectors per block
+    with monkeypatch.context() as m:  # torch.export (the dynamo ONNX exporter): the unfused ops it translates
+        m.setattr(torch.compiler, "is_exporting", lambda: True)
+        assert route(x, {-1: 16}, a, 4, False, False) is None
+    traced = []
+    torch.jit.trace(lambda t: traced.append(route(t, {-1: 16}, a, 4, False, False)) or t * 2, (x,), check_trace=False)
+    assert traced == [None]  # the TorchScript ONNX exporter likewise
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
@@ -361,3 +367,39 @@ def test_real_binding_parses(source, tmp_path):
     proc = subprocess.run([*cmd, str(CSRC / source)], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning" not in proc.stderr, proc.stderr[-3000:]  # -Wall, on our sources only (torch's: -isystem)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_onnx_export_of_static_block_weights_takes_the_unfused_path(emulated, dynamo, tmp_path):
+    """A QuantLinear with static block-quantized weights on the CUDA path: eager runs the fused static op once per
+    forward, while both ONNX exporters (jit tracing, torch.export) see the unfused ops they translate into Q/DQ (the
+    fused op has no ONNX translation: "unrecognized namespace modelopt_lite::fake_block_static" otherwise)."""
+    import onnx
+    from emulated_build import cuda_path_on_host
+
+    from modelopt_lite import quant_nn
+    from modelopt_lite.descriptor import QuantDescriptor
+    from modelopt_lite.functional import library_block_cuda
+    from modelopt_lite.onnx_export.export import export_onnx
+
+    amax = (torch.rand(8, 4, generator=torch.Generator().manual_seed(0)) + 0.5).tolist()
+    m = quant_nn.QuantLinear(
+        64,
+        8,
+        quant_desc_input=QuantDescriptor(num_bits=8, amax=3.0),
+        quant_desc_weight=QuantDescriptor(num_bits=8, block_sizes={-1: 16}, amax=amax),
+    ).eval()
+    x = torch.randn(4, 64)
+    calls = []
+    real = library_block_cuda.fake_block_static
+    with cuda_path_on_host(emulated), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(library_block_cuda, "fake_block_static", lambda *a: calls.append(a) or real(*a))
+        m(x)
+        assert len(calls) == 1
+        export_onnx(m, (x,), str(tmp_path / "m.onnx"), dynamo=dynamo)
+    assert len(calls) == 1
+    nodes = onnx.load(str(tmp_path / "m.onnx")).graph.node
+    ops = [n.op_type for n in nodes]
+    assert ops.count("QuantizeLinear") == 1 and ops.count("DequantizeLinear") == 2, ops  # weights stored as codes
+    blocked = [a.i for n in nodes if n.op_type == "DequantizeLinear" for a in n.attribute if a.name == "block_size"]
+    assert blocked == [16]

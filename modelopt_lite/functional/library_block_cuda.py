@@ -189,9 +189,12 @@ def fused_static_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: bo
     ``fake_block_quant(x, block_sizes, amax, ...)`` with a static amax can run on the fused CUDA kernel: blocks along
     the last axis only, an amax tensor of exactly the blocks' shape on x's device that needs no gradient (a learnable
     amax keeps the differentiable path), no double quantization of the scales, signed integer or E4M3 elements, a
-    supported dtype and block size, not under torch.jit tracing (an ONNX export writes the standard Q/DQ); else None
-    (the unfused path, with its conversions and errors)."""
-    if amax is None or unsigned or not fused_device(x) or x.dim() == 0 or torch.jit.is_tracing():
+    supported dtype and block size, not under torch.jit tracing or torch.export (an ONNX export writes the unfused
+    path's standard Q/DQ; torch.compile keeps the op); else None (the unfused path, with its conversions and
+    errors)."""
+    if amax is None or unsigned or not fused_device(x) or x.dim() == 0:
+        return None
+    if torch.jit.is_tracing() or torch.compiler.is_exporting():
         return None
     if not isinstance(amax, Tensor) or not amax.is_floating_point() or amax.device != x.device:
         return None
