@@ -370,10 +370,11 @@ def test_real_binding_parses(source, tmp_path):
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_onnx_export_of_static_block_weights_takes_the_unfused_path(emulated, dynamo, tmp_path):
-    """A QuantLinear with static block-quantized weights on the CUDA path: eager runs the fused static op once per
-    forward, while both ONNX exporters (jit tracing, torch.export) see the unfused ops they translate into Q/DQ (the
-    fused op has no ONNX translation: "unrecognized namespace modelopt_lite::fake_block_static" otherwise)."""
+@pytest.mark.parametrize("op", ["fake_block_static", "fake_block_dynamic"])
+def test_onnx_export_of_block_weights_takes_the_unfused_path(emulated, op, dynamo, tmp_path):
+    """A QuantLinear with static or dynamic block-quantized weights on the CUDA path: eager runs the fused op once
+    per forward, while both ONNX exporters (jit tracing, torch.export) see the unfused ops they translate into Q/DQ
+    (the fused ops have no ONNX translation: "unrecognized namespace modelopt_lite::fake_block_..." otherwise)."""
     import onnx
     from emulated_build import cuda_path_on_host
 
@@ -387,13 +388,15 @@ def test_onnx_export_of_static_block_weights_takes_the_unfused_path(emulated, dy
         64,
         8,
         quant_desc_input=QuantDescriptor(num_bits=8, amax=3.0),
-        quant_desc_weight=QuantDescriptor(num_bits=8, block_sizes={-1: 16}, amax=amax),
+        quant_desc_weight=QuantDescriptor(num_bits=8, block_sizes={-1: 16}, amax=amax)
+        if op == "fake_block_static"
+        else QuantDescriptor(num_bits=8, block_sizes={-1: 16, "type": "dynamic"}),
     ).eval()
     x = torch.randn(4, 64)
     calls = []
-    real = library_block_cuda.fake_block_static
+    real = getattr(library_block_cuda, op)
     with cuda_path_on_host(emulated), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(library_block_cuda, "fake_block_static", lambda *a: calls.append(a) or real(*a))
+        mp.setattr(library_block_cuda, op, lambda *a: calls.append(a) or real(*a))
         m(x)
         assert len(calls) == 1
         export_onnx(m, (x,), str(tmp_path / "m.onnx"), dynamo=dynamo)

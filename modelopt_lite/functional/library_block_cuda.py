@@ -146,13 +146,19 @@ def _fused_kernels(x: Tensor, block: int):
     return mod if mod.block_dynamic_supported(_DTYPE_NAMES[x.dtype], int(block)) else None
 
 
+def _exporting() -> bool:
+    """torch.jit tracing or torch.export: the ONNX exporters, which translate the unfused ops into Q/DQ nodes (the
+    fused ops have no translation). torch.compile keeps the fused ops."""
+    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+
+
 def fused_dynamic_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: bool, narrow_range: bool):
     """The op's arguments after x (``block, bound, qmin, qmax, e4m3, scale_kind, scale_bound, scale_qmax``) when
     ``fake_block_quant(x, block_sizes, amax, ...)`` can run as :func:`fake_block_dynamic` on the fused CUDA kernel
     (a dynamic amax, signed elements, blocks along the last axis only, an integer or E4M3 element, scales
     double-quantized per tensor with unsigned integer or E4M3 codes or not at all, a supported dtype and block
-    size), else None."""
-    if amax is not None or unsigned or not fused_device(x) or x.dim() == 0:
+    size, not under an ONNX export: :func:`_exporting`), else None."""
+    if amax is not None or unsigned or not fused_device(x) or x.dim() == 0 or _exporting():
         return None
     scale_q = (0, 0.0, 0)
     scale_bits = block_sizes.get("scale_bits")
@@ -192,9 +198,7 @@ def fused_static_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: bo
     supported dtype and block size, not under torch.jit tracing or torch.export (an ONNX export writes the unfused
     path's standard Q/DQ; torch.compile keeps the op); else None (the unfused path, with its conversions and
     errors)."""
-    if amax is None or unsigned or not fused_device(x) or x.dim() == 0:
-        return None
-    if torch.jit.is_tracing() or torch.compiler.is_exporting():
+    if amax is None or unsigned or not fused_device(x) or x.dim() == 0 or _exporting():
         return None
     if not isinstance(amax, Tensor) or not amax.is_floating_point() or amax.device != x.device:
         return None
