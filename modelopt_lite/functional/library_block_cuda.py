@@ -140,10 +140,19 @@ def _fused_kernels(x: Tensor, block: int):
     """The CUDA extension when it runs this (dtype, block) fused, else None."""
     if not fused_device(x) or x.dtype not in _DTYPE_NAMES or x.dim() == 0:
         return None
-    mod = kernels_for(device_type(x))
-    if not is_native_cuda(mod) or not hasattr(mod, "fake_block_dynamic"):
-        return None
-    return mod if mod.block_dynamic_supported(_DTYPE_NAMES[x.dtype], int(block)) else None
+    dev = device_type(x)
+    return kernels_for(dev) if _block_supported(dev, _DTYPE_NAMES[x.dtype], int(block)) else None
+
+
+@torch.compiler.assume_constant_result
+def _block_supported(dev: str, dtype: str, block: int) -> bool:
+    """Whether the native CUDA extension of device type ``dev`` runs the fused kernel for (dtype, block): its
+    ``block_dynamic_supported``. Under torch.compile a constant of the trace (dynamo cannot trace a pybind function:
+    the call was a graph break in every compiled block quantizer)."""
+    mod = kernels_for(dev)
+    return bool(
+        is_native_cuda(mod) and hasattr(mod, "fake_block_dynamic") and mod.block_dynamic_supported(dtype, block)
+    )
 
 
 def _exporting() -> bool:

@@ -1,10 +1,12 @@
-"""ONNX export of a model whose quantizers take the CUDA path (the host-emulated CUDA bindings route CPU tensors as
-CUDA ones: tests/emulated_build.py, opt-in ``MODELOPT_LITE_TEST_EMULATED=1``): every preset exports with both
-exporters to exactly the graph of the CPU path (same nodes, attributes and initializer bytes), and the eager
-outputs of the two paths are equal bit for bit.
+"""Graphs of a model whose quantizers take the CUDA path (the host-emulated CUDA bindings route CPU tensors as
+CUDA ones: tests/emulated_build.py, opt-in ``MODELOPT_LITE_TEST_EMULATED=1``), for every preset:
 
-The CUDA path takes fused ops the CPU path does not (fused block kernels, NVFP4 with the global scale in the
-kernel, deferred checks); none of them may reach an exporter, which translates only the unfused ops.
+- ONNX export with both exporters gives exactly the graph of the CPU path (same nodes, attributes and initializer
+  bytes), and the eager outputs of the two paths are equal bit for bit. The CUDA path takes fused ops the CPU path
+  does not (fused block kernels, NVFP4 with the global scale in the kernel, deferred checks); none of them may reach
+  an exporter, which translates only the unfused ops.
+- ``torch.compile(fullgraph=True)`` (the aot_eager backend: dynamo and AOT autograd, without inductor's codegen)
+  traces the forward and backward without a graph break and gives the eager output and input gradient bit for bit.
 """
 
 from __future__ import annotations
@@ -87,3 +89,21 @@ def test_cuda_path_exports_the_cpu_paths_graph(emulated, tmp_path, name, dynamo)
         export_onnx(on_cuda, (x,), str(tmp_path / "cuda.onnx"), dynamo=dynamo)
     assert torch.equal(got, want), f"{name}: the CUDA path's eager output differs"
     assert _graph(tmp_path / "cuda.onnx") == _graph(tmp_path / "cpu.onnx"), name
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cuda_path_compiles_in_one_graph(emulated, name):
+    model, x = _model(CONFIGS[name])
+
+    def step(m):
+        xg = x.clone().requires_grad_()
+        y = m(xg)
+        y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
+        return y.detach(), xg.grad
+
+    torch._dynamo.reset()
+    with cuda_path_on_host(emulated):
+        want = step(model)
+        got = step(torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True))
+    torch._dynamo.reset()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
