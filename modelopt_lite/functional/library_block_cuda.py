@@ -45,7 +45,9 @@ FUSED_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 
 
 # --- the reference ---------------------------------------------------------------------------------------------------
-def _blocked(x: Tensor, block: int, bound: float, scale_kind: int, scale_bound: float, scale_qmax: int):
+def _blocked(
+    x: Tensor, block: int, bound: float, scale_kind: int, scale_bound: float, scale_qmax: int
+) -> tuple[Tensor, list[int], Tensor]:
     sizes = {x.dim() - 1: block}
     scale = scale_from_amax(blocks.block_amax(x, {-1: block}), bound)
     if scale_kind:
@@ -59,13 +61,15 @@ def _blocked(x: Tensor, block: int, bound: float, scale_kind: int, scale_bound: 
     return xb, pad, blocks.expand_amax(scale, sizes)
 
 
-def _fake(x: Tensor, xb: Tensor, pad, sb: Tensor, qmin: int, qmax: int, e4m3: bool) -> Tensor:
+def _fake(x: Tensor, xb: Tensor, pad: list[int], sb: Tensor, qmin: int, qmax: int, e4m3: bool) -> Tensor:
     """The integer or E4M3 fake quant of the blocks ``xb`` of x with their scales ``sb``, back in x's shape."""
     yb = reference.fake_e4m3(xb, sb) if e4m3 else reference.fake_quant_int(xb, sb, qmin, qmax)
     return blocks.from_blocks(yb, x.shape, pad)
 
 
-def _ste(grad: Tensor, x: Tensor, block: int, xb: Tensor, pad, sb: Tensor, qmin: int, qmax: int, e4m3: bool):
+def _ste(
+    grad: Tensor, x: Tensor, block: int, xb: Tensor, pad: list[int], sb: Tensor, qmin: int, qmax: int, e4m3: bool
+) -> Tensor:
     """The straight-through gradient of :func:`_fake` for ``grad`` (no gradient for the scales)."""
     gb, _ = blocks.to_blocks(grad, {x.dim() - 1: block})
     if e4m3:
@@ -108,7 +112,7 @@ def block_dynamic_backward_reference(
     return _ste(grad, x, block, *_blocked(x, block, bound, scale_kind, scale_bound, scale_qmax), qmin, qmax, e4m3)
 
 
-def _static_blocked(x: Tensor, amax: Tensor, block: int, bound: float):
+def _static_blocked(x: Tensor, amax: Tensor, block: int, bound: float) -> tuple[Tensor, list[int], Tensor]:
     check_amax_values(amax, STATIC_WHAT)
     sizes = {x.dim() - 1: block}
     xb, pad = blocks.to_blocks(x, sizes)
