@@ -16,54 +16,20 @@ import copy
 import pytest
 import torch
 from emulated_build import OPT_IN, build, cuda_path_on_host
-from torch import nn
 
 onnx = pytest.importorskip("onnx")
 
-import modelopt_lite as mtq  # noqa: E402
+from preset_models import CONFIGS, model_and_input  # noqa: E402
+from test_compile_presets import step  # noqa: E402
+
 from modelopt_lite.onnx_export import export_onnx  # noqa: E402
 
 pytestmark = OPT_IN
 
 
-def _cfg(weight: dict, act: dict | None = None) -> dict:
-    quant_cfg: dict = {"default": {"enable": False}, "*weight_quantizer": dict(weight, enable=True)}
-    if act is not None:
-        quant_cfg["*input_quantizer"] = dict(act, enable=True)
-    return {"quant_cfg": quant_cfg, "algorithm": "max"}
-
-
-_DYN = {"type": "dynamic"}
-CONFIGS = {
-    "int8 per channel, int8 activations": _cfg({"num_bits": 8, "axis": 0}, {"num_bits": 8, "axis": None}),
-    "fp8 weights and activations": _cfg({"num_bits": (4, 3), "axis": None}, {"num_bits": (4, 3), "axis": None}),
-    "int4 static blocks of 32": _cfg({"num_bits": 4, "block_sizes": {-1: 32}}),
-    "int4 dynamic blocks of 32": _cfg({"num_bits": 4, "block_sizes": {-1: 32, **_DYN}}),
-    "int4 static blocks, E4M3 (fp8) activations": _cfg(
-        {"num_bits": 4, "block_sizes": {-1: 32}}, {"num_bits": (4, 3), "axis": None}
-    ),
-    "nvfp4": _cfg(
-        {"num_bits": (2, 1), "block_sizes": {-1: 16, **_DYN, "scale_bits": (4, 3)}, "axis": None},
-        {"num_bits": (2, 1), "block_sizes": {-1: 16, **_DYN, "scale_bits": (4, 3)}, "axis": None},
-    ),
-    "mxfp8": _cfg(
-        {"num_bits": (4, 3), "block_sizes": {-1: 32, **_DYN, "scale_bits": (8, 0)}, "axis": None},
-        {"num_bits": (4, 3), "block_sizes": {-1: 32, **_DYN, "scale_bits": (8, 0)}, "axis": None},
-    ),
-}
-
-
 @pytest.fixture(scope="module")
 def emulated():
     return build()
-
-
-def _model(config: dict) -> tuple[nn.Module, torch.Tensor]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
-    x = torch.randn(8, 64)
-    mtq.quantize(model, config, lambda m: m(x))  # calibrated on the CPU path: both exports start from one state
-    return model.eval(), x
 
 
 def _graph(path) -> tuple:
@@ -79,7 +45,7 @@ def _graph(path) -> tuple:
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_cuda_path_exports_the_cpu_paths_graph(emulated, tmp_path, name, dynamo):
-    model, x = _model(CONFIGS[name])
+    model, x = model_and_input(CONFIGS[name])
     on_cuda = copy.deepcopy(model)
     with torch.no_grad():
         want = model(x)
@@ -93,17 +59,10 @@ def test_cuda_path_exports_the_cpu_paths_graph(emulated, tmp_path, name, dynamo)
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_cuda_path_compiles_in_one_graph(emulated, name):
-    model, x = _model(CONFIGS[name])
-
-    def step(m):
-        xg = x.clone().requires_grad_()
-        y = m(xg)
-        y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
-        return y.detach(), xg.grad
-
+    model, x = model_and_input(CONFIGS[name])
     torch._dynamo.reset()
     with cuda_path_on_host(emulated):
-        want = step(model)
-        got = step(torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True))
+        want = step(model, x)
+        got = step(torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True), x)
     torch._dynamo.reset()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
