@@ -40,5 +40,6 @@ def model_and_input(config: dict) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
     x = torch.randn(8, 64)
-    mtq.quantize(model, config, lambda m: m(x))  # calibrated on the CPU path: every variant of a test starts from one state
+    # calibrated on the CPU path: every variant of a test starts from one state
+    mtq.quantize(model, config, lambda m: m(x))
     return model.eval(), x
