@@ -60,25 +60,24 @@ def torch_minifloat(x: torch.Tensor, s: torch.Tensor, elem: str) -> torch.Tensor
     return (_round(x.float() / s, elem) * s).to(x.dtype)
 
 
-def torch_block_dynamic(x: torch.Tensor, bound: torch.Tensor, qmin: float, qmax: float) -> torch.Tensor:
-    """int blocks of 128 with a dynamic amax: amax, scale (true division by a tensor), codes (+0.0), dequantize."""
-    xb = x.float().reshape(-1, 128)
-    a = xb.abs().amax(-1, keepdim=True)
+def _torch_int_blocks(x: torch.Tensor, xb: torch.Tensor, a: torch.Tensor, bound, qmin: float, qmax: float):
+    """The blocks xb of x (rows of 128) with their amax a (one per row): scale (true division by a tensor), codes
+    (+0.0), dequantize (amaxes far below float32's max: no overflow guard needed)."""
     s = torch.where(a <= 2.0**-24, torch.zeros_like(a), a / bound)
     safe = torch.where(s == 0, torch.ones_like(s), s)
     q = (xb / safe).round().clamp(qmin, qmax) + 0.0
     return torch.where(s == 0, torch.zeros_like(q), q * s).reshape(x.shape).to(x.dtype)
+
+
+def torch_block_dynamic(x: torch.Tensor, bound: torch.Tensor, qmin: float, qmax: float) -> torch.Tensor:
+    """int blocks of 128 with a dynamic amax (max |x| of each block)."""
+    xb = x.float().reshape(-1, 128)
+    return _torch_int_blocks(x, xb, xb.abs().amax(-1, keepdim=True), bound, qmin, qmax)
 
 
 def torch_block_static(x: torch.Tensor, amax: torch.Tensor, bound: torch.Tensor, qmin: float, qmax: float):
-    """int blocks of 128 with a given block amax (one per block, shape x.shape[:-1] + (blocks,)): scale (true
-    division by a tensor), codes (+0.0), dequantize (amaxes far below float32's max: no overflow guard needed)."""
-    xb = x.float().reshape(-1, 128)
-    a = amax.reshape(-1, 1)
-    s = torch.where(a <= 2.0**-24, torch.zeros_like(a), a / bound)
-    safe = torch.where(s == 0, torch.ones_like(s), s)
-    q = (xb / safe).round().clamp(qmin, qmax) + 0.0
-    return torch.where(s == 0, torch.zeros_like(q), q * s).reshape(x.shape).to(x.dtype)
+    """int blocks of 128 with a given block amax (one per block, shape x.shape[:-1] + (blocks,))."""
+    return _torch_int_blocks(x, x.float().reshape(-1, 128), amax.reshape(-1, 1), bound, qmin, qmax)
 
 
 def _exact(fn, want: torch.Tensor) -> str:

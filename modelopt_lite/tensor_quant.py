@@ -383,14 +383,9 @@ def fake_block_quant(inputs, block_sizes: dict, amax=None, num_bits=4, unsigned=
     x, back = _to_compute(inputs)
     if not unsigned and library_block_cuda.fused_device(x):
         check_input(x)
-        if amax is None:
-            fused = library_block_cuda.fused_dynamic_args(x, block_sizes, amax, num_bits, unsigned, narrow_range)
-            if fused is not None:  # one CUDA pass: block max, scale and quantize (functional/library_block_cuda.py)
-                return _back(eager.call(library_block_cuda.fake_block_dynamic, x, *fused), back)
-        else:
-            static = library_block_cuda.fused_static_args(x, block_sizes, amax, num_bits, unsigned, narrow_range)
-            if static is not None:  # one CUDA pass: the amax check, scale and quantize
-                return _back(eager.call(library_block_cuda.fake_block_static, x, *static), back)
+        y = library_block_cuda.fake_block_quant_fused(x, block_sizes, amax, num_bits, narrow_range)
+        if y is not None:  # one CUDA pass: block amax (or the static one), scale, quantize
+            return _back(y, back)
     fmt = scaled_float_format(num_bits)
     fused = library_block.fused_block(x, block_sizes, amax, fmt.name if fmt else None, unsigned)
     if fused is not None:  # blocks along the last axis: amax, scale and quantization in one pass

@@ -6,8 +6,9 @@
 //
 // Host side only: makes x (and grad) contiguous, allocates the output (the caching allocator on a GPU), launches
 // on x's device and current stream and returns (y, flag) WITHOUT reading the flag (an int32 tensor, non-zero when
-// a block amax is NaN or Inf, or a static one negative): no host synchronization here. With -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it
-// takes CPU tensors and the launcher runs the kernel's lanes on the host.
+// a block amax is NaN or Inf, or a static one negative): no host synchronization here. With
+// -DMODELOPT_LITE_EMULATE_ON_HOST (tests only) it takes CPU tensors and the launcher runs the kernel's lanes on the
+// host.
 #include <torch/extension.h>
 
 #include <string>

@@ -126,15 +126,16 @@ struct DynCall {
 // MLQ_MX_16BIT_TWO_VECTORS: 2 with 2 vectors).
 template <class T, int P, bool E4M3, bool BWD, bool STATIC, bool FULL, int U = (P == 1 ? 2 : 1)>
 cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
-  DynBlockOp<T, P, E4M3, BWD, FULL, STATIC> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                                 c.flag, L, c.bound, c.qmin, c.qmax, c.gmax, c.scale_kind, c.scale_bound,
-                                 c.scale_qmax, c.samax};
+  DynBlockOp<T, P, E4M3, BWD, FULL, STATIC> op{
+      static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y), c.flag, L, c.bound, c.qmin,
+      c.qmax, c.gmax, c.scale_kind, c.scale_bound, c.scale_qmax, c.samax};
   return run_lanes<U>(op, c.stream);
 }
 
 template <class T, int P, bool E4M3, bool BWD, bool STATIC>
 cudaError_t dyn_run(const DynCall& c, const Layout& L) {
-  return L.full ? dyn_run_as<T, P, E4M3, BWD, STATIC, true>(c, L) : dyn_run_as<T, P, E4M3, BWD, STATIC, false>(c, L);
+  return L.full ? dyn_run_as<T, P, E4M3, BWD, STATIC, true>(c, L)
+                : dyn_run_as<T, P, E4M3, BWD, STATIC, false>(c, L);
 }
 
 // The tensor's amax for double quantization (one read of x): each thread's running max over its 16-byte vectors
@@ -243,18 +244,27 @@ cudaError_t dyn_p(const DynCall& c) {
   return dyn_run<T, 4, E4M3, BWD, STATIC>(c, L);
 }
 
+template <class T, bool STATIC>
+cudaError_t dyn_elem(const DynCall& c, bool e4m3, bool bwd) {
+  if (e4m3) return bwd ? dyn_p<T, true, true, STATIC>(c) : dyn_p<T, true, false, STATIC>(c);
+  return bwd ? dyn_p<T, false, true, STATIC>(c) : dyn_p<T, false, false, STATIC>(c);
+}
+
 template <class T>
 cudaError_t dyn_typed(const DynCall& c, bool e4m3, bool bwd) {
   if (c.gmax != nullptr) {
     const cudaError_t e = abs_max<T>(static_cast<const T*>(c.x), c.rows * c.cols, c.gmax, c.stream);
     if (e != cudaSuccess) return e;
   }
-  if (c.samax != nullptr) {
-    if (e4m3) return bwd ? dyn_p<T, true, true, true>(c) : dyn_p<T, true, false, true>(c);
-    return bwd ? dyn_p<T, false, true, true>(c) : dyn_p<T, false, false, true>(c);
-  }
-  if (e4m3) return bwd ? dyn_p<T, true, true, false>(c) : dyn_p<T, true, false, false>(c);
-  return bwd ? dyn_p<T, false, true, false>(c) : dyn_p<T, false, false, false>(c);
+  return c.samax != nullptr ? dyn_elem<T, true>(c, e4m3, bwd) : dyn_elem<T, false>(c, e4m3, bwd);
+}
+
+// The launch of a checked call for x's dtype (forward when c.grad is null, else backward).
+cudaError_t dyn_launch(mlq_dtype dtype, const DynCall& c, int e4m3) {
+  const bool bwd = c.grad != nullptr;
+  if (dtype == MLQ_FLOAT32) return dyn_typed<float>(c, e4m3 != 0, bwd);
+  if (dtype == MLQ_FLOAT16) return dyn_typed<__half>(c, e4m3 != 0, bwd);
+  return dyn_typed<__nv_bfloat16>(c, e4m3 != 0, bwd);
 }
 
 }  // namespace mxk
@@ -280,10 +290,7 @@ extern "C" cudaError_t mlq_dynamic_block(mlq_dtype dtype, int e4m3, const void* 
   const mxk::DynCall c{x,     grad, y,          nonfinite,  rows,  cols, block, bound, qmin, qmax,
                        scale_kind != 0 ? amax_scratch : nullptr, scale_kind, scale_bound, scale_qmax, stream,
                        nullptr};
-  const bool bwd = grad != nullptr;
-  if (dtype == MLQ_FLOAT32) return mxk::dyn_typed<float>(c, e4m3 != 0, bwd);
-  if (dtype == MLQ_FLOAT16) return mxk::dyn_typed<__half>(c, e4m3 != 0, bwd);
-  return mxk::dyn_typed<__nv_bfloat16>(c, e4m3 != 0, bwd);
+  return mxk::dyn_launch(dtype, c, e4m3);
 }
 
 extern "C" cudaError_t mlq_static_block(mlq_dtype dtype, int e4m3, const void* grad, const void* x,
@@ -293,12 +300,9 @@ extern "C" cudaError_t mlq_static_block(mlq_dtype dtype, int e4m3, const void* g
     return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (x == nullptr || y == nullptr || block_amax == nullptr) return cudaErrorInvalidValue;
-  const mxk::DynCall c{x,    grad, y,    bad_amax, rows, cols,   block,     bound, qmin,
-                       qmax, nullptr, 0, 0.0f, 0.0f, stream, block_amax};
-  const bool bwd = grad != nullptr;
-  if (dtype == MLQ_FLOAT32) return mxk::dyn_typed<float>(c, e4m3 != 0, bwd);
-  if (dtype == MLQ_FLOAT16) return mxk::dyn_typed<__half>(c, e4m3 != 0, bwd);
-  return mxk::dyn_typed<__nv_bfloat16>(c, e4m3 != 0, bwd);
+  const mxk::DynCall c{x, grad, y, bad_amax, rows, cols, block, bound, qmin, qmax, nullptr, 0, 0.0f, 0.0f, stream,
+                       block_amax};
+  return mxk::dyn_launch(dtype, c, e4m3);
 }
 
 extern "C" cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, float bound, int* bad,

@@ -79,6 +79,13 @@ def normalize(block_sizes: dict, shape) -> dict[int, int]:
     return {a: max(1, shape[a] if v is None else v) for a, v in zip(axes, sizes.values())}
 
 
+def last_axis_block(block_sizes: dict, shape) -> int | None:
+    """The block size when ``block_sizes`` blocks the last axis of ``shape`` and no other (the fused kernels' case),
+    else None (errors of :func:`normalize` as there)."""
+    sizes = normalize(block_sizes, shape)
+    return sizes[len(shape) - 1] if list(sizes) == [len(shape) - 1] else None
+
+
 def blocks_shape(shape, sizes: dict[int, int]) -> tuple[int, ...]:
     """Shape of the per-block amax: blocks per axis (an unblocked axis keeps its size)."""
     return tuple(math.ceil(n / sizes[d]) if d in sizes else n for d, n in enumerate(shape))

@@ -107,10 +107,9 @@ def fused_block(x, block_sizes: dict, amax, fmt_name: str | None, unsigned: bool
         return None  # the unfused path's TypeError
     if any(block_sizes.get(k) is not None for k in ("scale_bits", "scale_block_sizes")):
         return None
-    sizes = blocks.normalize(block_sizes, x.shape)
-    if list(sizes) != [x.dim() - 1]:
+    block = blocks.last_axis_block(block_sizes, x.shape)
+    if block is None:
         return None
-    block = sizes[x.dim() - 1]
     if amax is not None:
         shape = (*x.shape[:-1], -(-x.shape[-1] // block))
         if not isinstance(amax, Tensor) or not amax.is_floating_point() or tuple(amax.shape) != shape:

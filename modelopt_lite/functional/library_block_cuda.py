@@ -186,10 +186,9 @@ def fused_dynamic_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: b
         else:
             sb, _, sq = int_range(scale_bits, True, False)
             scale_q = (1, float(sb), int(sq))
-    sizes = blocks.normalize(block_sizes, x.shape)
-    if list(sizes) != [x.dim() - 1]:
+    block = blocks.last_axis_block(block_sizes, x.shape)
+    if block is None:
         return None
-    block = sizes[x.dim() - 1]
     args = _element_args(num_bits, unsigned, narrow_range, block)
     return args + scale_q if args is not None and _fused_kernels(x, block) is not None else None
 
@@ -219,17 +218,23 @@ def fused_static_args(x: Tensor, block_sizes: dict, amax, num_bits, unsigned: bo
         return None
     if block_sizes.get("scale_bits") is not None or block_sizes.get("scale_block_sizes"):
         return None
-    sizes = blocks.normalize(block_sizes, x.shape)
-    if list(sizes) != [x.dim() - 1]:
-        return None
-    block = sizes[x.dim() - 1]
-    if tuple(amax.shape) != (*x.shape[:-1], -(-x.shape[-1] // block)):
+    block = blocks.last_axis_block(block_sizes, x.shape)
+    if block is None or tuple(amax.shape) != (*x.shape[:-1], -(-x.shape[-1] // block)):
         return None
     args = _element_args(num_bits, unsigned, narrow_range, block)
-    mod = _fused_kernels(x, block)
-    if args is None or mod is None or not hasattr(mod, "fake_block_static"):
-        return None
-    return (amax.to(torch.float32), *args)  # no gradient to cut: one that needs it took the unfused path
+    amax = amax.to(torch.float32)  # no gradient to cut: one that needs it took the unfused path
+    return None if args is None or _static_kernels(x, amax, block) is None else (amax, *args)
+
+
+def fake_block_quant_fused(x: Tensor, block_sizes: dict, amax, num_bits, narrow_range: bool) -> Tensor | None:
+    """``tensor_quant.fake_block_quant(x, block_sizes, amax, num_bits, False, narrow_range)`` as one fused op on the
+    CUDA kernel (:func:`fake_block_dynamic` for a dynamic amax, :func:`fake_block_static` for a static one) where
+    :func:`fused_dynamic_args` / :func:`fused_static_args` allow it, else None (the caller's unfused path)."""
+    if amax is None:
+        args = fused_dynamic_args(x, block_sizes, None, num_bits, False, narrow_range)
+        return None if args is None else eager.call(fake_block_dynamic, x, *args)
+    static = fused_static_args(x, block_sizes, amax, num_bits, False, narrow_range)
+    return None if static is None else eager.call(fake_block_static, x, *static)
 
 
 #: the deferred error of the kernel's flag (the reference's text without the block and its value)
