@@ -118,6 +118,7 @@ VARIANT_BITS = {  # MLQ_MX_* (mx_kernels_api.h)
     16: "one wave",
     32: "fp32 blocks 2 vectors",
     64: "16-bit 2 vectors",
+    128: "16-bit true division",
 }
 
 
@@ -173,7 +174,7 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     ours_nv = [("modelopt_lite", lambda: mod.fake_nvfp4(x2, gs, 16), "")]
     if x.is_cuda:  # the public op in its default (deferred) error-check mode: no host read per call
         ours_nv.append(("public nvfp4_fake_quant", lambda: LMX.nvfp4_fake_quant(x2, amax, 16), "checks deferred"))
-    ours_nv += variant_rows(mod, lambda: mod.fake_nvfp4_flagged(x2, gs, 16)[0], (0, 1, 3, 8, 27))
+    ours_nv += variant_rows(mod, lambda: mod.fake_nvfp4_flagged(x2, gs, 16)[0], (0, 1, 3, 8, 27, 171))
     ours_nv.append(("modelopt_lite backward (STE)", lambda: mod.nvfp4_backward(x2, x2, gs, 16), "reads 2, writes 1"))
     ours_nv += [
         (f"{name} (backward)", fn, "reads 2, writes 1")
@@ -211,7 +212,7 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     bound = torch.tensor(7.0, device=x.device)
     blk = [("modelopt_lite fused kernel", lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], "")]
     blk += variant_rows(
-        mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 11, 43, 59, 107), "fused kernel"
+        mod, lambda: mod.fake_block_dynamic(x2, 128, 7.0, -8, 7, False)[0], (0, 11, 43, 59, 107, 171), "fused kernel"
     )[1:]
     if x.is_cuda:  # the public function, checks deferred (no host read per call)
         blk.append(("public fake_block_quant", lambda: TQ.fake_block_quant(x2, {-1: 128}, None, 4), "checks deferred"))

@@ -55,7 +55,12 @@ struct DynBlockOp {
   const float* gmax;  // double quantization: the tensor's amax (device), else null
   int scale_kind;     // 1: unsigned integer scale codes [0, scale_qmax], 2: E4M3 scale codes
   float scale_bound, scale_qmax;
+  bool rcp_div;        // divide through the block scale's reciprocal where exact (not MLQ_MX_TRUE_DIVISION)
   const float* samax;  // STATIC: the block amaxes (rows x blocks per row, row-major)
+  // fdiv_rcp is proven for 16-bit elements, and needs the block's amax to bound |x| (a static amax does not)
+  static constexpr bool kRcp = !BWD && !STATIC && sizeof(T) == 2;
+  static constexpr bool kFullOccupancy = kRcp && P == 1 && FULL;  // 32 registers (mx_lanes.cuh)
+  static constexpr mlq::Fwd kFwd = E4M3 ? mlq::Fwd::E4m3Fake : mlq::Fwd::IntFake;
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
@@ -91,15 +96,19 @@ MXK_UNROLL
                                : mlq::backward_pass<mlq::Bwd::Int>(st.v.get(j), s, 0.0f, qmin, qmax);
         st.v.set(j, keep ? st.g.get(j) : 0.0f);
       }
-    } else if (s == 0.0f) {  // a dead block: one test per lane, so the element loop below has no zero test left
-MXK_UNROLL
-      for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
     } else {
+      const float r = kRcp && rcp_div ? mxe::frcp(s) : 0.0f;
+      if (s == 0.0f) {  // a dead block: one test per lane, so the element loops below have no zero test left
 MXK_UNROLL
-      for (int j = 0; j < P * N; ++j) {
-        const float v = st.v.get(j);
-        st.v.set(j, E4M3 ? mlq::forward_elem<mlq::Fwd::E4m3Fake>(v, s, 0.0f, qmin, qmax)
-                         : mlq::forward_elem<mlq::Fwd::IntFake>(v, s, 0.0f, qmin, qmax));
+        for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
+      } else if (kRcp && rcp_div && mxe::rcp_div_ok(s, r, a)) {  // |x| <= a: the block amax (NaN, Inf: not here)
+MXK_UNROLL
+        for (int j = 0; j < P * N; ++j) {
+          st.v.set(j, mlq::fake_of_quotient<kFwd>(mxe::fdiv_rcp(st.v.get(j), s, r), s, qmin, qmax));
+        }
+      } else {
+MXK_UNROLL
+        for (int j = 0; j < P * N; ++j) st.v.set(j, mlq::forward_elem<kFwd>(st.v.get(j), s, 0.0f, qmin, qmax));
       }
     }
     store_lane(y, L, st);
@@ -128,7 +137,7 @@ template <class T, int P, bool E4M3, bool BWD, bool STATIC, bool FULL, int U = (
 cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
   DynBlockOp<T, P, E4M3, BWD, FULL, STATIC> op{
       static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y), c.flag, L, c.bound, c.qmin,
-      c.qmax, c.gmax, c.scale_kind, c.scale_bound, c.scale_qmax, c.samax};
+      c.qmax, c.gmax, c.scale_kind, c.scale_bound, c.scale_qmax, !(variant() & MLQ_MX_TRUE_DIVISION), c.samax};
   return run_lanes<U>(op, c.stream);
 }
 

@@ -16,6 +16,7 @@
 // device side spells them with the __f*_rn intrinsics.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -77,6 +78,46 @@ MXE_HD float fdiv(float a, float b) {
 #else
   return a / b;
 #endif
+}
+
+// 1 / b rounded to nearest even (IEEE: __frcp_rn is correctly rounded).
+MXE_HD float frcp(float b) {
+#ifdef __CUDA_ARCH__
+  return __frcp_rn(b);
+#else
+  return 1.0f / b;
+#endif
+}
+
+// a * b + c with one rounding to nearest even (IEEE fusedMultiplyAdd; fmaf is correctly rounded on the host).
+MXE_HD float ffma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return fmaf(a, b, c);
+#endif
+}
+
+// x / d through the reciprocal r = frcp(d) (d > 0): q = x * r, then one correction by the exact remainder
+// x - q * d (Markstein's quotient refinement) and x's sign bit or-ed in (for x = -0.0, whose corrected quotient
+// would be +0.0; every other result already has x's sign): 4 operations where __fdiv_rn issues about 10 and a branch.
+// No result depends on the sign of a rounded zero, which compilers may fold away (g++ -march=native turns
+// -fma(a, b, -c) into fnma(a, b, c), giving +0.0 where -0.0 was meant).
+// Equal to fdiv(x, d) bit for bit wherever rcp_div_ok(d, r, a) holds for an a >= |x|, x is a float16 or bfloat16
+// value and |x / d| >= 2**-12; below that both are smaller than 2**-11, zero together and of x's sign, so every
+// element format (E2M1, E4M3, integers) rounds them to the same signed zero. Checked exhaustively (all 2**23 divisor
+// significands against every 16-bit input significand) and over every 16-bit input across the divisor's range by
+// tests/cuda_host/rcp_div_check.cpp.
+MXE_HD float fdiv_rcp(float x, float d, float r) {
+  const float q = fmul(x, r);
+  return ffrom(fbits(ffma(ffma(-q, d, x), r, q)) | (fbits(x) & 0x80000000u));
+}
+
+// The range where fdiv_rcp is exact (above): 2**-64 <= d <= 2**16 keeps every intermediate a normal float (and a
+// bfloat16 subnormal's quotient at least the smallest float32 subnormal), a * r < 2**30 bounds the quotient; false
+// for a NaN or infinite a.
+MXE_HD bool rcp_div_ok(float d, float r, float a) {
+  return d >= 5.42101086242752217e-20f && d <= 65536.0f && fmul(a, r) < 1073741824.0f;
 }
 
 // torch.clamp(v, lo, hi): min(max(v, lo), hi) with a NaN v passing through.

@@ -39,6 +39,8 @@ struct Nvfp4Op {
   int* flag;
   Layout L;
   bool from_amax;  // gsp holds the per-tensor amax: gs = nvfp4_global_scale(amax), computed here (no launches)
+  bool rcp_div;    // 16-bit forward: divide through the block scale's reciprocal where exact (not MLQ_MX_TRUE_DIVISION)
+  static constexpr bool kRcp = !BWD && sizeof(T) == 2;  // fdiv_rcp is proven for 16-bit elements only
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
@@ -59,9 +61,13 @@ struct Nvfp4Op {
     if constexpr (BWD) {
       ste_lane(y, L, st, mxe::fmul(d, mxe::kE2M1Max));
     } else {
+      const float r = kRcp && rcp_div ? mxe::frcp(d) : 0.0f;
       if (s == 0.0f) {  // one test per vector (a uniform branch), not one select per element
 MXK_UNROLL
         for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
+      } else if (kRcp && rcp_div && mxe::rcp_div_ok(d, r, a)) {  // |x| <= a: the block amax (NaN, Inf: not here)
+MXK_UNROLL
+        for (int j = 0; j < P * N; ++j) st.v.set(j, mxe::fmul(mxe::e2m1(mxe::fdiv_rcp(st.v.get(j), d, r)), d));
       } else {
 MXK_UNROLL
         for (int j = 0; j < P * N; ++j) st.v.set(j, mxe::fmul(mxe::e2m1(mxe::fdiv(st.v.get(j), d)), d));
@@ -197,7 +203,7 @@ Layout call_layout(const Call& c) {
 template <class T, bool BWD, bool FULL, int P = 1>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
   Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                              c.side, c.gs, c.flag, L, c.gs_is_amax};
+                              c.side, c.gs, c.flag, L, c.gs_is_amax, !(variant() & MLQ_MX_TRUE_DIVISION)};
   return run_lanes<2>(op, c.stream);
 }
 

@@ -368,8 +368,9 @@ MXK_HD void flag_set(int* flag, int value) {
 
 #ifndef MODELOPT_LITE_EMULATE_ON_HOST
 
+// One thread's work of lanes_kernel: its U slots per grid-stride tile, loads, the block reduction by shuffles, finish.
 template <class Op, int U>
-__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
+__device__ __forceinline__ void lanes_thread(const Op& op, const bool prefetch) {
   const int64_t slots = op.slots();
   const int lanes = op.lanes();
   const int64_t tile = static_cast<int64_t>(blockDim.x) * U;
@@ -401,6 +402,33 @@ MXK_UNROLL
   }
 }
 
+template <class Op, int U>
+__global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool prefetch) {
+  lanes_thread<Op, U>(op, prefetch);
+}
+
+// The same kernel compiled to hold 8 thread blocks of kThreads per multiprocessor (32 registers, full occupancy),
+// for the ops that set kFullOccupancy: the 16-bit dynamic-block kernels with two element loops (the division through a
+// reciprocal and its fallback) take 36 registers otherwise, and none spills so (bench/sass_hot_path.py).
+template <class Op, int U>
+__global__ void __launch_bounds__(kThreads, 8) lanes_kernel_full_occupancy(const Op op, const bool prefetch) {
+  lanes_thread<Op, U>(op, prefetch);
+}
+
+template <class Op, class = void>
+struct FullOccupancy : std::false_type {};
+template <class Op>
+struct FullOccupancy<Op, std::enable_if_t<Op::kFullOccupancy>> : std::true_type {};
+
+template <class Op, int U>
+constexpr auto lanes_kernel_of() {
+  if constexpr (FullOccupancy<Op>::value) {
+    return &lanes_kernel_full_occupancy<Op, U>;
+  } else {
+    return &lanes_kernel<Op, U>;
+  }
+}
+
 // The thread blocks of the kernel one multiprocessor holds at once (the occupancy calculator, kThreads threads, no
 // dynamic shared memory), computed once per kernel (one GPU architecture per process is assumed); kBlocksPerSm when
 // the calculator fails.
@@ -408,7 +436,8 @@ template <class Op, int U>
 int resident_blocks() {
   static const int cached = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lanes_kernel<Op, U>, kThreads, 0) != cudaSuccess || n <= 0) {
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lanes_kernel_of<Op, U>(), kThreads, 0);
+    if (e != cudaSuccess || n <= 0) {
       (void)cudaGetLastError();
       return kBlocksPerSm;
     }
@@ -471,7 +500,7 @@ cudaError_t run_lanes(const Op& op, cudaStream_t stream) {
   const int64_t cap = static_cast<int64_t>(sm_count()) * per_sm;
   if (grid > cap) grid = cap;
   if (grid < 1) grid = 1;
-  lanes_kernel<Op, U><<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op, prefetch_of<Op>(variant()));
+  lanes_kernel_of<Op, U>()<<<static_cast<unsigned int>(grid), kThreads, 0, stream>>>(op, prefetch_of<Op>(variant()));
   return cudaGetLastError();
 #endif
 }

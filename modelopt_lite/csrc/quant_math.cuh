@@ -166,18 +166,26 @@ enum class Bwd : int { Int = 0, E4m3 = 1, Affine = 2 };
 
 // An integer code has no sign: + 0.0 turns a -0.0 code (a negative x that rounds to 0) into +0.0, as ONNX Runtime's
 // DequantizeLinear of code 0 gives (x + 0.0 == x for every other x, NaN included).
-MLQ_HD float int_code(float x, float s, float qmin, float qmax) {
-  return add_rn(clamp_keep_nan(rint_even(div_rn(x, s)), qmin, qmax), 0.0f);
+MLQ_HD float int_code_of(float q, float qmin, float qmax) {  // q = x / s
+  return add_rn(clamp_keep_nan(rint_even(q), qmin, qmax), 0.0f);
 }
+MLQ_HD float int_code(float x, float s, float qmin, float qmax) { return int_code_of(div_rn(x, s), qmin, qmax); }
 MLQ_HD float affine_code(float x, float s, float zp, float qmin, float qmax) {
   return clamp_keep_nan(add_rn(rint_even(div_rn(x, s)), zp), qmin, qmax);
+}
+
+// forward_elem's IntFake / E4m3Fake of an element already divided by its scale s != 0: q = x / s.
+template <Fwd M>
+MLQ_HD float fake_of_quotient(float q, float s, float qmin, float qmax) {
+  static_assert(M == Fwd::IntFake || M == Fwd::E4m3Fake, "fake-quant values only");
+  return mul_rn(M == Fwd::IntFake ? int_code_of(q, qmin, qmax) : e4m3_round(q), s);
 }
 
 template <Fwd M>
 MLQ_HD float forward_elem(float x, float s, float zp, float qmin, float qmax) {
   if (M == Fwd::IntFake) return s == 0.0f ? 0.0f : mul_rn(int_code(x, s, qmin, qmax), s);
-  if (M == Fwd::IntCodes) return s == 0.0f ? 0.0f : int_code(x, s, qmin, qmax);
   if (M == Fwd::E4m3Fake) return s == 0.0f ? 0.0f : mul_rn(e4m3_round(div_rn(x, s)), s);
+  if (M == Fwd::IntCodes) return s == 0.0f ? 0.0f : int_code(x, s, qmin, qmax);
   if (M == Fwd::AffineFake) return s == 0.0f ? 0.0f : mul_rn(sub_rn(affine_code(x, s, zp, qmin, qmax), zp), s);
   return s == 0.0f ? zp : affine_code(x, s, zp, qmin, qmax);  // Fwd::AffineCodes
 }

@@ -69,12 +69,23 @@ VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def _far(dtype, seed: int) -> torch.Tensor:
+    """Blocks whose scale lies above 2**16 (times 2**40; bfloat16 and float32: float16 cannot hold them): the 16-bit
+    kernels' division through the reciprocal falls back to true division there (mx_elem.h rcp_div_ok), alongside
+    ordinary blocks of the same rows."""
+    x = _data((6, 1100), dtype, seed).float()
+    x[3:, ::3] *= 2.0**40
+    return x.to(dtype)
+
+
 def _inputs(dtype):
     out = [
         (name, lambda d, s=shape, k=i: _data(s, dtype, 300 + k).to(d)) for i, (name, shape) in enumerate(SHAPES.items())
     ]
     for i, (name, view) in enumerate(VIEWS.items()):
         out.append((name, lambda d, v=view, k=i: v(_data((8, 1040), dtype, 400 + k).to(d))))
+    if dtype != torch.float16:
+        out.append(("6x1100 with blocks scaled by 2**40", lambda d: _far(dtype, 500).to(d)))
     return out
 
 
@@ -239,8 +250,9 @@ def run_check(mod, device: str, check: Check) -> None:
 
 #: the work-distribution variants that change the fused block kernel's lanes (mx_kernels_api.h): none, 2 float32
 #: vectors per lane (MLQ_MX_BLOCKS_FP32_TWO_VECTORS), that with one wave of thread blocks, 2 float16/bfloat16
-#: vectors per lane (MLQ_MX_16BIT_TWO_VECTORS), and both two-vector bits
-BLOCK_VARIANTS = (0, 32, 48, 64, 96)
+#: vectors per lane (MLQ_MX_16BIT_TWO_VECTORS), and both two-vector bits; and the 16-bit division by __fdiv_rn
+#: (MLQ_MX_TRUE_DIVISION) alone and with 2 vectors per lane
+BLOCK_VARIANTS = (0, 32, 48, 64, 96, 128, 192)
 
 
 def variant_failures(mod, device: str) -> list[str]:

@@ -137,6 +137,11 @@ def _nvfp4_matrix(dtype):
                 yield name, mk, block, factor
 
 
+def _far_nvfp4(d: str, power: int):
+    x = (_data((6, 83), torch.float32, 11) * 2.0**power).to(torch.bfloat16)
+    return x.to(d), ms.nvfp4_global_scale(_amax(x)).to(d), 16
+
+
 def nvfp4_checks(dtypes=DTYPES):
     out = []
     for dtype in dtypes:
@@ -149,6 +154,15 @@ def nvfp4_checks(dtypes=DTYPES):
 
             gname = "" if factor == 1.0 else " gs from amax/4 (saturating block scales)"
             out.append(Check(f"nvfp4 block={block}{gname} {name} {dtype}", "fake_nvfp4", make))
+        if dtype == torch.bfloat16:  # block scales below 2**-64 and above 2**16: the 16-bit kernels' true division
+            for far in (-100, 40):
+                out.append(
+                    Check(
+                        f"nvfp4 x * 2**{far} (true division, mx_elem.h rcp_div_ok) {dtype}",
+                        "fake_nvfp4",
+                        lambda d, far=far: _far_nvfp4(d, far),
+                    )
+                )
         out.append(
             Check(
                 f"nvfp4 global scale 0 {dtype}",
@@ -159,9 +173,9 @@ def nvfp4_checks(dtypes=DTYPES):
     return out
 
 
-VARIANTS = 128  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
+VARIANTS = 256  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
 # 16 one wave of thread blocks, 32 fp32 dynamic blocks 2 vectors (block_cases.variant_failures), 64 16-bit MX and
-# dynamic blocks 2 vectors)
+# dynamic blocks 2 vectors, 128 16-bit NVFP4 and dynamic blocks divide by __fdiv_rn, not through the reciprocal)
 DEFAULT_VARIANT = 43  # MLQ_MX_VARIANT_DEFAULT
 VARIANT_SHAPES = {
     "4x64 full blocks": (4, 64),

@@ -1,0 +1,101 @@
+// Checks mx_elem.h's division through a reciprocal (fdiv_rcp, the CUDA kernels' division of float16 / bfloat16
+// elements by a block scale) against true division (fdiv), in two parts:
+//   significands: every float16 significand x in [1, 2) (the bfloat16 ones among them) against divisor
+//     significands d = 1 + k 2**-23, k = 0, s, 2s, ... (s = argv[1]; s = 1 is all 2**23): fdiv_rcp(x, d, frcp(d))
+//     == fdiv(x, d) bit for bit. Both sides scale exactly by powers of two while every intermediate stays normal
+//     (rcp_div_ok's range), so this is the whole claim for quotients >= 2**-12.
+//   ranges: every finite bfloat16 and float16 value x (subnormals, zeros and both signs included) against divisors
+//     2**e * m for every e in [-66, 18] and 8 significands m, wherever rcp_div_ok(d, r, |x|) holds: the quotient is
+//     fdiv's bit for bit when |x / d| >= 2**-12, else smaller than 2**-11, zero together with fdiv's and of the
+//     same sign; and the element formats give the same bits (e2m1(q) * d, e4m3(q) * d, integer codes of 4 and 8
+//     bits times d).
+// Prints "checked <n> mismatches <m>" last (and the first few mismatches); exit status 1 on any.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "../../modelopt_lite/csrc/mx_elem.h"
+
+namespace {
+
+uint64_t g_bad = 0, g_checked = 0;
+
+void report(const char* what, float x, float d, float got, float want) {
+  if (g_bad++ < 8) {
+    std::printf("%s: x %08x d %08x got %08x want %08x\n", what, static_cast<unsigned>(mxe::fbits(x)),
+                static_cast<unsigned>(mxe::fbits(d)), static_cast<unsigned>(mxe::fbits(got)),
+                static_cast<unsigned>(mxe::fbits(want)));
+  }
+}
+
+void same_bits(const char* what, float x, float d, float got, float want) {
+  ++g_checked;
+  if (mxe::fbits(got) != mxe::fbits(want)) report(what, x, d, got, want);
+}
+
+float bf16_value(uint32_t h) { return mxe::ffrom(h << 16); }
+
+float f16_value(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0) {  // zero or subnormal: m * 2**-24, exact
+    const float v = mxe::fmul(static_cast<float>(m), 5.9604644775390625e-8f);
+    return mxe::ffrom(mxe::fbits(v) | sign);
+  }
+  if (e == 31) return mxe::ffrom(sign | 0x7F800000u | (m << 13));
+  return mxe::ffrom(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+float int_code(float q, float qmin, float qmax) { return mxe::fadd(mxe::rint_small(mxe::clampn(q, qmin, qmax)), 0.0f); }
+
+// The element formats of the kernels that divide so, applied to quotient q of block scale d.
+void same_formats(float x, float d, float got, float want) {
+  same_bits("e2m1", x, d, mxe::fmul(mxe::e2m1(got), d), mxe::fmul(mxe::e2m1(want), d));
+  same_bits("e4m3", x, d, mxe::fmul(mxe::e4m3(got), d), mxe::fmul(mxe::e4m3(want), d));
+  same_bits("int4", x, d, mxe::fmul(int_code(got, -8.0f, 7.0f), d), mxe::fmul(int_code(want, -8.0f, 7.0f), d));
+  same_bits("int8", x, d, mxe::fmul(int_code(got, -128.0f, 127.0f), d),
+            mxe::fmul(int_code(want, -128.0f, 127.0f), d));
+}
+
+void significands(uint32_t step) {
+  for (uint32_t k = 0; k < (1u << 23); k += step) {
+    const float d = mxe::ffrom(0x3F800000u | k), r = mxe::frcp(d);
+    for (uint32_t m = 0; m < (1u << 10); ++m) {  // float16 significands; every 8th is a bfloat16 one
+      const float x = mxe::ffrom(0x3F800000u | (m << 13));
+      same_bits("significand", x, d, mxe::fdiv_rcp(x, d, r), mxe::fdiv(x, d));
+    }
+  }
+}
+
+void ranges() {
+  const uint32_t mants[8] = {0u, 1u, 0x7FFFFFu, 0x400000u, 0x3C0000u, 0x123457u, 0x5A5A5Bu, 0x7FFF01u};
+  for (int e = -66; e <= 18; ++e) {
+    for (uint32_t m : mants) {
+      const float d = mxe::ffrom(static_cast<uint32_t>(e + 127) << 23 | m), r = mxe::frcp(d);
+      for (uint32_t h = 0; h < 0x20000u; ++h) {
+        const float x = h < 0x10000u ? bf16_value(h) : f16_value(h - 0x10000u);
+        if (mxe::nonfinite(x) || !mxe::rcp_div_ok(d, r, mxe::fabs_bits(x))) continue;
+        const float got = mxe::fdiv_rcp(x, d, r), want = mxe::fdiv(x, d);
+        if (mxe::fabs_bits(want) >= 2.44140625e-4f) {  // 2**-12
+          same_bits("quotient", x, d, got, want);
+        } else {
+          ++g_checked;
+          const bool ok = mxe::fabs_bits(got) < 4.8828125e-4f && (got == 0.0f) == (want == 0.0f) &&
+                          (mxe::fbits(got) >> 31) == (mxe::fbits(want) >> 31);
+          if (!ok) report("tiny quotient", x, d, got, want);
+        }
+        same_formats(x, d, got, want);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const uint32_t step = argc > 1 ? static_cast<uint32_t>(std::strtoul(argv[1], nullptr, 10)) : 1;
+  significands(step == 0 ? 1 : step);
+  ranges();
+  std::printf("checked %llu mismatches %llu\n", static_cast<unsigned long long>(g_checked),
+              static_cast<unsigned long long>(g_bad));
+  return g_bad == 0 ? 0 : 1;
+}
