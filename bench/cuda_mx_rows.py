@@ -206,7 +206,7 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     for fn, elem, bound in (("fake_e5m2", "e5m2", 57344.0), ("fake_e2m1", "e2m1", 6.0)):
         s = (amax / torch.tensor(bound, device=x.device)).reshape(1)
         ours = [("modelopt_lite", lambda f=fn, s=s: getattr(mod, f)(x2, s), "")]
-        ours += variant_rows(mod, lambda f=fn, s=s: getattr(mod, f)(x2, s), (16,), "modelopt_lite")[1:]
+        ours += variant_rows(mod, lambda f=fn, s=s: getattr(mod, f)(x2, s), (16, 171), "modelopt_lite")[1:]
         ref = lambda e=elem, s=s: torch_minifloat(x2, s, e)  # noqa: E731  (the chain is the definition here)
         cases.append((f"{elem.upper()} per-tensor", rw, ours + chain(elem, ref, torch_minifloat, x2, s, elem)))
     bound = torch.tensor(7.0, device=x.device)

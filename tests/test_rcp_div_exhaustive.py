@@ -1,7 +1,8 @@
-"""mx_elem.h's division of a float16 / bfloat16 element through its block scale's reciprocal (``fdiv_rcp``: the
-CUDA NVFP4 and fused dynamic-block kernels) against true division, bit for bit, with the element formats applied
-(tests/cuda_host/rcp_div_check.cpp): every 16-bit significand against every 61st divisor significand (140M checks)
-plus every finite 16-bit value across the divisor's range, a few seconds; ``MODELOPT_LITE_EXHAUSTIVE=1`` takes every
+"""mx_elem.h's division of a float16 / bfloat16 element through its scale's reciprocal (``fdiv_rcp``: the CUDA
+NVFP4 and fused dynamic-block kernels; ``fdiv_rcp_clamped``: the elementwise E4M3 / E5M2 / E2M1 kernels) against
+true division, bit for bit, with the element formats applied (tests/cuda_host/rcp_div_check.cpp): every 16-bit
+significand against every 61st divisor significand (140M checks) plus every 16-bit value across the divisor's
+range, a few seconds; ``MODELOPT_LITE_EXHAUSTIVE=1`` takes every
 divisor significand (all 2**33 pairs, about a minute)."""
 
 from __future__ import annotations
@@ -36,6 +37,6 @@ def test_reciprocal_division_matches_true_division(checker):
     checked = int(last.split()[1])
     assert last == f"checked {checked} mismatches 0", proc.stdout[-2000:]
     assert proc.returncode == 0
-    # the range part's count is fixed by its loops: 2 x 65536 inputs x 85 exponents x 8 significands, less the
-    # non-finite inputs and the pairs outside rcp_div_ok, each checked for the quotient and 4 formats
-    assert checked - significand_pairs == 5 * 45_010_030, checked
+    # the range parts' counts are fixed by their loops: 2 x 65536 inputs x 85 exponents x 8 (4) significands, less
+    # the inputs and pairs each leaves out, checked for the quotient and 5 formats (for the clamped division, 3)
+    assert checked - significand_pairs == 6 * 45_010_030 + 4 * 41_335_812, checked

@@ -80,6 +80,12 @@ MXE_HD float fdiv(float a, float b) {
 #endif
 }
 
+// torch.clamp(v, lo, hi): min(max(v, lo), hi) with a NaN v passing through.
+MXE_HD float clampn(float v, float lo, float hi) {
+  const float t = (lo > v) ? lo : v;
+  return (hi < t) ? hi : t;
+}
+
 // 1 / b rounded to nearest even (IEEE: __frcp_rn is correctly rounded).
 MXE_HD float frcp(float b) {
 #ifdef __CUDA_ARCH__
@@ -113,18 +119,20 @@ MXE_HD float fdiv_rcp(float x, float d, float r) {
   return ffrom(fbits(ffma(ffma(-q, d, x), r, q)) | (fbits(x) & 0x80000000u));
 }
 
-// The range where fdiv_rcp is exact (above): 2**-64 <= d <= 2**16 keeps every intermediate a normal float (and a
-// bfloat16 subnormal's quotient at least the smallest float32 subnormal), a * r < 2**30 bounds the quotient; false
-// for a NaN or infinite a.
-MXE_HD bool rcp_div_ok(float d, float r, float a) {
-  return d >= 5.42101086242752217e-20f && d <= 65536.0f && fmul(a, r) < 1073741824.0f;
+// fdiv_rcp for any x, no bound on |x / d| needed: the product is first clamped to +-2**30 (NaN passing), so a
+// quotient at or past 2**30 (x up to +-Inf) gives one past 2**29 of its sign, which every element format saturates
+// the same way, instead of a NaN from Inf - Inf; below 2**30 the clamp changes nothing. Two more operations.
+MXE_HD float fdiv_rcp_clamped(float x, float d, float r) {
+  const float q = clampn(fmul(x, r), -1073741824.0f, 1073741824.0f);
+  return ffrom(fbits(ffma(ffma(-q, d, x), r, q)) | (fbits(x) & 0x80000000u));
 }
 
-// torch.clamp(v, lo, hi): min(max(v, lo), hi) with a NaN v passing through.
-MXE_HD float clampn(float v, float lo, float hi) {
-  const float t = (lo > v) ? lo : v;
-  return (hi < t) ? hi : t;
-}
+// The divisors for which fdiv_rcp / fdiv_rcp_clamped are exact (above): 2**-64 <= d <= 2**16 keeps every
+// intermediate a normal float (and a bfloat16 subnormal's quotient at least the smallest float32 subnormal).
+MXE_HD bool rcp_div_range(float d) { return d >= 5.42101086242752217e-20f && d <= 65536.0f; }
+
+// fdiv_rcp's condition for a block of amax a >= |x|: d in range and a * r < 2**30 (false for a NaN or Inf a).
+MXE_HD bool rcp_div_ok(float d, float r, float a) { return rcp_div_range(d) && fmul(a, r) < 1073741824.0f; }
 
 // NaN or +-Inf.
 MXE_HD bool nonfinite(float v) { return (fbits(v) & 0x7FFFFFFFu) >= 0x7F800000u; }

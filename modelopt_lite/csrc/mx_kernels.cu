@@ -139,7 +139,9 @@ struct MinifloatOp {
   T* y;
   const float* scale;
   int64_t channels, inner;
-  Layout L;  // one row of n elements, "blocks" of one vector
+  Layout L;      // one row of n elements, "blocks" of one vector
+  bool rcp_div;  // 16-bit: divide through the scale's reciprocal where exact (not MLQ_MX_TRUE_DIVISION)
+  static constexpr bool kRcp = sizeof(T) == 2;  // fdiv_rcp_clamped is proven for 16-bit elements only
 
   MXK_HD int64_t slots() const { return L.nbr; }
   MXK_HD int lanes() const { return 1; }
@@ -157,9 +159,15 @@ struct MinifloatOp {
     constexpr int N = VecOf<T>::N;
     if (channels == 1 || inner % N == 0) {
       const float s = load_scalar(scale + (channels == 1 ? 0 : (st.w.off / inner) % channels));
+      const float r = kRcp && rcp_div ? mxe::frcp(s) : 0.0f;
       if (s == 0.0f) {
 MXK_UNROLL
         for (int j = 0; j < N; ++j) st.v.set(j, 0.0f);
+      } else if (kRcp && rcp_div && mxe::rcp_div_range(s)) {  // no amax bounds x here: the clamped division
+MXK_UNROLL
+        for (int j = 0; j < N; ++j) {
+          st.v.set(j, mxe::fmul(mxe::elem_round<ELEM>(mxe::fdiv_rcp_clamped(st.v.get(j), s, r)), s));
+        }
       } else {
 MXK_UNROLL
         for (int j = 0; j < N; ++j) st.v.set(j, fake_nonzero(st.v.get(j), s));
@@ -255,7 +263,8 @@ cudaError_t mx_typed(int elem, const Call& c) {
 template <class T, int ELEM, bool FULL>
 cudaError_t minifloat_run(const void* x, void* y, const float* s, int64_t ch, int64_t inner, const Layout& L,
                           cudaStream_t st) {
-  MinifloatOp<T, ELEM, FULL> op{static_cast<const T*>(x), static_cast<T*>(y), s, ch, inner, L};
+  MinifloatOp<T, ELEM, FULL> op{static_cast<const T*>(x), static_cast<T*>(y), s, ch, inner, L,
+                                 !(variant() & MLQ_MX_TRUE_DIVISION)};
   return run_lanes<2>(op, st);
 }
 

@@ -7,8 +7,10 @@
 //   ranges: every finite bfloat16 and float16 value x (subnormals, zeros and both signs included) against divisors
 //     2**e * m for every e in [-66, 18] and 8 significands m, wherever rcp_div_ok(d, r, |x|) holds: the quotient is
 //     fdiv's bit for bit when |x / d| >= 2**-12, else smaller than 2**-11, zero together with fdiv's and of the
-//     same sign; and the element formats give the same bits (e2m1(q) * d, e4m3(q) * d, integer codes of 4 and 8
-//     bits times d).
+//     same sign; and the element formats give the same bits (e2m1(q) * d, e4m3(q) * d, e5m2(q) * d, integer codes
+//     of 4 and 8 bits times d).
+//   clamped ranges: fdiv_rcp_clamped (the elementwise kernels' division, no amax to bound x) over every 16-bit value
+//     including +-Inf against divisors of every exponent in range: the same claims below 2**30, saturating above.
 // Prints "checked <n> mismatches <m>" last (and the first few mismatches); exit status 1 on any.
 #include <cstdint>
 #include <cstdio>
@@ -51,6 +53,7 @@ float int_code(float q, float qmin, float qmax) { return mxe::fadd(mxe::rint_sma
 void same_formats(float x, float d, float got, float want) {
   same_bits("e2m1", x, d, mxe::fmul(mxe::e2m1(got), d), mxe::fmul(mxe::e2m1(want), d));
   same_bits("e4m3", x, d, mxe::fmul(mxe::e4m3(got), d), mxe::fmul(mxe::e4m3(want), d));
+  same_bits("e5m2", x, d, mxe::fmul(mxe::e5m2(got), d), mxe::fmul(mxe::e5m2(want), d));
   same_bits("int4", x, d, mxe::fmul(int_code(got, -8.0f, 7.0f), d), mxe::fmul(int_code(want, -8.0f, 7.0f), d));
   same_bits("int8", x, d, mxe::fmul(int_code(got, -128.0f, 127.0f), d),
             mxe::fmul(int_code(want, -128.0f, 127.0f), d));
@@ -89,12 +92,48 @@ void ranges() {
   }
 }
 
+// fdiv_rcp_clamped: every 16-bit value, the infinities included, and no bound on the quotient (only
+// rcp_div_range(d)): as fdiv_rcp below 2**30; at or past it a result past 2**29 of the quotient's sign (the formats
+// saturate it). The integer formats are left out past 2**22 (their kernels do not divide so).
+void clamped_ranges() {
+  const uint32_t mants[4] = {0u, 0x7FFFFFu, 0x3C0000u, 0x5A5A5Bu};
+  for (int e = -66; e <= 18; ++e) {
+    for (uint32_t m : mants) {
+      const float d = mxe::ffrom(static_cast<uint32_t>(e + 127) << 23 | m), r = mxe::frcp(d);
+      if (!mxe::rcp_div_range(d)) continue;
+      for (uint32_t h = 0; h < 0x20000u; ++h) {
+        const float x = h < 0x10000u ? bf16_value(h) : f16_value(h - 0x10000u);
+        if (x != x) continue;
+        const float got = mxe::fdiv_rcp_clamped(x, d, r), want = mxe::fdiv(x, d);
+        const float aw = mxe::fabs_bits(want);
+        if (aw >= 1073741824.0f) {
+          ++g_checked;
+          if (!(mxe::fabs_bits(got) > 536870912.0f && (mxe::fbits(got) >> 31) == (mxe::fbits(want) >> 31))) {
+            report("clamped, large quotient", x, d, got, want);
+          }
+        } else if (aw >= 2.44140625e-4f) {
+          same_bits("clamped quotient", x, d, got, want);
+        } else {
+          ++g_checked;
+          const bool ok = mxe::fabs_bits(got) < 4.8828125e-4f && (got == 0.0f) == (want == 0.0f) &&
+                          (mxe::fbits(got) >> 31) == (mxe::fbits(want) >> 31);
+          if (!ok) report("clamped, tiny quotient", x, d, got, want);
+        }
+        same_bits("clamped e2m1", x, d, mxe::fmul(mxe::e2m1(got), d), mxe::fmul(mxe::e2m1(want), d));
+        same_bits("clamped e4m3", x, d, mxe::fmul(mxe::e4m3(got), d), mxe::fmul(mxe::e4m3(want), d));
+        same_bits("clamped e5m2", x, d, mxe::fmul(mxe::e5m2(got), d), mxe::fmul(mxe::e5m2(want), d));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const uint32_t step = argc > 1 ? static_cast<uint32_t>(std::strtoul(argv[1], nullptr, 10)) : 1;
   significands(step == 0 ? 1 : step);
   ranges();
+  clamped_ranges();
   std::printf("checked %llu mismatches %llu\n", static_cast<unsigned long long>(g_checked),
               static_cast<unsigned long long>(g_bad));
   return g_bad == 0 ? 0 : 1;

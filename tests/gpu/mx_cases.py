@@ -279,6 +279,23 @@ def _scales(bound: float):
     ]
 
 
+#: bfloat16 inputs for the 16-bit elementwise kernels' division through the reciprocal: scales below 2**-64 and
+#: above 2**16 (true division), and a scale 2**40 below the data's with +-Inf in x (the clamped product, saturation)
+_FAR_ELEMENTWISE = (
+    ("x * 2**-100 (true division)", -100, 1.0),
+    ("x * 2**40 (true division)", 40, 1.0),
+    ("scale 2**-40 of the amax's, +-Inf in x (clamped product)", 0, 2.0**-40),
+)
+
+
+def _far_elementwise(d: str, power: int, clip: float, bound: float):
+    x = (_data((6, 83), torch.float32, 12) * 2.0**power).to(torch.bfloat16)
+    s = (_amax(x) / bound * clip).reshape(1)
+    if clip != 1.0:
+        x[1, :2] = torch.tensor([math.inf, -math.inf])
+    return x.to(d), s.to(d)
+
+
 def minifloat_checks(dtypes=DTYPES):
     out = []
     for fn, bound in (("fake_e5m2", ms.E5M2_MAX), ("fake_e2m1", ms.E2M1_MAX)):
@@ -291,6 +308,13 @@ def minifloat_checks(dtypes=DTYPES):
                         return x, scale_of(x.cpu()).to(d)
 
                     out.append(Check(f"{fn} {sname} {name} {dtype}", fn, make))
+            if dtype == torch.bfloat16:
+                for what, power, clip in _FAR_ELEMENTWISE:
+                    out.append(
+                        Check(
+                            f"{fn} {what} {dtype}", fn, lambda d, p=power, c=clip, b=bound: _far_elementwise(d, p, c, b)
+                        )
+                    )
             x_nan = lambda d, dtype=dtype: _with_specials(_data((4, 40), dtype, 9)).to(d)  # noqa: E731
             out.append(
                 Check(
