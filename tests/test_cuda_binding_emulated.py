@@ -46,6 +46,7 @@ def emulated():
 
 cases = _load("cuda_cases")
 mx_cases = _load("mx_cases")
+variant_cases = _load("variant_cases")
 block_cases = _load("block_cases")
 GROUPS = {
     "int": cases.int_checks,
@@ -127,8 +128,8 @@ def test_scale_from_amax_equals_reference(emulated):
 
 
 def test_mx_every_variant_equals_reference(emulated):
-    assert emulated.mx_set_variant(-1) == mx_cases.DEFAULT_VARIANT
-    failures = mx_cases.variant_failures(emulated, "cpu")
+    assert emulated.mx_set_variant(-1) == variant_cases.DEFAULT_VARIANT
+    failures = variant_cases.variant_failures(emulated, "cpu")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 

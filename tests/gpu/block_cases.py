@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import torch
 from cuda_cases import DTYPES, assert_same
-from mx_cases import Check, under_variants
+from mx_cases import Check
+from variant_cases import under_variants
 
 from modelopt_lite.functional import blocks
 from modelopt_lite.functional import library_block_cuda as lb

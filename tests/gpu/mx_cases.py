@@ -78,7 +78,7 @@ def _top(dtype) -> int:
     return 12 if dtype == torch.float16 else 40  # dynamic range in powers of two (fp16 overflows past 65504)
 
 
-def _data(shape, dtype, seed: int) -> torch.Tensor:
+def data(shape, dtype, seed: int) -> torch.Tensor:
     """Random values over a wide dynamic range (one power of two per row), with the edge blocks written in."""
     g = torch.Generator().manual_seed(seed)
     rows = math.prod(shape[:-1])
@@ -117,13 +117,13 @@ def _inputs(dtype):
     """(name, x maker(device)) over shapes and views, for one dtype."""
     out = []
     for si, (name, shape) in enumerate(SHAPES.items()):
-        out.append((name, lambda d, s=shape, k=si: _data(s, dtype, 100 + k).to(d)))
+        out.append((name, lambda d, s=shape, k=si: data(s, dtype, 100 + k).to(d)))
     for vi, (name, view) in enumerate(VIEWS.items()):
-        out.append((name, lambda d, v=view, k=vi: v(_data((8, 80), dtype, 200 + k).to(d))))
+        out.append((name, lambda d, v=view, k=vi: v(data((8, 80), dtype, 200 + k).to(d))))
     return out
 
 
-def _amax(x: torch.Tensor) -> torch.Tensor:
+def amax_of(x: torch.Tensor) -> torch.Tensor:
     return x.detach().float().abs().amax().cpu()
 
 
@@ -138,8 +138,8 @@ def _nvfp4_matrix(dtype):
 
 
 def _far_nvfp4(d: str, power: int):
-    x = (_data((6, 83), torch.float32, 11) * 2.0**power).to(torch.bfloat16)
-    return x.to(d), ms.nvfp4_global_scale(_amax(x)).to(d), 16
+    x = (data((6, 83), torch.float32, 11) * 2.0**power).to(torch.bfloat16)
+    return x.to(d), ms.nvfp4_global_scale(amax_of(x)).to(d), 16
 
 
 def nvfp4_checks(dtypes=DTYPES):
@@ -149,7 +149,7 @@ def nvfp4_checks(dtypes=DTYPES):
 
             def make(d, mk=mk, block=block, factor=factor):
                 x = mk(d)
-                gs = ms.nvfp4_global_scale(_amax(x) * factor)  # computed on the CPU: the kernel's exactness
+                gs = ms.nvfp4_global_scale(amax_of(x) * factor)  # computed on the CPU: the kernel's exactness
                 return x, gs.to(d), block
 
             gname = "" if factor == 1.0 else " gs from amax/4 (saturating block scales)"
@@ -167,71 +167,10 @@ def nvfp4_checks(dtypes=DTYPES):
             Check(
                 f"nvfp4 global scale 0 {dtype}",
                 "fake_nvfp4",
-                lambda d, dtype=dtype: (_data((4, 48), dtype, 7).to(d), torch.tensor(0.0, device=d), 16),
+                lambda d, dtype=dtype: (data((4, 48), dtype, 7).to(d), torch.tensor(0.0, device=d), 16),
             )
         )
     return out
-
-
-VARIANTS = 256  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
-# 16 one wave of thread blocks, 32 fp32 dynamic blocks 2 vectors (block_cases.variant_failures), 64 16-bit MX and
-# dynamic blocks 2 vectors, 128 16-bit NVFP4 and dynamic blocks divide by __fdiv_rn, not through the reciprocal)
-DEFAULT_VARIANT = 43  # MLQ_MX_VARIANT_DEFAULT
-VARIANT_SHAPES = {
-    "4x64 full blocks": (4, 64),
-    "67x256 full blocks, many warp tiles": (67, 256),
-    "2x3x48 3-D": (2, 3, 48),
-}
-
-
-def _variant_checks() -> list:
-    """(label, binding function, x, other arguments, the reference's output) of variant_failures, the references
-    computed once."""
-    out = []
-    for dtype in DTYPES:
-        for si, (name, shape) in enumerate({**VARIANT_SHAPES, "6x83 partial": (6, 83)}.items()):
-            x = _data(shape, dtype, 300 + si)
-            gs = ms.nvfp4_global_scale(_amax(x))
-            checks = [(f"nvfp4 block={b}", "fake_nvfp4", (gs, b)) for b in (16, 32)]
-            checks += [(f"mx {e}", "fake_mx", (e, 32, "floor")) for e in ELEMS]
-            out += [(f"{what} {name} {dtype}", fn, x, rest, REFERENCE[fn](x, *rest)) for what, fn, rest in checks]
-    return out
-
-
-def under_variants(mod, variants, failures: list[str]):
-    """Yield each of ``variants`` with it set as the process-wide work-distribution variant (``mx_set_variant``,
-    checked to read back); the variant in force before is restored after, a failure noted where it is not."""
-    default = mod.mx_set_variant(-1)
-    try:
-        for variant in variants:
-            if mod.mx_set_variant(variant) not in range(VARIANTS):
-                failures.append(f"variant {variant}: mx_set_variant returned an unknown previous variant")
-            if mod.mx_set_variant(-1) != variant:
-                failures.append(f"variant {variant}: mx_set_variant(-1) does not read it back")
-            yield variant
-    finally:
-        mod.mx_set_variant(default)
-    if mod.mx_set_variant(-1) != default:
-        failures.append("the variant was not restored")
-
-
-def variant_failures(mod, device: str) -> list[str]:
-    """The forward kernels under every work-distribution variant (``mx_set_variant``: NVFP4 one lane per block,
-    prefetch, 2 float32 vectors per lane, one wave of thread blocks) against the reference,
-    on aligned whole-block inputs (the layouts the variants take) and a partial one; the process-wide variant is
-    restored after, and a variant out of range is refused."""
-    failures: list[str] = []
-    checks = _variant_checks()
-    for variant in under_variants(mod, range(VARIANTS), failures):
-        for label, fn, x, rest, want in checks:
-            got = getattr(mod, fn)(x.to(device), *[r.to(device) if torch.is_tensor(r) else r for r in rest])
-            try:
-                assert_same(got, want, f"variant {variant} {label}")
-            except AssertionError as e:
-                failures.append(str(e))
-        if variant == VARIANTS - 1 and (mod.mx_set_variant(VARIANTS) != variant or mod.mx_set_variant(-1) != variant):
-            failures.append(f"variant {VARIANTS} (out of range) was not refused")
-    return failures
 
 
 def mx_checks(dtypes=DTYPES):
@@ -254,7 +193,7 @@ def _scales(bound: float):
     """(name, scale maker(x on the CPU) -> float32 scale) for the elementwise formats."""
 
     def per_tensor(x):
-        return (_amax(x) / bound).reshape(1)
+        return (amax_of(x) / bound).reshape(1)
 
     def dim0(x):
         s = x.detach().float().abs().amax(dim=-1, keepdim=True) / bound
@@ -289,8 +228,8 @@ _FAR_ELEMENTWISE = (
 
 
 def _far_elementwise(d: str, power: int, clip: float, bound: float):
-    x = (_data((6, 83), torch.float32, 12) * 2.0**power).to(torch.bfloat16)
-    s = (_amax(x) / bound * clip).reshape(1)
+    x = (data((6, 83), torch.float32, 12) * 2.0**power).to(torch.bfloat16)
+    s = (amax_of(x) / bound * clip).reshape(1)
     if clip != 1.0:
         x[1, :2] = torch.tensor([math.inf, -math.inf])
     return x.to(d), s.to(d)
@@ -315,7 +254,7 @@ def minifloat_checks(dtypes=DTYPES):
                             f"{fn} {what} {dtype}", fn, lambda d, p=power, c=clip, b=bound: _far_elementwise(d, p, c, b)
                         )
                     )
-            x_nan = lambda d, dtype=dtype: _with_specials(_data((4, 40), dtype, 9)).to(d)  # noqa: E731
+            x_nan = lambda d, dtype=dtype: _with_specials(data((4, 40), dtype, 9)).to(d)  # noqa: E731
             out.append(
                 Check(
                     f"{fn} NaN/Inf propagate {dtype}", fn, lambda d, xm=x_nan: (xm(d), torch.tensor([0.01], device=d))
@@ -347,7 +286,7 @@ def backward_checks(dtypes=DTYPES):
 
                 def make(d, mk=mk, block=block):
                     x = mk(d)
-                    gs = ms.nvfp4_global_scale(_amax(x) * 0.25)  # saturating block scales: both mask branches
+                    gs = ms.nvfp4_global_scale(amax_of(x) * 0.25)  # saturating block scales: both mask branches
                     return _grad_like(x, 5).to(d), x, gs.to(d), block
 
                 out.append(Check(f"nvfp4_backward block={block} {name} {dtype}", "nvfp4_backward", make))
@@ -366,7 +305,7 @@ def backward_checks(dtypes=DTYPES):
                 "nvfp4_backward",
                 lambda d, dtype=dtype: (
                     _grad_like(torch.zeros(4, 48, dtype=dtype), 8).to(d),
-                    _data((4, 48), dtype, 7).to(d),
+                    data((4, 48), dtype, 7).to(d),
                     torch.tensor(0.0, device=d),
                     16,
                 ),
@@ -391,17 +330,17 @@ def nvfp4_amax_checks(dtypes=DTYPES):
 
             def fwd(d, mk=mk, block=block, factor=factor):
                 x = mk(d)
-                return x, (_amax(x) * factor).to(d), block
+                return x, (amax_of(x) * factor).to(d), block
 
             def bwd(d, mk=mk, block=block, factor=factor):
                 x = mk(d)
-                return _grad_like(x, 5).to(d), x, (_amax(x) * factor).to(d), block
+                return _grad_like(x, 5).to(d), x, (amax_of(x) * factor).to(d), block
 
             what = f"block={block} {'amax' if factor == 1.0 else 'amax/4'} {name} {dtype}"
             out.append(Check(f"fake_nvfp4_amax {what}", "fake_nvfp4_amax_flagged", fwd))
             out.append(Check(f"nvfp4_backward_amax {what}", "nvfp4_backward_amax_flagged", bwd))
         for a in SPECIAL_AMAX:
-            x_of = lambda d, dtype=dtype: _data((4, 48), dtype, 7).to(d)  # noqa: E731
+            x_of = lambda d, dtype=dtype: data((4, 48), dtype, 7).to(d)  # noqa: E731
             amax = lambda d, a=a: torch.tensor(a, device=d)  # noqa: E731
             out.append(
                 Check(
@@ -468,7 +407,7 @@ def grad_failures(run_native: Callable) -> list[str]:
 def grad_checks(dtypes=DTYPES):
     out = []
     for dtype in dtypes:
-        x0 = _data((6, 83), dtype, 11)
+        x0 = data((6, 83), dtype, 11)
         for block in (16, 32):
             out.append(
                 GradCheck(
@@ -561,7 +500,7 @@ def flagged_failures(mod, device: str) -> list[str]:
     plain ones: the same output bit for bit, flag 0 on clean input, bit 1 on a NaN/Inf input, bit 2 on a bad NVFP4
     global scale (read by the kernel from device memory); the failure messages."""
     failures = []
-    x = _data((5, 70), torch.float32, 3).to(device)
+    x = data((5, 70), torch.float32, 3).to(device)
     g = torch.ones_like(x)
     gs = torch.tensor(0.01, device=device)
     bad = x.clone()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mx_cases
 import pytest
+import variant_cases
 from isolated_cases import run_isolated
 
 from modelopt_lite.functional import backend
@@ -47,6 +48,6 @@ def test_flagged_bindings_return_the_flag_unread(cuda_module):
 
 
 def test_every_variant_equals_reference(cuda_module):
-    assert cuda_module.mx_set_variant(-1) == mx_cases.DEFAULT_VARIANT
-    failures = mx_cases.variant_failures(cuda_module, "cuda")
+    assert cuda_module.mx_set_variant(-1) == variant_cases.DEFAULT_VARIANT
+    failures = variant_cases.variant_failures(cuda_module, "cuda")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
