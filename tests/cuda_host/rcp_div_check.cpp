@@ -59,6 +59,19 @@ void same_formats(float x, float d, float got, float want) {
             mxe::fmul(int_code(want, -128.0f, 127.0f), d));
 }
 
+bool same_sign(float a, float b) { return (mxe::fbits(a) >> 31) == (mxe::fbits(b) >> 31); }
+
+// The claims on a quotient: fdiv's bits where |fdiv| is in [2**-12, 2**30); below, smaller than 2**-11, zero together
+// with fdiv's and of its sign; at or past 2**30 (the clamped form only), past 2**29 and of its sign.
+void check_quotient(const char* what, float x, float d, float got, float want) {
+  const float aw = mxe::fabs_bits(want), ag = mxe::fabs_bits(got);
+  if (aw >= 2.44140625e-4f && aw < 1073741824.0f) return same_bits(what, x, d, got, want);
+  ++g_checked;
+  const bool ok = aw >= 1073741824.0f ? ag > 536870912.0f && same_sign(got, want)
+                                      : ag < 4.8828125e-4f && (got == 0.0f) == (want == 0.0f) && same_sign(got, want);
+  if (!ok) report(what, x, d, got, want);
+}
+
 void significands(uint32_t step) {
   for (uint32_t k = 0; k < (1u << 23); k += step) {
     const float d = mxe::ffrom(0x3F800000u | k), r = mxe::frcp(d);
@@ -78,14 +91,7 @@ void ranges() {
         const float x = h < 0x10000u ? bf16_value(h) : f16_value(h - 0x10000u);
         if (mxe::nonfinite(x) || !mxe::rcp_div_ok(d, r, mxe::fabs_bits(x))) continue;
         const float got = mxe::fdiv_rcp(x, d, r), want = mxe::fdiv(x, d);
-        if (mxe::fabs_bits(want) >= 2.44140625e-4f) {  // 2**-12
-          same_bits("quotient", x, d, got, want);
-        } else {
-          ++g_checked;
-          const bool ok = mxe::fabs_bits(got) < 4.8828125e-4f && (got == 0.0f) == (want == 0.0f) &&
-                          (mxe::fbits(got) >> 31) == (mxe::fbits(want) >> 31);
-          if (!ok) report("tiny quotient", x, d, got, want);
-        }
+        check_quotient("quotient", x, d, got, want);
         same_formats(x, d, got, want);
       }
     }
@@ -105,20 +111,7 @@ void clamped_ranges() {
         const float x = h < 0x10000u ? bf16_value(h) : f16_value(h - 0x10000u);
         if (x != x) continue;
         const float got = mxe::fdiv_rcp_clamped(x, d, r), want = mxe::fdiv(x, d);
-        const float aw = mxe::fabs_bits(want);
-        if (aw >= 1073741824.0f) {
-          ++g_checked;
-          if (!(mxe::fabs_bits(got) > 536870912.0f && (mxe::fbits(got) >> 31) == (mxe::fbits(want) >> 31))) {
-            report("clamped, large quotient", x, d, got, want);
-          }
-        } else if (aw >= 2.44140625e-4f) {
-          same_bits("clamped quotient", x, d, got, want);
-        } else {
-          ++g_checked;
-          const bool ok = mxe::fabs_bits(got) < 4.8828125e-4f && (got == 0.0f) == (want == 0.0f) &&
-                          (mxe::fbits(got) >> 31) == (mxe::fbits(want) >> 31);
-          if (!ok) report("clamped, tiny quotient", x, d, got, want);
-        }
+        check_quotient("clamped quotient", x, d, got, want);
         same_bits("clamped e2m1", x, d, mxe::fmul(mxe::e2m1(got), d), mxe::fmul(mxe::e2m1(want), d));
         same_bits("clamped e4m3", x, d, mxe::fmul(mxe::e4m3(got), d), mxe::fmul(mxe::e4m3(want), d));
         same_bits("clamped e5m2", x, d, mxe::fmul(mxe::e5m2(got), d), mxe::fmul(mxe::e5m2(want), d));
