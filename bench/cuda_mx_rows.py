@@ -227,6 +227,9 @@ def mx_cases(mod, x: torch.Tensor, compile_chains: bool):
     # a static (calibrated) block amax: the data's own, scaled by 0.9 (some elements clip)
     amax_blk = TQ.blocks.block_amax(x2, {-1: 128}) * 0.9
     sta = [("modelopt_lite fused kernel", lambda: mod.fake_block_static(x2, amax_blk, 128, 7.0, -8, 7, False)[0], "")]
+    sta += variant_rows(
+        mod, lambda: mod.fake_block_static(x2, amax_blk, 128, 7.0, -8, 7, False)[0], (171,), "fused kernel"
+    )[1:]
     if x.is_cuda:
         sta.append(
             ("public fake_block_quant", lambda: TQ.fake_block_quant(x2, {-1: 128}, amax_blk, 4), "checks deferred")

@@ -57,8 +57,8 @@ struct DynBlockOp {
   float scale_bound, scale_qmax;
   bool rcp_div;        // divide through the block scale's reciprocal where exact (not MLQ_MX_TRUE_DIVISION)
   const float* samax;  // STATIC: the block amaxes (rows x blocks per row, row-major)
-  // fdiv_rcp is proven for 16-bit elements, and needs the block's amax to bound |x| (a static amax does not)
-  static constexpr bool kRcp = !BWD && !STATIC && sizeof(T) == 2;
+  // fdiv_rcp is proven for 16-bit elements; a static amax does not bound |x|: those kernels take fdiv_rcp_clamped
+  static constexpr bool kRcp = !BWD && sizeof(T) == 2;
   static constexpr bool kFullOccupancy = kRcp && P == 1 && FULL;  // 32 registers (mx_lanes.cuh)
   static constexpr mlq::Fwd kFwd = E4M3 ? mlq::Fwd::E4m3Fake : mlq::Fwd::IntFake;
 
@@ -101,10 +101,12 @@ MXK_UNROLL
       if (s == 0.0f) {  // a dead block: one test per lane, so the element loops below have no zero test left
 MXK_UNROLL
         for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
-      } else if (kRcp && rcp_div && mxe::rcp_div_ok(s, r, a)) {  // |x| <= a: the block amax (NaN, Inf: not here)
+      } else if (kRcp && rcp_div && (STATIC ? mxe::rcp_div_range(s) : mxe::rcp_div_ok(s, r, a))) {
 MXK_UNROLL
-        for (int j = 0; j < P * N; ++j) {
-          st.v.set(j, mlq::fake_of_quotient<kFwd>(mxe::fdiv_rcp(st.v.get(j), s, r), s, qmin, qmax));
+        for (int j = 0; j < P * N; ++j) {  // dynamic: |x| <= a, the block amax (NaN, Inf: not here)
+          const float v = st.v.get(j);
+          const float q = STATIC ? mxe::fdiv_rcp_clamped(v, s, r) : mxe::fdiv_rcp(v, s, r);
+          st.v.set(j, mlq::fake_of_quotient<kFwd>(q, s, qmin, qmax));
         }
       } else {
 MXK_UNROLL

@@ -99,7 +99,7 @@ cudaError_t mlq_scale_from_amax(const float* amax, float* scale, int64_t n, floa
  *     the lanes per block (32 bytes of each lane's loads in flight instead of 16, as MLQ_MX_FP32_TWO_VECTORS does
  *     for float32; added 2026-11-27, session 11, not yet timed: with 5 calls back to back the bfloat16 MX kernels
  *     ran at 87-90% of copy against 92-94% for float32).
- *   MLQ_MX_TRUE_DIVISION: the NVFP4, fused dynamic-block and elementwise E4M3/E5M2/E2M1 forwards of
+ *   MLQ_MX_TRUE_DIVISION: the NVFP4, fused block (dynamic and static) and elementwise E4M3/E5M2/E2M1 forwards of
  *     float16/bfloat16 divide each element by its scale with __fdiv_rn, not through the scale's reciprocal
  *     (mx_elem.h fdiv_rcp / fdiv_rcp_clamped: 4 / 6 operations instead of about 10 and a branch, bit-identical;
  *     added 2026-11-27, session 13, not yet timed: NVFP4 bf16 ran at 83% of copy with 5 calls back to back, its

@@ -13,8 +13,8 @@ from modelopt_lite.functional import microscaling as ms
 
 VARIANTS = 256  # MLQ_MX_VARIANT_ALL + 1 (bits: 1 NVFP4 one lane, 2 16-bit prefetch, 4 prefetch, 8 fp32 2 vectors,
 # 16 one wave of thread blocks, 32 fp32 dynamic blocks 2 vectors (block_cases.variant_failures), 64 16-bit MX and
-# dynamic blocks 2 vectors, 128 16-bit NVFP4, dynamic-block and elementwise kernels divide by __fdiv_rn, not through
-# the reciprocal)
+# dynamic blocks 2 vectors, 128 16-bit NVFP4, block and elementwise kernels divide by __fdiv_rn, not through the
+# reciprocal)
 DEFAULT_VARIANT = 43  # MLQ_MX_VARIANT_DEFAULT
 VARIANT_SHAPES = {
     "4x64 full blocks": (4, 64),
