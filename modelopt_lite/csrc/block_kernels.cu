@@ -103,7 +103,7 @@ MXK_UNROLL
         for (int j = 0; j < P * N; ++j) st.v.set(j, 0.0f);
       } else if (kRcp && rcp_div && (STATIC ? mxe::rcp_div_range(s) : mxe::rcp_div_ok(s, r, a))) {
 MXK_UNROLL
-        for (int j = 0; j < P * N; ++j) {  // dynamic: |x| <= a, the block amax (NaN, Inf: not here)
+        for (int j = 0; j < P * N; ++j) {  // dynamic: |x| <= a bounds the quotient; static: the clamped form
           const float v = st.v.get(j);
           const float q = STATIC ? mxe::fdiv_rcp_clamped(v, s, r) : mxe::fdiv_rcp(v, s, r);
           st.v.set(j, mlq::fake_of_quotient<kFwd>(q, s, qmin, qmax));

@@ -111,9 +111,9 @@ MXE_HD float ffma(float a, float b, float c) {
 // -fma(a, b, -c) into fnma(a, b, c), giving +0.0 where -0.0 was meant).
 // Equal to fdiv(x, d) bit for bit wherever rcp_div_ok(d, r, a) holds for an a >= |x|, x is a float16 or bfloat16
 // value and |x / d| >= 2**-12; below that both are smaller than 2**-11, zero together and of x's sign, so every
-// element format (E2M1, E4M3, integers) rounds them to the same signed zero. Checked exhaustively (all 2**23 divisor
-// significands against every 16-bit input significand) and over every 16-bit input across the divisor's range by
-// tests/cuda_host/rcp_div_check.cpp.
+// element format (E2M1, E4M3, E5M2, integers) rounds them to the same signed zero. Checked exhaustively (all 2**23
+// divisor significands against every 16-bit input significand) and over every 16-bit input across the divisor's
+// range by tests/cuda_host/rcp_div_check.cpp.
 MXE_HD float fdiv_rcp(float x, float d, float r) {
   const float q = fmul(x, r);
   return ffrom(fbits(ffma(ffma(-q, d, x), r, q)) | (fbits(x) & 0x80000000u));

@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool
 }
 
 // The same kernel compiled to hold 8 thread blocks of kThreads per multiprocessor (32 registers, full occupancy),
-// for the ops that set kFullOccupancy: the 16-bit dynamic-block kernels with two element loops (the division through a
+// for the ops that set kFullOccupancy: the 16-bit block kernels with two element loops (the division through a
 // reciprocal and its fallback) take 36 registers otherwise, and none spills so (bench/sass_hot_path.py).
 template <class Op, int U>
 __global__ void __launch_bounds__(kThreads, 8) lanes_kernel_full_occupancy(const Op op, const bool prefetch) {
