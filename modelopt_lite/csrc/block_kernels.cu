@@ -139,7 +139,7 @@ template <class T, int P, bool E4M3, bool BWD, bool STATIC, bool FULL, int U = (
 cudaError_t dyn_run_as(const DynCall& c, const Layout& L) {
   DynBlockOp<T, P, E4M3, BWD, FULL, STATIC> op{
       static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y), c.flag, L, c.bound, c.qmin,
-      c.qmax, c.gmax, c.scale_kind, c.scale_bound, c.scale_qmax, !(variant() & MLQ_MX_TRUE_DIVISION), c.samax};
+      c.qmax, c.gmax, c.scale_kind, c.scale_bound, c.scale_qmax, reciprocal_division(), c.samax};
   return run_lanes<U>(op, c.stream);
 }
 

@@ -114,17 +114,16 @@ MXE_HD float ffma(float a, float b, float c) {
 // element format (E2M1, E4M3, E5M2, integers) rounds them to the same signed zero. Checked exhaustively (all 2**23
 // divisor significands against every 16-bit input significand) and over every 16-bit input across the divisor's
 // range by tests/cuda_host/rcp_div_check.cpp.
-MXE_HD float fdiv_rcp(float x, float d, float r) {
-  const float q = fmul(x, r);
+MXE_HD float rcp_refine(float q, float x, float d, float r) {  // q: the first quotient (x * r)
   return ffrom(fbits(ffma(ffma(-q, d, x), r, q)) | (fbits(x) & 0x80000000u));
 }
+MXE_HD float fdiv_rcp(float x, float d, float r) { return rcp_refine(fmul(x, r), x, d, r); }
 
 // fdiv_rcp for any x, no bound on |x / d| needed: the product is first clamped to +-2**30 (NaN passing), so a
 // quotient at or past 2**30 (x up to +-Inf) gives one past 2**29 of its sign, which every element format saturates
 // the same way, instead of a NaN from Inf - Inf; below 2**30 the clamp changes nothing. Two more operations.
 MXE_HD float fdiv_rcp_clamped(float x, float d, float r) {
-  const float q = clampn(fmul(x, r), -1073741824.0f, 1073741824.0f);
-  return ffrom(fbits(ffma(ffma(-q, d, x), r, q)) | (fbits(x) & 0x80000000u));
+  return rcp_refine(clampn(fmul(x, r), -1073741824.0f, 1073741824.0f), x, d, r);
 }
 
 // The divisors for which fdiv_rcp / fdiv_rcp_clamped are exact (above): 2**-64 <= d <= 2**16 keeps every

@@ -211,7 +211,7 @@ Layout call_layout(const Call& c) {
 template <class T, bool BWD, bool FULL, int P = 1>
 cudaError_t nvfp4_run(const Call& c, const Layout& L) {
   Nvfp4Op<T, P, BWD, FULL> op{static_cast<const T*>(c.x), static_cast<const T*>(c.grad), static_cast<T*>(c.y),
-                              c.side, c.gs, c.flag, L, c.gs_is_amax, !(variant() & MLQ_MX_TRUE_DIVISION)};
+                              c.side, c.gs, c.flag, L, c.gs_is_amax, reciprocal_division()};
   return run_lanes<2>(op, c.stream);
 }
 
@@ -264,7 +264,7 @@ template <class T, int ELEM, bool FULL>
 cudaError_t minifloat_run(const void* x, void* y, const float* s, int64_t ch, int64_t inner, const Layout& L,
                           cudaStream_t st) {
   MinifloatOp<T, ELEM, FULL> op{static_cast<const T*>(x), static_cast<T*>(y), s, ch, inner, L,
-                                 !(variant() & MLQ_MX_TRUE_DIVISION)};
+                                 reciprocal_division()};
   return run_lanes<2>(op, st);
 }
 

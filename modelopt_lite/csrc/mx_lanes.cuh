@@ -163,6 +163,8 @@ MXK_HD float amax_join(float a, float b) { return mxe::amax_join_bits(a, b); }
 // the extension (an inline variable). The variants change the speed, never a result.
 inline std::atomic<int> g_variant{MLQ_MX_VARIANT_DEFAULT};
 inline int variant() { return g_variant.load(std::memory_order_relaxed); }
+// Whether the 16-bit kernels divide through the scale's reciprocal (mx_elem.h fdiv_rcp): not MLQ_MX_TRUE_DIVISION.
+inline bool reciprocal_division() { return (variant() & MLQ_MX_TRUE_DIVISION) == 0; }
 
 // Blocked layout: rows x cols, blocks of `block` along each row, `lanes` lanes of P vectors per block.
 // `whole`: `block` is a power of two (it always is here: 16 or 32 for NVFP4/MX, N * 2**k for the integer/E4M3

@@ -183,8 +183,9 @@ MLQ_HD float fake_of_quotient(float q, float s, float qmin, float qmax) {
 
 template <Fwd M>
 MLQ_HD float forward_elem(float x, float s, float zp, float qmin, float qmax) {
-  if (M == Fwd::IntFake) return s == 0.0f ? 0.0f : mul_rn(int_code(x, s, qmin, qmax), s);
-  if (M == Fwd::E4m3Fake) return s == 0.0f ? 0.0f : mul_rn(e4m3_round(div_rn(x, s)), s);
+  if constexpr (M == Fwd::IntFake || M == Fwd::E4m3Fake) {
+    return s == 0.0f ? 0.0f : fake_of_quotient<M>(div_rn(x, s), s, qmin, qmax);
+  }
   if (M == Fwd::IntCodes) return s == 0.0f ? 0.0f : int_code(x, s, qmin, qmax);
   if (M == Fwd::AffineFake) return s == 0.0f ? 0.0f : mul_rn(sub_rn(affine_code(x, s, zp, qmin, qmax), zp), s);
   return s == 0.0f ? zp : affine_code(x, s, zp, qmin, qmax);  // Fwd::AffineCodes
