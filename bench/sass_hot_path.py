@@ -13,7 +13,12 @@ markers of work a bandwidth-bound kernel should not do per element or per 16-byt
   calls a routine holding one more);
 - ``f64``: float64 conversions (``F2F.F64*``/``F2I.*F64``/``I2F.F64*``; a quarter of the float32 rate on H100);
 - ``branch regions``: ``BSSY`` (divergent-branch reconvergence points);
-- ``fdiv``: IEEE float divisions (``FCHK``, one per inlined ``__fdiv_rn``).
+- ``fdiv``: IEEE float divisions (``FCHK``, one per inlined ``__fdiv_rn``);
+- ``loop/elem`` (histograms): the instructions of the tightest loop (a backward branch) that loads 16-byte vectors,
+  per element those loads bring (``LDG.E.128`` x 16 bytes / the element size): the issue one value costs, which
+  caps a kernel whose loop issues at the SM's rate (4 warp instructions per cycle) before the memory does. Blank for
+  the lanes kernels, whose one loop also holds their cold paths (the division's fallback, partial blocks), so that a
+  static count of it says little; their hot path per element is counted by hand (bench/REPORT.md).
 
 Static counts include the cold paths (partial blocks, misaligned views, the division slow path); they compare builds
 of the same kernel (run it at two commits), they are not a time. GPU time needs bench_cuda.py on a GPU.
@@ -102,6 +107,26 @@ def compile_one(nvcc: str, cuobjdump: str, src: str, arch: str, work: str) -> tu
     return built.stderr, sass.stdout
 
 
+ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
+
+
+def loop_per_element(block: str, elem_bytes: int) -> str:
+    """Instructions per loaded element of the tightest loop (a backward branch) with a 16-byte load."""
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", block)]
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    best = None
+    for i, (a, t) in enumerate(ins):
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", t)
+        if m is None or int(m.group(1), 16) >= a or int(m.group(1), 16) not in at:
+            continue
+        body = [op for _, op in ins[at[int(m.group(1), 16)] : i + 1]]
+        loads = sum("LDG.E.128" in op for op in body)
+        if loads:
+            per = len(body) / (loads * 16 // elem_bytes)
+            best = per if best is None else min(best, per)
+    return "" if best is None else f"{best:.1f}"
+
+
 def kernel_rows(ptxas_log: str, sass: str, pattern: re.Pattern) -> list[dict]:
     regs = dict(_REGS.findall(ptxas_log))
     spills = {n: int(s) for n, _stack, s in _PTXAS.findall(ptxas_log)}
@@ -120,6 +145,7 @@ def kernel_rows(ptxas_log: str, sass: str, pattern: re.Pattern) -> list[dict]:
                 "spill": spills.get(name, 0),
                 "instructions": len(ops),
                 **{k: counts.get(k, 0) for k in MARKERS},
+                "loop/elem": loop_per_element(block, ELEM_BYTES[text.split()[1]]) if text.startswith("hist") else "",
             }
         )
     return rows
@@ -141,7 +167,7 @@ def main() -> None:
         for src in SOURCES:
             log, sass = compile_one(a.nvcc, a.cuobjdump, src, a.arch, work)
             rows += kernel_rows(log, sass, pattern)
-    cols = ["kernel", "regs", "spill", "instructions", *MARKERS]
+    cols = ["kernel", "regs", "spill", "instructions", *MARKERS, "loop/elem"]
     print(f"### SASS of the forward fake-quant kernels, {a.arch} ({len(rows)} kernels)\n")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

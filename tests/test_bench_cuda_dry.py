@@ -128,8 +128,26 @@ def test_sass_report_labels_and_rows(bench_path):
             "f64": 1,
             "branch regions": 1,
             "fdiv": 1,
+            "loop/elem": "",
         }
     ]
+    hist = "_ZN3mlq49_GLOBAL__N__bf21e2e7_16_quant_kernels_cu_435b571716histogram_kernelI13__nv_bfloat16EEvPKNS_8HistE"
+    assert sh.label(hist) == "histogram bf16"
+    body = [
+        f"        /*{16 * i:04x}*/                   {op} ;\n"
+        for i, op in enumerate(
+            [
+                "MOV R0, RZ",
+                "LDG.E.128 R4, desc[UR4][R2.64]",
+                *["ATOMS.POPC.INC.32 RZ, [R8+URZ]"] * 8,
+                "IADD3 R1, R1, 1, RZ",
+                "@P0 BRA 0x10",
+                "EXIT",
+            ]
+        )
+    ]
+    (row,) = sh.kernel_rows("", "\n\t\tFunction : " + hist + "\n" + "".join(body), sh.re.compile(""))
+    assert row["loop/elem"] == "1.4"  # the loop 0x10-0xb0: 11 instructions for one 16-byte load of 8 bfloat16
 
 
 def test_gpu_session_default_steps_fit_one_device_command():

@@ -99,6 +99,12 @@ def test_histograms_equal_calibrator_grid(emulated):
         m = float(a[0].max())
         want = grid.histogram_rows(a[:1], grid.needed_exp(torch.tensor([m]), cap), cap)[0]
         assert torch.equal(emulated.histogram(a[0], cap, m), want)
+    none = torch.full((2, 4099), math.nan)  # values with no bin (NaN, negative, past the top): every count 0
+    none[1] = -(torch.arange(4099) % 7) - 0.5
+    none[1, ::2] = 1e30
+    assert torch.equal(
+        emulated.histogram_rows(none, torch.zeros(2, dtype=torch.int64), 2048), torch.zeros(2, 2048).long()
+    )
 
 
 @pytest.mark.parametrize("group", list(mx_cases.GROUPS))

@@ -20,21 +20,30 @@ constexpr int kHistThreads = 512;
 constexpr int64_t kHistMaxPerBlock = int64_t{1} << 31;  // keeps the 32-bit shared-memory counters exact
 constexpr int64_t kHistSmemBins = 12288;                 // 48 KiB of 32-bit counters
 constexpr int kHistCopies = 4;                           // private copies of the bins per block (at most)
+constexpr int kHistSpare = 32;                           // per-lane counters of the values with no bin
 
 bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) % 16) == 0; }
 
 // One thread's share of the columns [begin, end) of one row: 16-byte vectors t, t + T, ... (two in flight) when
 // `vec` (the row start 16-byte aligned, begin and end multiples of the vector), else elements t, t + T, ... Each
-// counted bin goes to count(b). The device kernel and the host emulation both run this.
-template <class T, bool F32>
-MLQ_HD int64_t hist_bin(typename HistElem<T>::raw r, const HistGrid& g) {
-  return F32 ? grid_bin_f32(HistElem<T>::value_f32(r), g.inv_f32, g.nb_f32)
-             : grid_bin(HistElem<T>::value(r), g.inv, g.num_bins);
+// value goes to count(b, counted), b unsigned (32-bit on the float32 path) and not a bin where `counted` is false,
+// so that the device kernel can count without a branch per value. The device kernel and the host emulation both
+// run this.
+template <class T, bool F32, class Count>
+MLQ_HD void hist_count(typename HistElem<T>::raw r, const HistGrid& g, const Count& count) {
+  if constexpr (F32) {
+    bool counted;
+    const uint32_t b = grid_bin_f32(HistElem<T>::value_f32(r), g.inv_f32, g.nb_f32, counted);
+    count(b, counted);
+  } else {
+    const int64_t b = grid_bin(HistElem<T>::value(r), g.inv, g.num_bins);
+    count(static_cast<uint64_t>(b), b >= 0);
+  }
 }
 
 template <class T, bool F32, class Count>
 MLQ_HD void hist_share_as(const typename HistElem<T>::raw* xr, int64_t begin, int64_t end, bool vec, int64_t t,
-                          int64_t T_, const HistGrid& g, Count count) {
+                          int64_t T_, const HistGrid& g, const Count& count) {
   using R = typename HistElem<T>::raw;
   constexpr int V = 16 / static_cast<int>(sizeof(R));
   if (vec) {
@@ -48,24 +57,18 @@ MLQ_UNROLL
       for (int k = 0; k < 2; ++k) {
         if (k == 1 && !two) break;
 MLQ_UNROLL
-        for (int j = 0; j < V; ++j) {
-          const int64_t b = hist_bin<T, F32>(p[k].r[j], g);
-          if (b >= 0) count(b);
-        }
+        for (int j = 0; j < V; ++j) hist_count<T, F32>(p[k].r[j], g, count);
       }
     }
     return;
   }
-  for (int64_t j = begin + t; j < end; j += T_) {
-    const int64_t b = hist_bin<T, F32>(xr[j], g);
-    if (b >= 0) count(b);
-  }
+  for (int64_t j = begin + t; j < end; j += T_) hist_count<T, F32>(xr[j], g, count);
 }
 
 // The row's bins in float32 where that is exact (HistGrid::f32: one branch per row, not per value).
 template <class T, class Count>
 MLQ_HD void hist_share(const typename HistElem<T>::raw* xr, int64_t begin, int64_t end, bool vec, int64_t t,
-                       int64_t T_, const HistGrid& g, Count count) {
+                       int64_t T_, const HistGrid& g, const Count& count) {
   if (g.f32)
     hist_share_as<T, true>(xr, begin, end, vec, t, T_, g, count);
   else
@@ -97,9 +100,17 @@ MLQ_UNROLL
     body.scalar(i);
 }
 
+// Adds 1 to the 32-bit shared-memory counter at shared address `at`, with no result: one instruction, where an
+// `if (counted) atomicAdd(...)` per value compiles to a branch region (and recomputes the shared window's base in it).
+__device__ __forceinline__ void shared_increment(uint32_t at) {
+  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(at) : "memory");
+}
+
 // One block handles `chunk` columns of a row at a time (hist_share below), counting into kHistCopies private
 // copies of 32-bit shared-memory bins (warp w counts into copy w % copies: fewer threads contend on one counter;
 // at most 2**31 values per block and row, so they cannot overflow), then adds its non-zero bins to the int64 counts.
+// A value with no bin counts into its lane's spare counter past the copies (kHistSpare of them, never read): the
+// shared-memory count takes no branch, and the uncounted values of a warp hit 32 different banks.
 template <class T>
 __global__ void __launch_bounds__(kHistThreads)
     histogram_kernel(const typename HistElem<T>::raw* x, int64_t rows, int64_t cols, int64_t chunk,
@@ -108,6 +119,9 @@ __global__ void __launch_bounds__(kHistThreads)
   extern __shared__ unsigned int bins[];
   const bool shared_counts = copies > 0;
   unsigned int* mine = bins + (shared_counts ? (threadIdx.x / 32) % copies : 0) * num_bins;
+  const uint32_t mine_at = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
+  const uint32_t spare_at =
+      static_cast<uint32_t>(__cvta_generic_to_shared(bins + copies * num_bins + threadIdx.x % kHistSpare));
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const HistGrid g = hist_grid<T>(exps != nullptr ? exps[row] : exp_all, num_bins);
     unsigned long long* row_counts = counts + row * num_bins;
@@ -117,12 +131,15 @@ __global__ void __launch_bounds__(kHistThreads)
     }
     const int64_t begin = blockIdx.x * chunk;
     const int64_t end = begin + chunk < cols ? begin + chunk : cols;
-    hist_share<T>(x + row * cols, begin, end, vec, threadIdx.x, blockDim.x, g, [&](int64_t b) {
-      if (shared_counts)
-        atomicAdd(&mine[b], 1u);
-      else
-        atomicAdd(&row_counts[b], 1ull);
-    });
+    const auto* xr = x + row * cols;
+    if (shared_counts)
+      hist_share<T>(xr, begin, end, vec, threadIdx.x, blockDim.x, g, [&](auto b, bool counted) {
+        shared_increment(counted ? mine_at + 4u * static_cast<uint32_t>(b) : spare_at);
+      });
+    else
+      hist_share<T>(xr, begin, end, vec, threadIdx.x, blockDim.x, g, [&](auto b, bool counted) {
+        if (counted) atomicAdd(&row_counts[b], 1ull);
+      });
     if (shared_counts) {
       __syncthreads();
       for (int64_t b = threadIdx.x; b < num_bins; b += blockDim.x) {
@@ -373,14 +390,18 @@ cudaError_t histogram_typed(const void* x, int64_t rows, int64_t cols, const int
       const int64_t begin = bx * chunk, end = begin + chunk < cols ? begin + chunk : cols;
       for (int64_t t = 0; t < kHistThreads; ++t)
         hist_share<T>(xr + r * cols, begin, end, vec, t, kHistThreads, g,
-                      [&](int64_t b) { ++row_counts[b]; });
+                      [&](auto b, bool counted) {
+                        if (counted) ++row_counts[b];
+                      });
     }
   }
   return cudaSuccess;
 #else
   int copies = num_bins <= kHistSmemBins ? static_cast<int>(kHistSmemBins / num_bins) : 0;
   if (copies > kHistCopies) copies = kHistCopies;
-  const size_t smem = static_cast<size_t>(copies) * static_cast<size_t>(num_bins) * sizeof(unsigned int);
+  const size_t smem = copies > 0 ? (static_cast<size_t>(copies) * static_cast<size_t>(num_bins) + kHistSpare) *
+                                        sizeof(unsigned int)
+                                  : 0;
   const dim3 grid(static_cast<unsigned int>(grid_x), static_cast<unsigned int>(grid_y));
   histogram_kernel<T><<<grid, kHistThreads, smem, stream>>>(xr, rows, cols, chunk, exps, exp_all, num_bins,
                                                             reinterpret_cast<unsigned long long*>(counts), copies,

@@ -236,10 +236,12 @@ MLQ_HD int64_t grid_bin(double v, double inv_width, int64_t num_bins) {
 // falls below 2**-126 (the bin is 0 either way) or overflows to +Inf (not counted either way), so the result equals
 // grid_bin's. One float multiply and one truncating conversion per value, where grid_bin takes two float64
 // conversions: conversions issue at a quarter of the float32 rate on the GPU.
-MLQ_HD int64_t grid_bin_f32(float v, float inv_width, float nb) {
-  if (!(v >= 0.0f)) return -1;
+// `counted` says whether v has a bin (grid_bin's -1 is `counted` false, the bin then 0): a 32-bit bin and a
+// predicate, with no 64-bit sentinel to carry through a kernel's hot loop (num_bins <= 2**24).
+MLQ_HD uint32_t grid_bin_f32(float v, float inv_width, float nb, bool& counted) {
   const float t = mul_rn(v, inv_width);
-  return t < nb ? static_cast<int64_t>(static_cast<int32_t>(t)) : -1;
+  counted = v >= 0.0f && t < nb;
+  return counted ? static_cast<uint32_t>(static_cast<int32_t>(t)) : 0u;
 }
 
 // Values a histogram reads: the three element types plus float64 (which never takes the float32 bin).

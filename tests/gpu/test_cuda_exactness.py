@@ -7,6 +7,7 @@ minute). Everything here is skipped without CUDA (see conftest.py). The matrix i
 from __future__ import annotations
 
 import importlib
+import math
 
 import cuda_cases
 import pytest
@@ -209,7 +210,9 @@ def test_histograms_match_the_calibrator_grid(cuda_module):
             assert torch.equal(got.cpu(), want), (cap, dt)
     # the kernels bin in float32 where 2**-e is a normal float32 (|e| <= 126), else in float64: both sides, products
     # below 2**-126 or overflowing to +Inf, values at or past the top edge (not counted)
+    # (and values with no bin: NaN, negative, +-Inf, which the shared-memory path counts into per-lane spare counters)
     vals = [0.0, -0.0, 1.0, 2.0**-126, 2.0**-149, 1e-30, 3.0e38, 65504.0, 2.0**-14, 1.5, 2.0**100, 2.0**-100]
+    vals += [math.nan, -1.0, -math.inf, math.inf]
     edge_exps = torch.tensor([126, 127, -126, -127, 120, -100, 0, -5], dtype=torch.int64)
     for cap in (1, 3, 2048):
         for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
@@ -220,6 +223,13 @@ def test_histograms_match_the_calibrator_grid(cuda_module):
             want = torch.bincount(idx[keep], minlength=8 * cap).reshape(8, cap)
             got = cuda_module.histogram_rows(t.cuda(), edge_exps.cuda(), cap)
             assert torch.equal(got.cpu(), want), ("edges", cap, dt)
+    none = torch.full((2, 4099), math.nan, device="cuda")  # whole warps of values with no bin: every count 0
+    none[1] = -(torch.arange(4099, device="cuda") % 7) - 0.5
+    none[1, ::2] = 1e30
+    assert torch.equal(
+        cuda_module.histogram_rows(none, torch.zeros(2, dtype=torch.int64, device="cuda"), 2048).cpu(),
+        torch.zeros(2, 2048, dtype=torch.int64),
+    )
     big = torch.zeros(1, 2**25 + 3, device="cuda")  # one bin holds 2**25 values: float32 counts would be wrong
     big[0, :1000] = 1.0
     exps = grid.needed_exp(torch.tensor([1.0]), 2048)
