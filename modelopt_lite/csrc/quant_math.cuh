@@ -241,7 +241,11 @@ MLQ_HD int64_t grid_bin(double v, double inv_width, int64_t num_bins) {
 MLQ_HD uint32_t grid_bin_f32(float v, float inv_width, float nb, bool& counted) {
   const float t = mul_rn(v, inv_width);
   counted = v >= 0.0f && t < nb;
-  return counted ? static_cast<uint32_t>(static_cast<int32_t>(t)) : 0u;
+#ifdef __CUDA_ARCH__
+  return static_cast<uint32_t>(__float2int_rz(t));  // defined for every t on the device (NaN: 0, saturating)
+#else
+  return counted ? static_cast<uint32_t>(static_cast<int32_t>(t)) : 0u;  // the host converts only a bin (no UB)
+#endif
 }
 
 // Values a histogram reads: the three element types plus float64 (which never takes the float32 bin).
