@@ -85,9 +85,12 @@ def label(name: str) -> str | None:
             parts.append("FULL" if vals["full"] else "general")
         if vals.get("static"):
             parts.append("static")
-        u = re.search(r"ELi(\d+)EEEvT_", name)  # lanes_kernel<Op, U>: slots per thread (1 or 2 today)
+        # lanes_kernel<Op, U> / lanes_kernel_min_blocks<Op, U, B>: slots per thread (1 or 2 today), resident blocks
+        u = re.search(r"ELi(\d+)E(?:Li(\d+)E)?EEvT_", name)
         if u and int(u.group(1)) > 2:
             parts.append(f"U={u.group(1)}")
+        if u and u.group(2):
+            parts.append(f"min {u.group(2)} blocks")
         return " ".join(parts)
     m = re.search(r"histogram_kernelI(13__nv_bfloat16|6__half|f|d)E", name)
     if m:

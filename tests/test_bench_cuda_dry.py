@@ -109,6 +109,8 @@ def test_sass_report_labels_and_rows(bench_path):
     one_lane = "_ZN3mxk12lanes_kernelINS_7Nvfp4OpI13__nv_bfloat16Li2ELb0ELb1EEELi2EEEvT_"
     assert sh.label(one_lane) == "Nvfp4Op bf16 P=2 FULL"
     assert sh.label("_ZN3mxk12lanes_kernelINS_4MxOpIfLi0ELb0ELb1EEELi4EEEvT_") == "MxOp fp32 e4m3 FULL U=4"
+    capped = "_ZN3mxk23lanes_kernel_min_blocksINS_7Nvfp4OpI13__nv_bfloat16Li2ELb0ELb1EEELi2ELi5EEEvT_b"
+    assert sh.label(capped) == "Nvfp4Op bf16 P=2 FULL min 5 blocks"
     sass = (
         "\n\t\tFunction : " + nv + "\n"
         "        /*0000*/                   I2F.U32.RP R0, R1 ;\n"

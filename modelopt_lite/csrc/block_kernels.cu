@@ -59,7 +59,7 @@ struct DynBlockOp {
   const float* samax;  // STATIC: the block amaxes (rows x blocks per row, row-major)
   // fdiv_rcp is proven for 16-bit elements; a static amax does not bound |x|: those kernels take fdiv_rcp_clamped
   static constexpr bool kRcp = !BWD && sizeof(T) == 2;
-  static constexpr bool kFullOccupancy = kRcp && P == 1 && FULL;  // 32 registers (mx_lanes.cuh)
+  static constexpr int kMinBlocks = kRcp && P == 1 && FULL ? 8 : 0;  // 32 registers (mx_lanes.cuh)
   static constexpr mlq::Fwd kFwd = E4M3 ? mlq::Fwd::E4m3Fake : mlq::Fwd::IntFake;
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }

@@ -41,6 +41,7 @@ struct Nvfp4Op {
   bool from_amax;  // gsp holds the per-tensor amax: gs = nvfp4_global_scale(amax), computed here (no launches)
   bool rcp_div;    // 16-bit forward: divide through the block scale's reciprocal where exact (not MLQ_MX_TRUE_DIVISION)
   static constexpr bool kRcp = !BWD && sizeof(T) == 2;  // fdiv_rcp is proven for 16-bit elements only
+  static constexpr int kMinBlocks = kRcp && P == 2 && FULL ? 5 : 0;  // one lane per block: 48 registers, not 53
 
   MXK_HD int64_t slots() const { return L.rows * L.nbr * L.lanes; }
   MXK_HD int lanes() const { return L.lanes; }
@@ -142,6 +143,7 @@ struct MinifloatOp {
   Layout L;      // one row of n elements, "blocks" of one vector
   bool rcp_div;  // 16-bit: divide through the scale's reciprocal where exact (not MLQ_MX_TRUE_DIVISION)
   static constexpr bool kRcp = sizeof(T) == 2;  // fdiv_rcp_clamped is proven for 16-bit elements only
+  static constexpr int kMinBlocks = FULL && kRcp ? 8 : 0;  // 16-bit: 32 registers, not 36 (float32 would spill)
 
   MXK_HD int64_t slots() const { return L.nbr; }
   MXK_HD int lanes() const { return 1; }

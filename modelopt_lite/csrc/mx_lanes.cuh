@@ -409,23 +409,25 @@ __global__ void __launch_bounds__(kThreads) lanes_kernel(const Op op, const bool
   lanes_thread<Op, U>(op, prefetch);
 }
 
-// The same kernel compiled to hold 8 thread blocks of kThreads per multiprocessor (32 registers, full occupancy),
-// for the ops that set kFullOccupancy: the 16-bit block kernels with two element loops (the division through a
-// reciprocal and its fallback) take 36 registers otherwise, and none spills so (bench/sass_hot_path.py).
-template <class Op, int U>
-__global__ void __launch_bounds__(kThreads, 8) lanes_kernel_full_occupancy(const Op op, const bool prefetch) {
+// The same kernel compiled to hold B thread blocks of kThreads per multiprocessor, for the ops that set kMinBlocks
+// (registers capped at 65536 / (B * kThreads)): the 16-bit block kernels with two element loops (the division through
+// a reciprocal and its fallback) and the 16-bit elementwise E4M3/E5M2/E2M1 kernel take 36 registers otherwise (B = 8:
+// 32, full occupancy), the 16-bit NVFP4 kernel of one lane per block 53 (B = 5: 48, 5 blocks instead of 4); none
+// spills so (bench/sass_hot_path.py). A cap that makes a kernel spill is not worth it (bench/REPORT.md).
+template <class Op, int U, int B>
+__global__ void __launch_bounds__(kThreads, B) lanes_kernel_min_blocks(const Op op, const bool prefetch) {
   lanes_thread<Op, U>(op, prefetch);
 }
 
 template <class Op, class = void>
-struct FullOccupancy : std::false_type {};
+struct MinBlocks : std::integral_constant<int, 0> {};
 template <class Op>
-struct FullOccupancy<Op, std::enable_if_t<Op::kFullOccupancy>> : std::true_type {};
+struct MinBlocks<Op, std::void_t<decltype(Op::kMinBlocks)>> : std::integral_constant<int, Op::kMinBlocks> {};
 
 template <class Op, int U>
 constexpr auto lanes_kernel_of() {
-  if constexpr (FullOccupancy<Op>::value) {
-    return &lanes_kernel_full_occupancy<Op, U>;
+  if constexpr (MinBlocks<Op>::value > 0) {
+    return &lanes_kernel_min_blocks<Op, U, MinBlocks<Op>::value>;
   } else {
     return &lanes_kernel<Op, U>;
   }
