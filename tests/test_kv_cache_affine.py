@@ -9,7 +9,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import modelopt_lite as mtq
 from modelopt_lite.conversion.utils import named_quantizers
@@ -24,6 +23,7 @@ from decoder_helpers import generate_new as _generate  # noqa: E402
 from decoder_helpers import kv_quantizers as _kv_quantizers  # noqa: E402
 from decoder_helpers import prompt as _prompt
 from decoder_helpers import tiny_decoder
+from state_files import edit_saved_tensors
 
 
 def _decoder(arch: str, attn: str = "eager", seed: int = 0):
@@ -158,10 +158,7 @@ def test_affine_kv_saved_and_restored(tmp_path):
 
 
 def _corrupt_tensor(tmp_path, key, value):
-    st = tmp_path / "kv.safetensors"
-    tensors = load_file(str(st))
-    tensors[key] = value
-    save_file(tensors, str(st))
+    edit_saved_tensors(tmp_path / "kv.safetensors", lambda t: t.__setitem__(key, value))
 
 
 def test_corrupted_bias_in_saved_files_is_rejected(tmp_path):

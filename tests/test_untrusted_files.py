@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from state_files import edit_saved_tensors
 from torch import nn
 
 import modelopt_lite as mtq
@@ -25,12 +26,6 @@ def _saved(tmp_path):
     model = mtq.quantize(_float_model(), mtq.INT8_DEFAULT_CFG, lambda m: [m(b) for b in batches])
     j, s = mtq.save(model, tmp_path / "q")
     return model, j, s
-
-
-def _edit_tensors(path, fn):
-    t = load_file(str(path))
-    fn(t)
-    save_file(t, str(path))
 
 
 def _edit_json(path, fn):
@@ -74,7 +69,7 @@ def test_valid_files_restore(tmp_path):
 )
 def test_restore_validates_every_amax(tmp_path, key, value, match):
     _saved(tmp_path)
-    _edit_tensors(tmp_path / "q.safetensors", lambda t: t.__setitem__(key, value))
+    edit_saved_tensors(tmp_path / "q.safetensors", lambda t: t.__setitem__(key, value))
     if match is None:
         fresh = mtq.restore(_float_model(), tmp_path / "q")
         assert torch.equal(fresh[3].weight_quantizer._amax, torch.ones(3))
@@ -84,10 +79,10 @@ def test_restore_validates_every_amax(tmp_path, key, value, match):
 
 def test_restore_missing_and_unlisted_tensors(tmp_path):
     _saved(tmp_path)
-    _edit_tensors(tmp_path / "q.safetensors", lambda t: t.pop("0.weight_quantizer._amax"))
+    edit_saved_tensors(tmp_path / "q.safetensors", lambda t: t.pop("0.weight_quantizer._amax"))
     _restore_fails(tmp_path, r"q.safetensors: 0.weight_quantizer._amax: is missing from the tensor file")
     _saved(tmp_path)
-    _edit_tensors(tmp_path / "q.safetensors", lambda t: t.__setitem__("0.stowaway", torch.ones(2)))
+    edit_saved_tensors(tmp_path / "q.safetensors", lambda t: t.__setitem__("0.stowaway", torch.ones(2)))
     _restore_fails(tmp_path, r"q.safetensors: 0.stowaway: is not listed by any quantizer")
 
 
@@ -104,7 +99,7 @@ def test_restore_validates_pre_quant_scale(tmp_path):
         (torch.ones(7), r"3.input_quantizer._pre_quant_scale: has 7 channels, the layer has 144 inputs"),
         (torch.ones(12, 12), r"must be 1-D"),
     ]:
-        _edit_tensors(
+        edit_saved_tensors(
             tmp_path / "q.safetensors", lambda t, bad=bad: t.__setitem__("3.input_quantizer._pre_quant_scale", bad)
         )
         _restore_fails(tmp_path, match)
@@ -148,6 +143,12 @@ def test_restore_never_imports_a_class_the_file_names(tmp_path, monkeypatch):
         (lambda d: d["modules"][0].pop("quant_cls"), r"modules\[0\].quant_cls: must be a string, got None"),
         (lambda d: d["modules"][0].__setitem__("requant", "rm -rf"), r"modules\[0\].requant: requant must be one of"),
         (lambda d: d.__setitem__("modules", {}), r"modules: must be a list, got dict"),
+        # a key save does not write (a newer version's file, or a corrupted key: "bias" with one bit flipped)
+        (lambda d: d["quantizers"]["0.input_quantizer"].__setitem__("bhas", None), r"has unknown key\(s\) \['bhas'\]"),
+        (lambda d: d["modules"][0].__setitem__("extra", 1), r"modules\[0\]: has unknown key\(s\) \['extra'\]"),
+        (lambda d: d.__setitem__("quantizer", {}), r"document: has unknown key\(s\) \['quantizer'\]"),
+        (lambda d: d.__setitem__("tensors_sha256", "ABC"), r"tensors_sha256: must be 64 lowercase hex digits"),
+        (lambda d: d.__setitem__("torch", 2), r"torch: must be a string, got 2"),
     ],
 )
 def test_restore_validates_json_entries(tmp_path, edit, match):
@@ -166,19 +167,53 @@ def test_restore_rejects_corrupt_files(tmp_path):
     (tmp_path / "q.json").write_text(text)
     data = (tmp_path / "q.safetensors").read_bytes()
     (tmp_path / "q.safetensors").write_bytes(data[: len(data) - 10])
+    _restore_fails(tmp_path, r"restore: .*q.safetensors is not the tensor file its JSON file was saved with")
+    _edit_json(tmp_path / "q.json", lambda d: d.pop("tensors_sha256"))  # as files written before the record
     _restore_fails(tmp_path, r"restore: .*q.safetensors is not a readable safetensors file")
     (tmp_path / "q.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"q.safetensors"):
         mtq.restore(_float_model(), tmp_path / "q")
 
 
+def test_restore_refuses_a_tensor_file_of_another_save_or_a_changed_one(tmp_path):
+    """The JSON file records its tensor file's SHA-256: a pair mixed from two saves of the same model (same names,
+    shapes and valid values, other amaxes) and a flipped bit in an amax are refused; a file from before the
+    record restores."""
+    _saved(tmp_path / "a")
+    other = mtq.quantize(_float_model(), mtq.INT8_DEFAULT_CFG, lambda m: [m(torch.randn(4, 1, 8, 8) * 3)])
+    mtq.save(other, tmp_path / "b" / "q")
+    (tmp_path / "q.json").write_bytes((tmp_path / "a" / "q.json").read_bytes())
+    good = (tmp_path / "a" / "q.safetensors").read_bytes()
+    (tmp_path / "q.safetensors").write_bytes((tmp_path / "b" / "q.safetensors").read_bytes())
+    _restore_fails(
+        tmp_path, r"q.safetensors is not the tensor file its JSON file was saved with \(SHA-256 [0-9a-f]{64}"
+    )
+    flipped = bytearray(good)
+    flipped[-3] ^= 0x01  # a low bit of the last amax's mantissa: still finite and positive
+    (tmp_path / "q.safetensors").write_bytes(bytes(flipped))
+    _restore_fails(tmp_path, r"a tensor file of another save, or a corrupted one")
+    (tmp_path / "q.safetensors").write_bytes(good)
+    _edit_json(tmp_path / "q.json", lambda d: d.pop("tensors_sha256"))
+    assert mtq.restore(_float_model(), tmp_path / "q") is not None
+
+
+def test_restore_refuses_a_tensor_file_of_another_format(tmp_path):
+    _saved(tmp_path)
+    tensors = load_file(str(tmp_path / "q.safetensors"))
+    save_file(tensors, str(tmp_path / "q.safetensors"), metadata={"format": "pt", "version": "1"})
+    _edit_json(tmp_path / "q.json", lambda d: d.pop("tensors_sha256"))
+    _restore_fails(tmp_path, r"q.safetensors is not a modelopt_lite.quant_state v1 tensor file \(its metadata: ")
+
+
 def test_include_weights_entries_are_checked(tmp_path):
     model = mtq.quantize(_float_model(), mtq.INT8_DEFAULT_CFG, lambda m: m(torch.randn(4, 1, 8, 8)))
     mtq.save(model, tmp_path / "q", include_weights=True)
-    _edit_tensors(tmp_path / "q.safetensors", lambda t: t.__setitem__("__model__.0.weight", torch.ones(4, 1, 2, 2)))
+    edit_saved_tensors(
+        tmp_path / "q.safetensors", lambda t: t.__setitem__("__model__.0.weight", torch.ones(4, 1, 2, 2))
+    )
     _restore_fails(tmp_path, r"__model__.0.weight: is torch.float32 \(4, 1, 2, 2\), the model has torch.float32")
     mtq.save(model, tmp_path / "q", include_weights=True)
-    _edit_tensors(
+    edit_saved_tensors(
         tmp_path / "q.safetensors", lambda t: t.__setitem__("__model__.0.input_quantizer._amax", torch.tensor(-1.0))
     )
     _restore_fails(tmp_path, r"__model__.0.input_quantizer._amax: differs from the quantizer's own entry")

@@ -26,7 +26,17 @@ from .model_quant import _Replacements, set_quantizer_names
 from .registry import REGISTRY
 from .requant import check_mode
 from .state import snapshot_quantizers
-from .state_file import FORMAT, VERSION, bad, check_doc, check_quantizer_tensor, decode, read_json, read_tensors
+from .state_file import (
+    FORMAT,
+    VERSION,
+    bad,
+    check_doc,
+    check_quantizer_tensor,
+    decode,
+    read_json,
+    read_tensors,
+    sha256_of,
+)
 from .utils import named_quantizers, quantizer_sites
 
 _WEIGHTS_PREFIX = "__model__."
@@ -134,6 +144,7 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(st_path), metadata={"format": FORMAT, "version": str(VERSION)})
+    doc["tensors_sha256"] = sha256_of(st_path)  # restore refuses a tensor file of another save or a changed one
     json_path.write_text(json.dumps(doc, indent=1, sort_keys=False))
     return json_path, st_path
 
@@ -305,7 +316,7 @@ def restore(model: nn.Module, path) -> nn.Module:
     json_path, st_path = _paths(path)
     doc = read_json(json_path)
     check_doc(doc, json_path)
-    tensors = read_tensors(st_path)
+    tensors = read_tensors(st_path, doc.get("tensors_sha256"))
     problem = _first_mismatch(model, doc["modules"])
     if problem:
         raise ValueError(f"restore: the model does not match the saved state: {problem}")

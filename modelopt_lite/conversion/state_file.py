@@ -9,6 +9,7 @@ and the bad value.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import TypeGuard
@@ -35,6 +36,10 @@ QUANTIZER_TENSORS = (
     "clip.clip_value_max",
 )
 _TAGS = ("__tuple__", "__dict__")
+#: the keys :func:`modelopt_lite.save` writes; any other key is a newer version's file or a corrupted one
+DOC_KEYS = ("format", "version", "modules", "quantizers", "include_weights", "torch", "tensors_sha256")
+MODULE_KEYS = ("name", "float_cls", "quant_cls", "params", "requant")
+QUANTIZER_KEYS = ("descriptor", "enabled", "quant", "calib", "num_steps", "peer", "tensors", "bias")
 
 
 def bad(path, entry: str, why: str) -> ValueError:
@@ -63,16 +68,46 @@ def read_json(path: Path) -> dict:
     return doc
 
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file (ValueError naming the file when it is missing, truncated or corrupt)."""
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes, hex (what the JSON file records of its tensor file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file. ValueError naming the file when it is truncated or corrupt, when its
+    metadata names another format (save writes ``{"format": FORMAT, "version": "1"}``; a file rewritten by other tools
+    may have none), or when ``sha256`` (the JSON file's record of the tensor file it was saved with) differs: a tensor
+    file of another save, or one whose bytes changed."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise FileNotFoundError(f"restore: no tensor file {path} next to the JSON file")
+    if sha256 is not None and sha256_of(path) != sha256:
+        raise ValueError(
+            f"restore: {path} is not the tensor file its JSON file was saved with (SHA-256 {sha256_of(path)}, the "
+            f"JSON file records {sha256}): a tensor file of another save, or a corrupted one"
+        )
     try:
-        return load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
         raise ValueError(f"restore: {path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+    if meta and meta != {"format": FORMAT, "version": str(VERSION)}:
+        raise ValueError(f"restore: {path} is not a {FORMAT} v{VERSION} tensor file (its metadata: {meta!r})")
+    return tensors
+
+
+def check_keys(rec: dict, known: tuple[str, ...], path, entry: str) -> None:
+    """ValueError for keys of ``rec`` that save does not write."""
+    unknown = sorted(str(k) for k in rec if k not in known)
+    if unknown:
+        raise bad(path, entry, f"has unknown key(s) {unknown} (a newer version's file, or a corrupted one)")
 
 
 def decode(v, path, entry: str):
@@ -109,6 +144,12 @@ def _is_int(v) -> TypeGuard[int]:
 
 def check_doc(doc: dict, path) -> None:
     """Types of every entry of the JSON document (before any of it is used)."""
+    check_keys(doc, DOC_KEYS, path, "document")
+    if not isinstance(doc.get("torch", ""), str):
+        raise bad(path, "torch", f"must be a string, got {doc.get('torch')!r}")
+    digest = doc.get("tensors_sha256", "0" * 64)  # absent in files written before it existed
+    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise bad(path, "tensors_sha256", f"must be 64 lowercase hex digits, got {digest!r}")
     modules = doc.get("modules")
     if not isinstance(modules, list):
         raise bad(path, "modules", f"must be a list, got {type(modules).__name__}")
@@ -117,6 +158,7 @@ def check_doc(doc: dict, path) -> None:
         entry = f"modules[{i}]"
         if not isinstance(rec, dict):
             raise bad(path, entry, f"must be an object, got {type(rec).__name__}")
+        check_keys(rec, MODULE_KEYS, path, entry)
         for key in ("name", "float_cls", "quant_cls"):
             if not isinstance(rec.get(key), str):
                 raise bad(path, f"{entry}.{key}", f"must be a string, got {rec.get(key)!r}")
@@ -140,6 +182,7 @@ def check_doc(doc: dict, path) -> None:
         entry = f"quantizers[{name!r}]"
         if not isinstance(rec, dict):
             raise bad(path, entry, f"must be an object, got {type(rec).__name__}")
+        check_keys(rec, QUANTIZER_KEYS, path, entry)
         if not isinstance(rec.get("descriptor"), dict):
             raise bad(path, f"{entry}.descriptor", f"must be an object, got {rec.get('descriptor')!r}")
         for key in ("enabled", "quant", "calib"):
