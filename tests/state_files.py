@@ -1,6 +1,6 @@
-"""Crafting saved quantization states for the tests of ``restore``'s checks: a tensor file rewritten with changed
-tensors, its JSON file's record of it (SHA-256) updated, so that the per-entry checks must catch the change on
-their own (a file made by hand, not a corrupted one)."""
+"""Crafting saved files for the tests of the loaders' checks (``restore``, ``load_real``): tensors rewritten with
+their record (SHA-256) updated, so that the per-entry checks must catch the change on their own (a file made by
+hand, not a corrupted one)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def edit_saved_tensors(st_path, fn: Callable[[dict[str, torch.Tensor]], None]) -
     doc = json.loads(json_path.read_text())
     doc["tensors_sha256"] = sha256_of(st_path)
     json_path.write_text(json.dumps(doc))
+
+
+def save_crafted_real(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write a real checkpoint's tensors with ``metadata`` and the SHA-256 of these tensors (load_real's record of
+    them), as a crafted file would: the value checks must catch a bad entry on their own."""
+    from modelopt_lite.real.checkpoint import DIGEST_KEY, tensors_digest
+
+    save_file(tensors, str(path), metadata={**metadata, DIGEST_KEY: tensors_digest(tensors)})

@@ -4,6 +4,7 @@ module, checkpoints round-tripping every new layout, the validate opt-in."""
 import pytest
 import torch
 from fast_real_helpers import OpCounter, fake_mlp, fp8_cfg, inputs, int4_cfg, int8_weight_only_cfg
+from state_files import save_crafted_real
 
 import modelopt_lite as mtl
 from modelopt_lite.real import fake2real, load_real, read_checkpoint
@@ -115,7 +116,7 @@ def test_checkpoint_round_trip_of_every_layout(case, tmp_path):
 
 
 def test_corrupt_fp8_checkpoint_values_are_named(tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     fake2real(fake_mlp(fp8_cfg()), tmp_path, backend="scaled_mm")
     f = tmp_path / "model_int8.safetensors"
@@ -125,13 +126,13 @@ def test_corrupt_fp8_checkpoint_values_are_named(tmp_path):
         meta = h.metadata()
     t = load_file(str(f))
     t["0.weight"].view(torch.uint8)[3, 5] = 0x7F  # E4M3 NaN
-    save_file(t, str(f), metadata=meta)
+    save_crafted_real(f, t, meta)
     base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
     with pytest.raises(ValueError, match=r"0\.weight: E4M3 weight codes must be finite"):
         load_real(base.to(torch.bfloat16), tmp_path)
     t["0.weight"].view(torch.uint8)[3, 5] = 0
     t["0.input_scale"][0] = -1.0
-    save_file(t, str(f), metadata=meta)
+    save_crafted_real(f, t, meta)
     with pytest.raises(ValueError, match=r"0\.input_scale: input scales must be finite and >= 0"):
         load_real(base, tmp_path)
 

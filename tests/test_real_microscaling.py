@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from state_files import save_crafted_real
 from torch import nn
 
 import modelopt_lite as mtq
@@ -95,7 +96,7 @@ def test_checkpoint_round_trip(tmp_path, fmt):
 def _corrupt(tmp_path, fmt: str, edit_config=None, edit_tensors=None):
     """A saved checkpoint with its config (kept in the safetensors metadata) or tensors edited."""
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     q, _ = _quantized(fmt, False)
     path = save_real(fake2real(q), tmp_path / "ckpt")
@@ -108,7 +109,7 @@ def _corrupt(tmp_path, fmt: str, edit_config=None, edit_tensors=None):
         meta["modelopt_lite"] = json.dumps(cfg)
     if edit_tensors is not None:
         edit_tensors(tensors)
-    save_file(tensors, str(path), metadata=meta)
+    save_crafted_real(path, tensors, meta)
     return path
 
 

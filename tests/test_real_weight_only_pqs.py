@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from fast_real_helpers import assert_within, fake_mlp, inputs, int4_cfg
+from state_files import save_crafted_real
 
 import modelopt_lite as mtl
 from modelopt_lite.real import fake2real, load_real
@@ -54,14 +55,13 @@ def test_weight_only_pre_quant_scale_round_trips_a_checkpoint(tmp_path):
 
 def test_a_bad_weight_only_pre_quant_scale_in_a_checkpoint_is_refused(tmp_path):
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     fake2real(_awq_like(), inplace=False, save_dir=tmp_path)
     path = tmp_path / "model_int8.safetensors"
     with safe_open(str(path), "pt") as f:
         meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     tensors["0.pre_quant_scale"] = -tensors["0.pre_quant_scale"]
-    save_file(tensors, str(path), metadata=meta)
+    save_crafted_real(path, tensors, meta)
     fresh = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
     with pytest.raises(ValueError, match=r"0\.pre_quant_scale: pre_quant_scale must be finite and > 0, got -"):
         load_real(fresh, tmp_path)

@@ -324,6 +324,27 @@ def test_load_real_validates_every_spec_entry(tmp_path, edit, match):
     _load_fails(tmp_path, match)
 
 
+def test_load_real_refuses_changed_tensors(tmp_path):
+    """save_real records its tensors' SHA-256: a code changed within its range (a flipped bit no value check can
+    see) is refused; a checkpoint without the record (written before it existed) loads."""
+    from safetensors import safe_open
+
+    from modelopt_lite.real import load_real, read_checkpoint
+    from modelopt_lite.real.checkpoint import DIGEST_KEY
+
+    _real_checkpoint(tmp_path)
+    path = tmp_path / "model_int8.safetensors"
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert len(meta[DIGEST_KEY]) == 64
+    _, tensors = read_checkpoint(tmp_path)
+    tensors["0.weight"].view(-1)[0] ^= 1  # int8 codes: still in [-128, 127]
+    save_file(tensors, str(path), metadata=meta)
+    _load_fails(tmp_path, r"its tensors do not have the SHA-256 recorded when it was saved")
+    save_file(tensors, str(path), metadata={"modelopt_lite": meta["modelopt_lite"]})
+    assert load_real(_float_model(), tmp_path) is not None
+
+
 def test_load_real_rejects_corrupt_files(tmp_path):
     from modelopt_lite.real import load_real
 

@@ -16,6 +16,7 @@ range and the scales must be finite and positive; a corrupt or truncated file is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -32,6 +33,7 @@ from .spec_checks import FORMAT, VERSION, bad, check_config, check_values
 WEIGHTS_NAME, CONFIG_NAME = "model_int8.safetensors", "model_int8.json"
 __all__ = [
     "CONFIG_NAME",
+    "DIGEST_KEY",
     "FORMAT",
     "VERSION",
     "WEIGHTS_NAME",
@@ -39,6 +41,7 @@ __all__ = [
     "read_checkpoint",
     "real_quant",
     "save_real",
+    "tensors_digest",
 ]
 
 
@@ -48,6 +51,21 @@ def _safetensors():
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("real checkpoints need safetensors: pip install safetensors") from e
     return save_file, load_file, safe_open
+
+
+#: the metadata key of the tensors' SHA-256 (tensors_digest), recorded by save_real and checked by load_real
+DIGEST_KEY = "modelopt_lite_sha256"
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) of a state dict: each tensor's name, dtype, shape and bytes, in name order. A changed code or
+    scale changes it even where the value stays valid (a code in range, a positive scale)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def checkpoint_config(model: nn.Module) -> dict:
@@ -70,7 +88,7 @@ def save_real(model: nn.Module, save_dir) -> Path:
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     text = json.dumps(cfg, indent=1, sort_keys=True)
     path = out / WEIGHTS_NAME
-    save_file(tensors, str(path), metadata={"modelopt_lite": text})
+    save_file(tensors, str(path), metadata={"modelopt_lite": text, DIGEST_KEY: tensors_digest(tensors)})
     (out / CONFIG_NAME).write_text(text + "\n", encoding="utf-8")
     return path
 
@@ -106,6 +124,12 @@ def read_checkpoint(path) -> tuple[dict, dict]:
         tensors = load_file(str(p))
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
         raise ValueError(f"load_real: {p} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+    digest = meta.get(DIGEST_KEY)  # absent in files written before it existed
+    if digest is not None and digest != tensors_digest(tensors):
+        raise ValueError(
+            f"load_real: {p}: its tensors do not have the SHA-256 recorded when it was saved ({digest!r}): a "
+            "corrupted file, or one whose tensors were changed"
+        )
     text, source = meta.get("modelopt_lite"), p
     if text is None and (p.parent / CONFIG_NAME).is_file():
         source = p.parent / CONFIG_NAME
