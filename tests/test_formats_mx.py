@@ -294,3 +294,19 @@ def test_bad_arguments_raise():
         mx.fake_mx(x.to(torch.int32), "e4m3")
     with pytest.raises(ValueError, match="at least one dimension"):
         mx.fake_mx(torch.tensor(1.0), "e4m3")
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (3, 0, 37), (0,)])
+def test_empty_inputs_give_empty_codes_and_scales(shape):
+    """An empty tensor quantizes to empty codes of its shape and empty scales of (..., blocks), both ways."""
+    x = torch.randn(shape)
+    nb = -(-shape[-1] // 32)
+    codes, scales = mx.quantize_mx(x, "e2m1")
+    assert codes.shape == shape and codes.dtype == torch.uint8
+    assert scales.shape == (*shape[:-1], nb) and scales.dtype == torch.uint8
+    assert mx.dequantize_mx(codes, scales, "e2m1").shape == shape
+    codes, scales = mx.quantize_nvfp4(x, torch.tensor(0.01))
+    assert codes.shape == shape and scales.shape == (*shape[:-1], -(-shape[-1] // 16))
+    assert scales.dtype == torch.float8_e4m3fn
+    assert mx.dequantize_nvfp4(codes, scales, torch.tensor(0.01)).shape == shape
+    assert mx.fake_mx(x, "e4m3").shape == shape and mx.fake_nvfp4(x, torch.tensor(0.01)).shape == shape

@@ -195,7 +195,8 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _unblock(y: torch.Tensor, n: int) -> torch.Tensor:
-    return y.reshape(*y.shape[:-2], -1)[..., :n]
+    # the merged length spelled out: -1 is ambiguous for an empty tensor
+    return y.reshape(*y.shape[:-2], y.shape[-2] * y.shape[-1])[..., :n]
 
 
 def _block_amax(xb: torch.Tensor) -> torch.Tensor:
