@@ -87,8 +87,10 @@ def stub(monkeypatch):
 
 
 def _bad_cases():
-    cuda_cases, mx_cases = _load("cuda_cases"), _load("mx_cases")
-    return cuda_cases.error_cases("cpu"), mx_cases.error_cases("cpu")
+    cuda_cases = _load("cuda_cases")
+    _load("mx_cases")  # imported by name by mx_error_cases
+    mx_error_cases = _load("mx_error_cases")
+    return cuda_cases.error_cases("cpu"), mx_error_cases.error_cases("cpu")
 
 
 def test_bad_arguments_never_reach_the_extension(stub):

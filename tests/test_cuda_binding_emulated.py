@@ -46,6 +46,7 @@ def emulated():
 
 cases = _load("cuda_cases")
 mx_cases = _load("mx_cases")
+mx_error_cases = _load("mx_error_cases")
 variant_cases = _load("variant_cases")
 block_cases = _load("block_cases")
 GROUPS = {
@@ -73,8 +74,8 @@ def test_errors(emulated):
     lists = (
         cases.error_cases("cpu"),
         cases.device_error_cases("cpu"),
-        mx_cases.error_cases("cpu"),
-        mx_cases.value_error_cases("cpu"),
+        mx_error_cases.error_cases("cpu"),
+        mx_error_cases.value_error_cases("cpu"),
     )
     n = 0
     for call, exc, msg in (case for lst in lists for case in lst):
@@ -124,7 +125,7 @@ def test_unsigned_flagged_bindings_flag_negative_inputs(emulated):
 
 
 def test_mx_flagged_bindings_return_the_flag_unread(emulated):
-    failures = mx_cases.flagged_failures(emulated, "cpu")
+    failures = mx_error_cases.flagged_failures(emulated, "cpu")
     assert not failures, "\n".join(failures)
 
 

@@ -7,6 +7,7 @@ host-emulated binding test runs the same matrix on the CPU.
 from __future__ import annotations
 
 import mx_cases
+import mx_error_cases
 import pytest
 import variant_cases
 from isolated_cases import run_isolated
@@ -37,13 +38,13 @@ def test_gradients_through_the_public_ops_equal_reference(cuda_module):
 @pytest.mark.parametrize("function", ["error_cases", "value_error_cases"])
 def test_errors_are_raised_on_the_host(cuda_module, function):
     """Bad arguments and NaN/Inf inputs raise ValueError / TypeError, each case in a child process."""
-    total, failures = run_isolated("mx_cases", function, "cuda")
-    assert total == len(getattr(mx_cases, function)("cpu"))
+    total, failures = run_isolated("mx_error_cases", function, "cuda")
+    assert total == len(getattr(mx_error_cases, function)("cpu"))
     assert not failures, f"{len(failures)} of {total} cases failed:\n" + "\n".join(failures)
 
 
 def test_flagged_bindings_return_the_flag_unread(cuda_module):
-    failures = mx_cases.flagged_failures(cuda_module, "cuda")
+    failures = mx_error_cases.flagged_failures(cuda_module, "cuda")
     assert not failures, "\n".join(failures)
 
 
