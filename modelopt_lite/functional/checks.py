@@ -23,11 +23,20 @@ def first_bad(t: torch.Tensor, bad: torch.Tensor) -> float | int | bool:
     return t.detach()[bad].flatten()[0].item()
 
 
+#: why a meta tensor is refused (its data does not exist; compile and export trace with fake tensors instead)
+META_INPUT = (
+    "is on the meta device, which holds no values to quantize or calibrate (torch.compile and torch.export trace "
+    "with fake tensors, which work)"
+)
+
+
 def check_input(x, what: str = "inputs") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
+    if x.is_meta:
+        raise TypeError(f"{what} {META_INPUT}")
 
 
 def as_amax(amax, x: torch.Tensor, what: str = "amax", check_values: bool = True) -> torch.Tensor:

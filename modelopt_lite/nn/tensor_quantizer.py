@@ -29,7 +29,7 @@ from ..descriptor import QUANT_DESC_8BIT_PER_TENSOR, ScaledQuantDescriptor
 from ..formats import element_format
 from ..functional import deferred_errors
 from ..functional.abs_max import abs_max
-from ..functional.checks import check_axes
+from ..functional.checks import META_INPUT, check_axes
 from ..functional.library_mx import scheme_fake_quant
 from ..tensor_quant import (
     block_quant,
@@ -387,6 +387,8 @@ class TensorQuantizer(
         x = self._apply_pre_quant_scale(x)
         if self._disabled:
             return x
+        if x.is_meta:
+            raise TypeError(f"{self._label()}: the input {META_INPUT}")
         self._resolve_axes(x.dim())
         if self._last_rank != x.dim():  # (nn.Module.__setattr__ costs microseconds: set on a change only)
             self._last_rank = x.dim()
