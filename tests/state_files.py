@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from modelopt_lite.conversion.state_file import FORMAT, VERSION, sha256_of
+from modelopt_lite.conversion.state_file import TENSOR_METADATA, sha256_of
+from modelopt_lite.real.checkpoint import DIGEST_KEY, tensors_digest
 
 
 def edit_saved_tensors(st_path, fn: Callable[[dict[str, torch.Tensor]], None]) -> None:
@@ -19,7 +20,7 @@ def edit_saved_tensors(st_path, fn: Callable[[dict[str, torch.Tensor]], None]) -
     st_path = Path(st_path)
     tensors = load_file(str(st_path))
     fn(tensors)
-    save_file(tensors, str(st_path), metadata={"format": FORMAT, "version": str(VERSION)})
+    save_file(tensors, str(st_path), metadata=TENSOR_METADATA)
     json_path = st_path.with_suffix(".json")
     doc = json.loads(json_path.read_text())
     doc["tensors_sha256"] = sha256_of(st_path)
@@ -29,6 +30,4 @@ def edit_saved_tensors(st_path, fn: Callable[[dict[str, torch.Tensor]], None]) -
 def save_crafted_real(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Write a real checkpoint's tensors with ``metadata`` and the SHA-256 of these tensors (load_real's record of
     them), as a crafted file would: the value checks must catch a bad entry on their own."""
-    from modelopt_lite.real.checkpoint import DIGEST_KEY, tensors_digest
-
     save_file(tensors, str(path), metadata={**metadata, DIGEST_KEY: tensors_digest(tensors)})

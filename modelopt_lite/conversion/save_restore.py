@@ -28,6 +28,7 @@ from .requant import check_mode
 from .state import snapshot_quantizers
 from .state_file import (
     FORMAT,
+    TENSOR_METADATA,
     VERSION,
     bad,
     check_doc,
@@ -143,7 +144,7 @@ def save(model: nn.Module, path, *, include_weights: bool = False) -> tuple[Path
         "torch": torch.__version__,
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(st_path), metadata={"format": FORMAT, "version": str(VERSION)})
+    save_file(tensors, str(st_path), metadata=TENSOR_METADATA)
     doc["tensors_sha256"] = sha256_of(st_path)  # restore refuses a tensor file of another save or a changed one
     json_path.write_text(json.dumps(doc, indent=1, sort_keys=False))
     return json_path, st_path

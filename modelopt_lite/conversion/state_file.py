@@ -36,6 +36,8 @@ QUANTIZER_TENSORS = (
     "clip.clip_value_max",
 )
 _TAGS = ("__tuple__", "__dict__")
+#: the metadata :func:`modelopt_lite.save` gives its tensor file
+TENSOR_METADATA = {"format": FORMAT, "version": str(VERSION)}
 #: the keys :func:`modelopt_lite.save` writes; any other key is a newer version's file or a corrupted one
 DOC_KEYS = ("format", "version", "modules", "quantizers", "include_weights", "torch", "tensors_sha256")
 MODULE_KEYS = ("name", "float_cls", "quant_cls", "params", "requant")
@@ -79,18 +81,19 @@ def sha256_of(path: Path) -> str:
 
 def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file. ValueError naming the file when it is truncated or corrupt, when its
-    metadata names another format (save writes ``{"format": FORMAT, "version": "1"}``; a file rewritten by other tools
-    may have none), or when ``sha256`` (the JSON file's record of the tensor file it was saved with) differs: a tensor
-    file of another save, or one whose bytes changed."""
+    metadata names another format (save writes TENSOR_METADATA; a file rewritten by other tools may have none), or
+    when ``sha256`` (the JSON file's record of the tensor file it was saved with) differs: a tensor file of another
+    save, or one whose bytes changed."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise FileNotFoundError(f"restore: no tensor file {path} next to the JSON file")
-    if sha256 is not None and sha256_of(path) != sha256:
+    actual = sha256_of(path) if sha256 is not None else None
+    if actual != sha256:
         raise ValueError(
-            f"restore: {path} is not the tensor file its JSON file was saved with (SHA-256 {sha256_of(path)}, the "
-            f"JSON file records {sha256}): a tensor file of another save, or a corrupted one"
+            f"restore: {path} is not the tensor file its JSON file was saved with (SHA-256 {actual}, the JSON file "
+            f"records {sha256}): a tensor file of another save, or a corrupted one"
         )
     try:
         with safe_open(str(path), "pt") as f:
@@ -98,7 +101,7 @@ def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tenso
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
         raise ValueError(f"restore: {path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
-    if meta and meta != {"format": FORMAT, "version": str(VERSION)}:
+    if meta and meta != TENSOR_METADATA:
         raise ValueError(f"restore: {path} is not a {FORMAT} v{VERSION} tensor file (its metadata: {meta!r})")
     return tensors
 
@@ -147,8 +150,10 @@ def check_doc(doc: dict, path) -> None:
     check_keys(doc, DOC_KEYS, path, "document")
     if not isinstance(doc.get("torch", ""), str):
         raise bad(path, "torch", f"must be a string, got {doc.get('torch')!r}")
-    digest = doc.get("tensors_sha256", "0" * 64)  # absent in files written before it existed
-    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    digest = doc.get("tensors_sha256")  # absent in files written before it existed
+    if digest is not None and (
+        not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest)
+    ):
         raise bad(path, "tensors_sha256", f"must be 64 lowercase hex digits, got {digest!r}")
     modules = doc.get("modules")
     if not isinstance(modules, list):
